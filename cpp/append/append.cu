@@ -1,0 +1,54 @@
+#include <algorithm>
+
+#include "append/append.h"
+#include "common/launch.h"
+#include "common/row_quant.cuh"
+
+namespace snapmla {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+constexpr int kBlocksPerSm = 8;  // 64 resident warps: enough 16-byte loads in flight for HBM
+
+// One warp per token: quantize (per-token scale, E4M3 content, pre-scaled RoPE) and scatter
+// the three parts into the token's slot of the paged layer.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t i = first; i < p.num_tokens; i += step) {
+    const int64_t slot = __ldg(p.slots + i);  // warp-uniform
+    if (slot < 0 || slot >= p.capacity) continue;
+    const QuantizedRow q =
+        quantize_row<kAligned>(p.c_kv + i * p.c_kv_stride, p.k_pe + i * p.k_pe_stride, lane);
+    uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
+    const int row = static_cast<int>(slot % kPageSize);
+    store_row(q, page + kPageContentOffset + row * kContentDim,
+              reinterpret_cast<uint16_t*>(page + kPageRopeOffset) + row * kRopeDim,
+              reinterpret_cast<float*>(page + kPageScaleOffset) + row, lane);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  int sms = 0;
+  cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(ceil_div(p.num_tokens, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
+                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
+                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  if (aligned) {
+    append_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    append_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla

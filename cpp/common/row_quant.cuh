@@ -1,0 +1,90 @@
+// One warp quantizes one row (a key token or a query head): 512 content values to E4M3 with a
+// per-row scale, and 64 RoPE values pre-divided by that scale, as the contract says.
+//
+// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8), and, for l < 8, RoPE
+// elements [8l, 8l + 8): every access is 16 bytes in and 8 or 16 bytes out, coalesced.
+#pragma once
+
+#include "common/numerics.cuh"
+
+namespace snapmla {
+
+constexpr int kWarpSize = 32;
+constexpr int kRopeLanes = kRopeDim / 8;  // lanes that carry RoPE: 8 values each
+static_assert(kContentDim == 2 * kWarpSize * 8, "two 8-wide chunks of content per lane");
+
+struct Bf16x8 {
+  uint32_t w[4];  // 8 bf16, element 2i in the low half of w[i]
+};
+
+// Load 8 consecutive bf16; 16-byte vector load when kAligned (pointer 16-byte aligned).
+template <bool kAligned>
+__device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
+  Bf16x8 v;
+  if constexpr (kAligned) {
+    uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      v.w[i] = static_cast<uint32_t>(__ldg(p + 2 * i)) |
+               (static_cast<uint32_t>(__ldg(p + 2 * i + 1)) << 16);
+    }
+  }
+  return v;
+}
+
+__device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+struct QuantizedRow {
+  uint2 content[2];  // 8 E4M3 each: elements [8l, 8l+8) and [256+8l, 256+8l+8)
+  uint4 rope;        // 8 bf16 (lanes < 8 only)
+  float scale;       // the row's scale (every lane)
+};
+
+// content / rope: this row's inputs (element 0). Whole warp must call it.
+template <bool kAligned>
+__device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content,
+                                                     const uint16_t* rope, int lane) {
+  const Bf16x8 c0 = load_bf16x8<kAligned>(content + 8 * lane);
+  const Bf16x8 c1 = load_bf16x8<kAligned>(content + kContentDim / 2 + 8 * lane);
+  Bf16x8 r{};
+  if (lane < kRopeLanes) r = load_bf16x8<kAligned>(rope + 8 * lane);
+
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    amax = nan_max(amax, nan_max(fabsf(lo_f(c0.w[i])), fabsf(hi_f(c0.w[i]))));
+    amax = nan_max(amax, nan_max(fabsf(lo_f(c1.w[i])), fabsf(hi_f(c1.w[i]))));
+  }
+  amax = warp_nan_max(amax);
+  const float s = row_scale(amax);
+
+  QuantizedRow q;
+  q.scale = s;
+  // IEEE division (not a reciprocal multiply): bit-exact with the contract and the reference.
+  auto quant4 = [s](uint32_t a, uint32_t b) {
+    return to_e4m3x4(__fdiv_rn(lo_f(a), s), __fdiv_rn(hi_f(a), s), __fdiv_rn(lo_f(b), s),
+                     __fdiv_rn(hi_f(b), s));
+  };
+  q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
+  q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
+  auto rope2 = [s](uint32_t a) {
+    return pack_bf16x2(__fdiv_rn(lo_f(a), s), __fdiv_rn(hi_f(a), s));
+  };
+  q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
+  return q;
+}
+
+// Store a quantized row: content to `content_out` (512 bytes), RoPE to `rope_out` (64 bf16),
+// scale to `scale_out`. All three 8/16-byte aligned.
+__device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* content_out,
+                                          uint16_t* rope_out, float* scale_out, int lane) {
+  reinterpret_cast<uint2*>(content_out)[lane] = q.content[0];
+  reinterpret_cast<uint2*>(content_out + kContentDim / 2)[lane] = q.content[1];
+  if (lane < kRopeLanes) reinterpret_cast<uint4*>(rope_out)[lane] = q.rope;
+  if (lane == 0) *scale_out = q.scale;
+}
+
+}  // namespace snapmla

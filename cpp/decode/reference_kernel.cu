@@ -1,0 +1,472 @@
+// The reference decode kernel: the numerics contract executed block by block with mma.sync.
+//
+// One CTA = 64 query rows (s_q x heads, flattened) of one part of the split-KV schedule;
+// 8 warps. Warp w owns row group rg = w % 4 (16 rows) and half = w / 4:
+//   QK  rows 16rg..16rg+15 x tokens 32half..32half+31 of the block, FP8 content
+//       (mma m16n8k32 e4m3) and BF16 RoPE (mma m16n8k16) accumulated into the same fp32
+//       registers: the pre-scaled RoPE lives in the content's scale domain.
+//   PV  rows 16rg.. x latent columns 256half..256half+255, all 64 tokens. V is the FP8
+//       content tile widened to BF16 in shared memory (E4M3 -> BF16 is exact) and P8 is
+//       widened likewise, so each product is the exact FP8 x FP8 product of the contract.
+// The two warps of a row group exchange row maxima through shared memory; both then carry
+// identical m and sigma, and each keeps its own partial l (the recursion is linear in l).
+#include <algorithm>
+
+#include "common/launch.h"
+#include "common/numerics.cuh"
+#include "decode/decode.h"
+
+namespace snapmla {
+namespace decode {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kRowGroups = 4;                 // 16 rows each
+constexpr int kQStride = kContentDim + 16;    // bytes per FP8 row in smem (pad: no conflicts)
+constexpr int kRopeStride = kRopeDim * 2 + 16;   // bytes per BF16 RoPE row
+constexpr int kVStride = kContentDim * 2 + 16;   // bytes per BF16 V row
+constexpr int kPStride = kBlockN * 2 + 16;       // bytes per BF16 P row
+constexpr int kOTiles = kContentDim / 2 / 8;     // 32 n-tiles of 8 columns per warp
+static_assert(kTileRows == kRowGroups * 16 && kWarps == 2 * kRowGroups, "warp layout");
+static_assert(kBlockN == 64, "a block is one page");
+static_assert((kQStride / 4) % 32 == 4 && (kRopeStride / 4) % 32 == 4 &&
+                  (kVStride / 4) % 32 == 4 && (kPStride / 4) % 32 == 4,
+              "row strides shift 8 consecutive rows across all 32 banks for ldmatrix");
+
+struct KStage {
+  alignas(16) uint8_t content[kBlockN * kQStride];  // [64 tokens][512 e4m3]
+  alignas(16) uint8_t rope[kBlockN * kRopeStride];  // [64 tokens][64 bf16]
+  alignas(16) float scale[kBlockN];
+};
+
+struct SharedStorage {
+  alignas(16) uint8_t q_content[kTileRows * kQStride];  // [64 rows][512 e4m3]
+  alignas(16) uint8_t q_rope[kTileRows * kRopeStride];  // [64 rows][64 bf16]
+  alignas(16) float q_scale[kTileRows];
+  KStage k[2];                                          // double-buffered KV block
+  alignas(16) uint8_t v[kBlockN * kVStride];            // [64 tokens][512 bf16]
+  alignas(16) uint8_t p[kTileRows * kPStride];          // [64 rows][64 bf16] (P8 values)
+  float red_max[2][kTileRows];
+  float red_pmax[2][kTileRows];
+  float red_l[2][kTileRows];
+};
+
+// ----------------------------------------------------------------------------- PTX wrappers
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+// D += A (16x32 e4m3, row) * B (32x8 e4m3, col), fp32 accumulate.
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// D += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Barrier among the 64 threads (two warps) of one row group; ids 1..4 (0 is __syncthreads).
+__device__ __forceinline__ void row_group_sync(int rg) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + rg), "r"(64) : "memory");
+}
+
+// ------------------------------------------------------------------------------ loading
+// Queries of request b for this CTA's 64 rows; padding rows are zero with scale 0.
+__device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int tile) {
+  const int rows = p.q_len * p.num_heads;
+  const int64_t row0 = int64_t{b} * rows;
+  for (int c = threadIdx.x; c < kTileRows * (kContentDim / 16); c += kThreads) {
+    const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
+    const int fr = tile * kTileRows + r;
+    uint8_t* dst = s.q_content + r * kQStride + col * 16;
+    if (fr < rows) {
+      cp_async16(dst, p.q_content + (row0 + fr) * kContentDim + col * 16);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int c = threadIdx.x; c < kTileRows * (kRopeDim * 2 / 16); c += kThreads) {
+    const int r = c / (kRopeDim * 2 / 16), col = c % (kRopeDim * 2 / 16);
+    const int fr = tile * kTileRows + r;
+    uint8_t* dst = s.q_rope + r * kRopeStride + col * 16;
+    if (fr < rows) {
+      cp_async16(dst, reinterpret_cast<const uint8_t*>(p.q_rope + (row0 + fr) * kRopeDim) +
+                          col * 16);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
+    const int fr = tile * kTileRows + r;
+    s.q_scale[r] = fr < rows ? p.q_scale[row0 + fr] : 0.f;
+  }
+}
+
+// One page into a stage. Returns false (and loads nothing) if the page index is out of range.
+__device__ bool load_k_block(KStage& st, const DecodeParams& p, int b, int blk) {
+  const int32_t page = p.block_table[int64_t{b} * p.block_table_stride + blk];
+  if (page < 0 || page >= p.num_pages) return false;
+  const uint8_t* base = p.layer_base + int64_t{page} * kPageBytes;
+  for (int c = threadIdx.x; c < kBlockN * (kContentDim / 16); c += kThreads) {
+    const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
+    cp_async16(st.content + r * kQStride + col * 16,
+               base + kPageContentOffset + r * kContentDim + col * 16);
+  }
+  for (int c = threadIdx.x; c < kBlockN * (kRopeDim * 2 / 16); c += kThreads) {
+    const int r = c / (kRopeDim * 2 / 16), col = c % (kRopeDim * 2 / 16);
+    cp_async16(st.rope + r * kRopeStride + col * 16,
+               base + kPageRopeOffset + r * kRopeDim * 2 + col * 16);
+  }
+  if (threadIdx.x < kBlockN * 4 / 16) {
+    cp_async16(reinterpret_cast<uint8_t*>(st.scale) + threadIdx.x * 16,
+               base + kPageScaleOffset + threadIdx.x * 16);
+  }
+  return true;
+}
+
+// V tile: FP8 content -> BF16 (exact). Tokens past the context become 0 so that whatever
+// their slots hold (NaN included) cannot reach O through 0 * NaN.
+__device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
+  for (int c = threadIdx.x; c < kBlockN * (kContentDim / 16); c += kThreads) {
+    const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
+    uint4 in = *reinterpret_cast<const uint4*>(st.content + r * kQStride + col * 16);
+    if (r >= valid_tokens) in = make_uint4(0, 0, 0, 0);
+    const uint32_t w[4] = {in.x, in.y, in.z, in.w};
+    uint32_t o[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(w[k] & 0xffffu));
+      const float2 bb = e4m3x2_to_float2(static_cast<uint16_t>(w[k] >> 16));
+      o[2 * k] = pack_bf16x2(a.x, a.y);
+      o[2 * k + 1] = pack_bf16x2(bb.x, bb.y);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(s.v + r * kVStride + col * 32);
+    dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+    dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+  }
+}
+
+// ------------------------------------------------------------------------------ the kernel
+__global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const DecodeParams p) {
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
+
+  const int part = blockIdx.x, tile = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rg = warp % kRowGroups, half = warp / kRowGroups;
+  const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
+  const int rows_total = p.q_len * p.num_heads;
+  const int rows_pad = p.row_tiles * kTileRows;
+
+  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  const int32_t T = p.plan[7];
+  const int32_t* prefix = p.plan + L.prefix;
+  const int req_begin = p.plan[L.part_begin + part];
+  const int req_end = p.plan[L.part_end + part];
+
+  // This thread's two rows (fragment rows g and g + 8 of its row group).
+  const int row_local[2] = {rg * 16 + g, rg * 16 + g + 8};
+
+  for (int b = req_begin; b <= req_end; ++b) {
+    const int32_t nb = p.plan[L.nblocks + b];
+    const int32_t first_part = p.plan[L.first_part + b];
+    const int32_t last_part = p.plan[L.last_part + b];
+    const int seqlen = p.seqlens[b];
+
+    // Requests with no blocks: written once, by the part where they start.
+    if (nb <= 0) {
+      if (part != first_part) continue;
+      const float fill_out = nb < 0 ? __int_as_float(0x7fffffff) : 0.f;
+      const float fill_lse = nb < 0 ? __int_as_float(0x7fffffff) : INFINITY;
+      for (int i = threadIdx.x; i < kTileRows * kContentDim; i += kThreads) {
+        const int fr = tile * kTileRows + i / kContentDim;
+        if (fr >= rows_total) break;
+        p.out[(int64_t{b} * rows_total + fr) * kContentDim + i % kContentDim] =
+            float_to_bf16_bits(fill_out);
+      }
+      if (p.lse != nullptr) {
+        for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
+          const int fr = tile * kTileRows + r;
+          if (fr >= rows_total) break;
+          const int qt = fr / p.num_heads, head = fr % p.num_heads;
+          p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = fill_lse;
+        }
+      }
+      continue;
+    }
+    const int blk_lo = max(0, static_cast<int>(int64_t{part} * T - prefix[b] - kFixedCost));
+    const int blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - prefix[b] - kFixedCost));
+    if (blk_lo >= blk_hi) continue;
+    const bool split = first_part != last_part;
+
+    // Visible tokens of each of this thread's rows: j < limit (bottom-right causal mask).
+    int limit[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int fr = min(tile * kTileRows + row_local[i], rows_total - 1);
+      const int qt = fr / p.num_heads;
+      limit[i] = p.causal ? seqlen - p.q_len + 1 + qt : seqlen;
+    }
+
+    // Online state (log2 domain for m). Both warps of a row group hold identical m, sigma.
+    float m[2] = {-INFINITY, -INFINITY};
+    float sig[2] = {1.f, 1.f};
+    float l_part[2] = {0.f, 0.f};
+    float o[kOTiles][4];
+#pragma unroll
+    for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    bool bad_page = false;
+
+    load_q_tile(s, p, b, tile);
+    bad_page |= !load_k_block(s.k[0], p, b, blk_lo);
+    cp_async_commit();
+
+    for (int blk = blk_lo; blk < blk_hi; ++blk) {
+      const int st = (blk - blk_lo) & 1;
+      if (blk + 1 < blk_hi) {
+        bad_page |= !load_k_block(s.k[st ^ 1], p, b, blk + 1);
+        cp_async_commit();
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();  // block `blk` landed; the previous PV is done with s.v and s.p
+      const KStage& ks = s.k[st];
+      const int tok0 = blk * kBlockN;
+      widen_v(s, ks, seqlen - tok0);
+
+      // ---- S = Q K^T for rows 16rg.. x tokens 32half.. (4 n-tiles of 8 tokens)
+      float acc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      {
+        const int a_row = rg * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        const int a_col = 16 * (lane / 16);
+        const int b_col = 16 * ((lane / 8) % 2);
+#pragma unroll 4
+        for (int kk = 0; kk < kContentDim; kk += 32) {  // FP8 content, k = 32 bytes
+          uint32_t a[4];
+          ldmatrix_x4(a, s.q_content + a_row * kQStride + kk + a_col);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
+            uint32_t bf[4];
+            ldmatrix_x4(bf, ks.content + b_row * kQStride + kk + b_col);
+            mma_e4m3(acc[2 * np], a, bf[0], bf[1]);
+            mma_e4m3(acc[2 * np + 1], a, bf[2], bf[3]);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < kRopeDim * 2; kk += 32) {  // BF16 RoPE, k = 16 values
+          uint32_t a[4];
+          ldmatrix_x4(a, s.q_rope + a_row * kRopeStride + kk + a_col);
+#pragma unroll
+          for (int np = 0; np < 2; ++np) {
+            const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
+            uint32_t bf[4];
+            ldmatrix_x4(bf, ks.rope + b_row * kRopeStride + kk + b_col);
+            mma_bf16(acc[2 * np], a, bf[0], bf[1]);
+            mma_bf16(acc[2 * np + 1], a, bf[2], bf[3]);
+          }
+        }
+      }
+
+      // ---- logits (log2 domain) and the block's row maxima
+      float k_scale[4][2];
+      float row_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int tok = 32 * half + 8 * n + 2 * t4 + (c & 1);
+          const int i = c / 2;
+          const float ksc = ks.scale[tok];
+          k_scale[n][c & 1] = ksc;
+          const float qsc = s.q_scale[row_local[i]];
+          const bool visible = tok0 + tok < limit[i];
+          // z * log2(e) = S * s_q * s_k * softmax_scale * log2(e)
+          const float z = visible ? acc[n][c] * qsc * ksc * p.scale_log2 : -INFINITY;
+          acc[n][c] = z;
+          row_max[i] = fmaxf(row_max[i], z);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
+        row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
+        if (t4 == 0) s.red_max[half][row_local[i]] = row_max[i];
+      }
+      row_group_sync(rg);
+      float m_new[2], m_use[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        m_new[i] = fmaxf(m[i], fmaxf(s.red_max[0][row_local[i]], s.red_max[1][row_local[i]]));
+        m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];  // nothing visible yet: e = 0
+      }
+
+      // ---- e = exp(z - m), P' = e * s_k, and the P' block maxima
+      float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int i = c / 2;
+          const bool visible = acc[n][c] != -INFINITY;
+          const float e = visible ? exp2f(acc[n][c] - m_use[i]) : 0.f;
+          e_sum[i] += e;
+          const float pp = visible ? e * k_scale[n][c & 1] : 0.f;  // never 0 * NaN
+          acc[n][c] = pp;
+          p_max[i] = fmaxf(p_max[i], pp);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 1));
+        p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 2));
+        if (t4 == 0) s.red_pmax[half][row_local[i]] = p_max[i];
+      }
+      row_group_sync(rg);
+
+      // ---- sigma_k, the rescale g_k (eq. 12, 13), P8 = e4m3(P' / sigma_k)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const float pm =
+            fmaxf(s.red_pmax[0][row_local[i]], s.red_pmax[1][row_local[i]]);
+        float sig_new = __fdiv_rn(pm, kFp8Max);
+        if (sig_new < kMinProbScale) sig_new = kMinProbScale;
+        const float gk = exp2f(m[i] - m_use[i]) * __fdiv_rn(sig[i], sig_new);
+        l_part[i] = l_part[i] * gk + __fdiv_rn(e_sum[i], sig_new);
+#pragma unroll
+        for (int n = 0; n < kOTiles; ++n) {
+          o[n][2 * i] *= gk;
+          o[n][2 * i + 1] *= gk;
+        }
+        m[i] = m_new[i];
+        sig[i] = sig_new;
+      }
+#pragma unroll
+      for (int n = 0; n < 4; ++n) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const float q0 = static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(acc[n][2 * i], sig[i])));
+          const float q1 =
+              static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(acc[n][2 * i + 1], sig[i])));
+          const int tok = 32 * half + 8 * n + 2 * t4;
+          *reinterpret_cast<uint32_t*>(s.p + row_local[i] * kPStride + tok * 2) =
+              pack_bf16x2(q0, q1);
+        }
+      }
+      __syncthreads();  // s.p (both halves) and s.v are complete
+
+      // ---- O += P8 V for rows 16rg.. x columns 256half..
+#pragma unroll
+      for (int kk = 0; kk < kBlockN; kk += 16) {
+        uint32_t a[4];
+        const int a_row = rg * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
+        ldmatrix_x4(a, s.p + a_row * kPStride + (kk + 8 * (lane / 16)) * 2);
+        const int v_row = kk + (lane % 8) + 8 * ((lane / 8) % 2);
+#pragma unroll
+        for (int np = 0; np < kOTiles / 2; ++np) {
+          const int col = 256 * half + 16 * np + 8 * (lane / 16);
+          uint32_t bf[4];
+          ldmatrix_x4_trans(bf, s.v + v_row * kVStride + col * 2);
+          mma_bf16(o[2 * np], a, bf[0], bf[1]);
+          mma_bf16(o[2 * np + 1], a, bf[2], bf[3]);
+        }
+      }
+    }
+
+    // ---- epilogue: l across the quad and the row group, then out (or a partial)
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 1);
+      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 2);
+      if (t4 == 0) s.red_l[half][row_local[i]] = l_part[i];
+    }
+    row_group_sync(rg);
+    const int slot = 2 * part + (part == first_part ? 1 : 0);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int fr = tile * kTileRows + row_local[i];
+      const float l = s.red_l[0][row_local[i]] + s.red_l[1][row_local[i]];
+      const bool empty = !(l > 0.f) && l == l;  // no visible token in this segment
+      float inv_l, lse;
+      if (bad_page) {  // a page outside the layer: refuse to guess, show NaN
+        inv_l = lse = __int_as_float(0x7fffffff);
+      } else if (empty) {
+        inv_l = 0.f;
+        lse = split ? -INFINITY : INFINITY;
+      } else {
+        inv_l = 1.f / l;
+        lse = m[i] * kLn2 + logf(sig[i] * l);  // natural-log LSE of the contract
+      }
+      if (fr < rows_total) {
+        if (split) {
+          float* dst = p.partial_o + (int64_t{slot} * rows_pad + fr) * kContentDim;
+#pragma unroll
+          for (int n = 0; n < kOTiles; ++n) {
+            const int col = 256 * half + 8 * n + 2 * t4;
+            *reinterpret_cast<float2*>(dst + col) =
+                make_float2(o[n][2 * i] * inv_l, o[n][2 * i + 1] * inv_l);
+          }
+          if (half == 0 && t4 == 0) p.partial_lse[int64_t{slot} * rows_pad + fr] = lse;
+        } else {
+          uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim;
+#pragma unroll
+          for (int n = 0; n < kOTiles; ++n) {
+            const int col = 256 * half + 8 * n + 2 * t4;
+            *reinterpret_cast<uint32_t*>(dst + col) =
+                pack_bf16x2(o[n][2 * i] * inv_l, o[n][2 * i + 1] * inv_l);
+          }
+          if (half == 0 && t4 == 0 && p.lse != nullptr) {
+            const int qt = fr / p.num_heads, head = fr % p.num_heads;
+            p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
+          }
+        }
+      }
+    }
+    __syncthreads();  // smem is reused by the next request of this part
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_reference_decode(const DecodeParams& p, cudaStream_t stream) {
+  const int smem = static_cast<int>(sizeof(SharedStorage));
+  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(p.num_parts, p.row_tiles);
+  reference_decode_kernel<<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace decode
+}  // namespace snapmla

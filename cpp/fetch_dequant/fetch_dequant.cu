@@ -1,0 +1,101 @@
+#include <algorithm>
+
+#include "common/launch.h"
+#include "common/numerics.cuh"
+#include "fetch_dequant/fetch_dequant.h"
+
+namespace snapmla {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpSize = 32;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+constexpr int kBlocksPerSm = 8;
+constexpr int kContentPerLane = kContentDim / kWarpSize;  // 16 E4M3 = one 16-byte load
+constexpr int kRopeLanes = kRopeDim / 8;                   // 8 bf16 = one 16-byte load
+constexpr uint32_t kBf16NaNx2 = 0x7fc07fc0u;
+static_assert(kContentPerLane == 16, "one 16-byte load of content per lane");
+
+template <bool kAligned>
+__device__ __forceinline__ void store_words(uint16_t* out, const uint32_t* w, int n_words) {
+  if constexpr (kAligned) {
+    for (int i = 0; i < n_words; i += 4) {
+      *reinterpret_cast<uint4*>(out + 2 * i) = make_uint4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+    }
+  } else {
+    for (int i = 0; i < n_words; ++i) {
+      out[2 * i] = static_cast<uint16_t>(w[i] & 0xffffu);
+      out[2 * i + 1] = static_cast<uint16_t>(w[i] >> 16);
+    }
+  }
+}
+
+// One warp per token: lane l dequantizes content [16l, 16l + 16) and, for l < 8, RoPE
+// [8l, 8l + 8), multiplying by the token's scale in fp32 and rounding to bf16.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequantParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t i = first; i < p.num_tokens; i += step) {
+    const int64_t slot = __ldg(p.slots + i);  // warp-uniform
+    uint32_t content[kContentPerLane / 2];
+    uint32_t rope[4];
+    if (slot >= 0 && slot < p.capacity) {
+      const uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
+      const int row = static_cast<int>(slot % kPageSize);
+      const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
+      const uint4 c = __ldg(reinterpret_cast<const uint4*>(page + kPageContentOffset +
+                                                           row * kContentDim) + lane);
+      const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] & 0xffffu));
+        const float2 b = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] >> 16));
+        content[2 * k] = pack_bf16x2(a.x * s, a.y * s);
+        content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
+      }
+      if (lane < kRopeLanes) {
+        const uint4 r = __ldg(reinterpret_cast<const uint4*>(page + kPageRopeOffset +
+                                                             row * kRopeDim * 2) + lane);
+        const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
+                                __uint_as_float(rw[k] & 0xffff0000u) * s);
+        }
+      }
+    } else {
+      const uint32_t fill = slot < 0 ? 0u : kBf16NaNx2;  // padding -> 0; out of range -> NaN
+#pragma unroll
+      for (int k = 0; k < kContentPerLane / 2; ++k) content[k] = fill;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) rope[k] = fill;
+    }
+    store_words<kAligned>(p.c_kv + i * p.c_kv_stride + lane * kContentPerLane, content,
+                          kContentPerLane / 2);
+    if (lane < kRopeLanes) store_words<kAligned>(p.k_pe + i * p.k_pe_stride + lane * 8, rope, 4);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  int sms = 0;
+  cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(ceil_div(p.num_tokens, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
+                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
+                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  if (aligned) {
+    fetch_dequant_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    fetch_dequant_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla

@@ -1,0 +1,22 @@
+// Fused fetch-dequant: gather tokens from the paged FP8 cache back to BF16.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace snapmla {
+
+struct FetchDequantParams {
+  const uint8_t* layer_base;  // first page of the layer
+  int64_t capacity;           // num_pages * 64
+  const int64_t* slots;       // [n]; < 0: zeros; >= capacity: NaN
+  int64_t num_tokens;         // n
+  uint16_t* c_kv;             // bf16 [n, 512] out, row stride c_kv_stride
+  uint16_t* k_pe;             // bf16 [n, 64] out, row stride k_pe_stride
+  int64_t c_kv_stride;        // elements
+  int64_t k_pe_stride;        // elements
+};
+
+cudaError_t launch_fetch_dequant(const FetchDequantParams& params, cudaStream_t stream);
+
+}  // namespace snapmla

@@ -1,0 +1,50 @@
+#include <algorithm>
+
+#include "common/launch.h"
+#include "common/row_quant.cuh"
+#include "quantize/quantize_q.h"
+
+namespace snapmla {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+constexpr int kBlocksPerSm = 8;
+
+// One warp per (token, head) row.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t rows = p.num_tokens * p.num_heads;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t r = first; r < rows; r += step) {
+    const int64_t token = r / p.num_heads;
+    const int64_t head = r % p.num_heads;
+    const uint16_t* in = p.q + token * p.stride_token + head * p.stride_head;
+    const QuantizedRow q = quantize_row<kAligned>(in, in + kContentDim, lane);
+    store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
+  const int64_t rows = p.num_tokens * p.num_heads;
+  if (rows == 0) return cudaSuccess;
+  int sms = 0;
+  cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int blocks = static_cast<int>(
+      std::min<int64_t>(ceil_div(rows, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) &&
+                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0);
+  if (aligned) {
+    quantize_q_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    quantize_q_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla

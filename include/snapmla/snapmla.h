@@ -1,0 +1,314 @@
+/*
+ * snapmla: FP8 decode attention for DeepSeek-style Multi-head Latent Attention on NVIDIA Hopper.
+ *
+ * One C99 header, raw device pointers, a CUDA stream last on every call that touches the GPU.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Versioning
+ *   SNAPMLA_VERSION_MAJOR changes when the ABI changes (a struct loses or reorders a field, a
+ *   function changes signature or meaning, a status code changes number). MINOR only adds:
+ *   new functions, new fields at the END of a config struct, new status codes. A program built
+ *   against MAJOR.x runs against any MAJOR.y with y >= x. Compare snapmla_version() at run time.
+ *
+ * Errors
+ *   Every function returns a snapmla_status_t. On failure a human-readable message naming the
+ *   offending argument is kept per thread and returned by snapmla_last_error(). A refused call
+ *   has written nothing: arguments are validated before the first launch. Status numbers are
+ *   assigned once and never reused.
+ *
+ * Config structs
+ *   Every struct passed in or out starts with `size_t struct_size`, which the caller sets to
+ *   sizeof(the struct as the caller knows it). Structs only grow at the end; the library reads
+ *   (or, for *_info, writes) only the fields the caller's size covers, and treats missing
+ *   trailing fields as zero.
+ *
+ * Streams, graphs, threads
+ *   snapmla_stream_t is ABI-identical to cudaStream_t and CUstream (NULL = legacy default
+ *   stream). Calls marked [graph-safe] only enqueue kernels on `stream`: they never allocate,
+ *   never synchronize the host and may be captured into a CUDA graph. Calls marked [host] may
+ *   allocate or synchronize and must not be captured. All functions are thread-safe on
+ *   distinct objects; concurrent writes into the same cache region are the caller's to order.
+ *   GPU calls run on the current CUDA device, which must be the cache's device.
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Cache format (byte by byte; other servers may read and write it directly)
+ *
+ *   One allocation holds num_layers x num_pages pages. Page p of layer l starts at byte
+ *       (l * num_pages + p) * SNAPMLA_PAGE_BYTES            (41216 bytes per page)
+ *   A page holds SNAPMLA_PAGE_SIZE = 64 token slots in three planes, each 128-byte aligned:
+ *       [0, 32768)      content: 64 rows x 512 FP8 E4M3 (OCP e4m3fn, bias 7, no inf,
+ *                       0x7F/0xFF = NaN); row r at byte r * 512, element d at byte d.
+ *       [32768, 40960)  RoPE: 64 rows x 64 BF16 (little-endian), pre-divided by the row's
+ *                       scale; row r at byte 32768 + r * 128, element d at + 2 * d.
+ *       [40960, 41216)  scales: 64 IEEE fp32 (little-endian), row r at byte 40960 + 4 * r.
+ *   Token slot t lives in page t / 64, row t % 64. A request's pages are listed in a block
+ *   table (int32 [batch, max_pages]); its token i is in page block_table[b][i / 64], row i % 64.
+ *   644 bytes per token (BF16 MLA: 1152).
+ *
+ * ---------------------------------------------------------------------------------------------
+ * Numerics contract v1 (the fast kernels, the reference kernel and the numpy reference in
+ * python/snapmla/reference.py all compute this function; only accumulation order may differ)
+ *
+ *   Constants: kFp8Max = 448, kMinScale = 2^-32, kMinProbScale = 2^-64.
+ *   e4m3(x): round to nearest even, saturating to +-448; NaN stays NaN.
+ *   amax(): maximum of |x|, NaN if any element is NaN.
+ *
+ *   Key/value token (c_kv [512], k_pe [64], BF16 in):
+ *     s  = fp32(amax(c_kv) / 448); if s < kMinScale then s = kMinScale   (amax = 0 -> 2^-32;
+ *          the floor keeps k_pe / s finite, and content that small is below FP8 resolution)
+ *     content = e4m3(fp32(c_kv) / s)          (IEEE fp32 division)
+ *     rope    = bf16(fp32(k_pe) / s)          (IEEE fp32 division, round to nearest even)
+ *     Dequantization: c_kv' = bf16(fp32(content) * s), k_pe' = bf16(fp32(rope) * s).
+ *   Query row (q_nope [512], q_pe [64] per token and head): the same, giving q8, qr, s_q.
+ *
+ *   Logit of query row i and visible token j (fp32 accumulation):
+ *     z_ij = (q8_i . content_j + qr_i . rope_j) * s_q,i * s_j * softmax_scale
+ *   Visibility: token j < seqlen; with causal and s_q > 1, query position t (0-based among the
+ *   request's s_q new tokens, which are the LAST s_q tokens of the context) sees j only when
+ *   j <= seqlen - s_q + t (bottom-right aligned). Invisible tokens contribute exactly nothing,
+ *   whatever bytes their slots hold (NaN included).
+ *   Per query row, 64-token blocks k = 0, 1, ... of the context in increasing order, starting
+ *   from m = -inf, sigma = 1, l = 0, O = 0:
+ *     m_k    = max(m_{k-1}, max_j z_ij)
+ *     e_j    = exp(z_ij - m_k)                      (0 for invisible j)
+ *     P'_j   = e_j * s_j                            (V's per-token scale fused into P)
+ *     sig_k  = max_j P'_j / 448; if sig_k < kMinProbScale then sig_k = kMinProbScale
+ *     P8_j   = e4m3(P'_j / sig_k)
+ *     g_k    = exp(m_{k-1} - m_k) * sig_{k-1} / sig_k
+ *     l_k    = l_{k-1} * g_k + sum_j e_j / sig_k                          (paper eq. 12)
+ *     O_k    = O_{k-1} * g_k + sum_j P8_j * content_j     (FP8 x FP8, fp32; paper eq. 13)
+ *   out = bf16(O / l), lse = m + ln(sig * l) (natural log, fp32).
+ *   The split-KV schedule may cut a row's blocks into segments processed independently and
+ *   merged by log-sum-exp; P8 is invariant to the running max, so this changes rounding only.
+ *   A row with no visible token (empty context) gets out = 0 and lse = +inf.
+ *   Non-finite inputs are not hidden: a NaN or Inf in a visible token or a query row turns the
+ *   rows that see it into NaN, and nothing else.
+ * ---------------------------------------------------------------------------------------------
+ */
+#ifndef SNAPMLA_SNAPMLA_H_
+#define SNAPMLA_SNAPMLA_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define SNAPMLA_API __declspec(dllexport)
+#else
+#define SNAPMLA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ----------------------------------------------------------------- version and constants */
+
+#define SNAPMLA_VERSION_MAJOR 0
+#define SNAPMLA_VERSION_MINOR 1
+#define SNAPMLA_VERSION_PATCH 0
+/* MAJOR * 10000 + MINOR * 100 + PATCH */
+#define SNAPMLA_VERSION \
+  (SNAPMLA_VERSION_MAJOR * 10000 + SNAPMLA_VERSION_MINOR * 100 + SNAPMLA_VERSION_PATCH)
+
+#define SNAPMLA_PAGE_SIZE 64      /* token slots per page */
+#define SNAPMLA_CONTENT_DIM 512   /* latent c_kv width (also V width) */
+#define SNAPMLA_ROPE_DIM 64       /* decoupled RoPE key width */
+#define SNAPMLA_HEAD_DIM 576      /* query / key width: content + RoPE */
+#define SNAPMLA_PAGE_BYTES 41216  /* bytes per page */
+#define SNAPMLA_PAGE_CONTENT_OFFSET 0
+#define SNAPMLA_PAGE_ROPE_OFFSET 32768
+#define SNAPMLA_PAGE_SCALE_OFFSET 40960
+#define SNAPMLA_MAX_HEADS 128     /* query heads per decode call: 1 .. 128 */
+#define SNAPMLA_MAX_Q_LEN 4       /* new tokens per request (MTP): 1 .. 4 */
+
+/* CUDA stream, ABI-identical to cudaStream_t / CUstream. */
+typedef struct CUstream_st* snapmla_stream_t;
+
+/* The library's version, SNAPMLA_VERSION of the build that is loaded. [host, any thread] */
+SNAPMLA_API int snapmla_version(void);
+
+/* ----------------------------------------------------------------------------- errors */
+
+/* Numbered once; never renumbered. */
+typedef enum snapmla_status {
+  SNAPMLA_SUCCESS = 0,
+  SNAPMLA_ERROR_INVALID_ARGUMENT = 1, /* a pointer, shape, stride or value is out of range */
+  SNAPMLA_ERROR_UNSUPPORTED = 2,      /* valid, but not supported by this build or device */
+  SNAPMLA_ERROR_CUDA = 3,             /* the CUDA runtime reported an error */
+  SNAPMLA_ERROR_OUT_OF_MEMORY = 4,    /* a [host] allocation failed */
+  SNAPMLA_ERROR_INTERNAL = 5          /* a bug in snapmla: please report it */
+} snapmla_status_t;
+
+/* Static name of a status ("SNAPMLA_ERROR_INVALID_ARGUMENT"). [host, any thread] */
+SNAPMLA_API const char* snapmla_status_string(snapmla_status_t status);
+
+/* Message of the latest failure on the calling thread ("" if none yet). The pointer stays
+ * valid until the next snapmla call on this thread. [host, thread-local] */
+SNAPMLA_API const char* snapmla_last_error(void);
+
+/* ------------------------------------------------------------------------------ cache */
+
+typedef struct snapmla_cache* snapmla_cache_t; /* opaque */
+
+typedef struct snapmla_cache_config {
+  size_t struct_size;  /* sizeof(snapmla_cache_config_t) */
+  int32_t num_layers;  /* >= 1 */
+  int32_t num_pages;   /* pages per layer, >= 1; num_pages * 64 must fit in int32 */
+  int32_t page_size;   /* 0 or SNAPMLA_PAGE_SIZE */
+  int32_t device;      /* CUDA device ordinal; -1 = the current device */
+  void* memory;        /* caller-owned device memory, 256-byte aligned; NULL: the library
+                          allocates (cudaMalloc) and frees it in snapmla_cache_destroy */
+  size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes(); else ignored */
+} snapmla_cache_config_t;
+
+typedef struct snapmla_cache_info {
+  size_t struct_size;    /* set by the caller: sizeof(snapmla_cache_info_t) */
+  void* data;            /* device pointer of the first page */
+  int32_t device;        /* CUDA device ordinal */
+  int32_t num_layers;
+  int32_t num_pages;     /* per layer */
+  int32_t page_size;     /* SNAPMLA_PAGE_SIZE */
+  int32_t content_dim;   /* 512 */
+  int32_t rope_dim;      /* 64 */
+  size_t page_bytes;     /* 41216 */
+  size_t content_offset; /* plane offsets inside a page */
+  size_t rope_offset;
+  size_t scale_offset;
+  size_t layer_bytes;    /* num_pages * page_bytes */
+  size_t total_bytes;    /* num_layers * layer_bytes */
+  int32_t owns_memory;   /* 1 if the library allocated `data` */
+} snapmla_cache_info_t;
+
+/* Bytes a cache of this shape needs. [host, any thread] */
+SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages,
+                                                 size_t* bytes);
+
+/* Create a cache handle, on caller memory or on memory it allocates. The contents start
+ * undefined: slots are meaningful once appended. [host: may allocate; not graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* config,
+                                                  snapmla_cache_t* cache);
+
+/* Destroy the handle, freeing memory the library allocated (after synchronizing the device
+ * if it did). NULL is accepted. [host: not graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
+
+/* Sizes and plane offsets of a cache. [host, any thread] */
+SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache,
+                                                snapmla_cache_info_t* info);
+
+/* ----------------------------------------------------------------------------- append */
+
+/* Quantize n new tokens and write them into `layer` of the cache, one launch (fused K-append:
+ * per-token scale, FP8 content, pre-scaled BF16 RoPE, paged write).
+ *   c_kv      BF16 [n, 512], row stride c_kv_stride elements (>= 512), unit inner stride
+ *   k_pe      BF16 [n, 64],  row stride k_pe_stride elements (>= 64), unit inner stride
+ *   slots     int64 [n], device: token i goes to slot slots[i]; a negative slot skips the
+ *             token (padding). A slot >= num_pages * 64 is also skipped (it cannot be checked
+ *             on the host without a synchronization); nothing outside the layer is written.
+ *   Inputs must not alias the cache. Two tokens with the same slot race. n = 0 is a no-op.
+ * [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer,
+                                            const void* c_kv, int64_t c_kv_stride,
+                                            const void* k_pe, int64_t k_pe_stride,
+                                            const int64_t* slots, int64_t num_tokens,
+                                            snapmla_stream_t stream);
+
+/* ------------------------------------------------------------------------ fetch-dequant */
+
+/* Gather tokens from `layer` of the cache and dequantize them to BF16, one launch (for chunked
+ * prefill and prefix reuse).
+ *   slots     int64 [n], device. A negative slot yields a row of zeros; a slot >= num_pages*64
+ *             yields a row of NaN (never an out-of-bounds read).
+ *   c_kv      BF16 [n, 512] out, row stride c_kv_stride elements (>= 512)
+ *   k_pe      BF16 [n, 64]  out, row stride k_pe_stride elements (>= 64)
+ *   Outputs must not alias each other or the cache. [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
+                                                   const int64_t* slots, int64_t num_tokens,
+                                                   void* c_kv, int64_t c_kv_stride, void* k_pe,
+                                                   int64_t k_pe_stride,
+                                                   snapmla_stream_t stream);
+
+/* --------------------------------------------------------------------------- quantize q */
+
+/* Quantize query rows as the contract says (one scale per token and head), one launch.
+ *   q         BF16 [n, h, 576], strides q_stride_token, q_stride_head (elements), unit inner
+ *   q_content FP8 E4M3 [n, h, 512] out, contiguous
+ *   q_rope    BF16 [n, h, 64] out, contiguous (pre-divided by the row's scale)
+ *   q_scale   fp32 [n, h] out, contiguous
+ *   h in 1 .. 1024. Outputs must not alias q or each other. [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_tokens,
+                                                int32_t num_heads, int64_t q_stride_token,
+                                                int64_t q_stride_head, void* q_content,
+                                                void* q_rope, float* q_scale,
+                                                snapmla_stream_t stream);
+
+/* ------------------------------------------------------------------------------ decode */
+
+/* The shape of one decode step. A plan made for a config serves every layer of that step. */
+typedef struct snapmla_decode_config {
+  size_t struct_size;    /* sizeof(snapmla_decode_config_t) */
+  int32_t batch_size;    /* requests, 1 .. 65536 */
+  int32_t q_len;         /* s_q: new tokens per request, 1 .. SNAPMLA_MAX_Q_LEN */
+  int32_t num_heads;     /* h: query heads, 1 .. SNAPMLA_MAX_HEADS */
+  int32_t max_pages;     /* columns of the block table; contexts are at most max_pages * 64 */
+  int32_t num_sm_parts;  /* split-KV parallelism; 0 = derive from the device's SM count */
+} snapmla_decode_config_t;
+
+/* Which kernel runs the attention. */
+typedef enum snapmla_decode_kernel {
+  SNAPMLA_DECODE_KERNEL_AUTO = 0,      /* the fastest available for the device */
+  SNAPMLA_DECODE_KERNEL_REFERENCE = 1, /* the simple tensor-core kernel (mma.sync): the
+                                          executable statement of the contract, for tests */
+  SNAPMLA_DECODE_KERNEL_FAST = 2       /* the wgmma pipeline (UNSUPPORTED until it ships) */
+} snapmla_decode_kernel_t;
+
+typedef struct snapmla_decode_args {
+  size_t struct_size;            /* sizeof(snapmla_decode_args_t) */
+  int32_t layer;                 /* cache layer to read */
+  int32_t causal;                /* nonzero: causal among the s_q new tokens */
+  float softmax_scale;           /* > 0 and finite, e.g. 192^-0.5 */
+  int32_t kernel;                /* snapmla_decode_kernel_t */
+  const void* q;                 /* BF16 [b, s_q, h, 576]: q_nope (absorbed) | q_pe */
+  int64_t q_stride_batch;        /* elements; the last dimension must be contiguous */
+  int64_t q_stride_token;
+  int64_t q_stride_head;
+  const int32_t* block_table;    /* int32 [b, max_pages], row stride block_table_stride */
+  int64_t block_table_stride;    /* elements, >= max_pages */
+  const int32_t* cache_seqlens;  /* int32 [b]: context length per request INCLUDING the s_q
+                                    new tokens (already appended); 0 = empty */
+  void* out;                     /* BF16 [b, s_q, h, 512] out, contiguous */
+  float* lse;                    /* fp32 [b, h, s_q] out, contiguous; may be NULL */
+} snapmla_decode_args_t;
+
+/* Device bytes for the plan and the workspace of a decode config (both 256-byte aligned by
+ * the caller). [host, any thread; reads the current device's SM count when
+ * num_sm_parts = 0] */
+SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,
+                                                         size_t* plan_bytes,
+                                                         size_t* workspace_bytes);
+
+/* Build the split-KV schedule on the device from cache_seqlens (int32 [b], device), into
+ * `plan` (device, plan_bytes). One small launch; no host synchronization. The plan stays
+ * valid for as long as cache_seqlens does not change (typically: all layers of one step).
+ * [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* config,
+                                                 const int32_t* cache_seqlens, void* plan,
+                                                 snapmla_stream_t stream);
+
+/* Attention of one layer for one decode step: Q-quant, the split-KV attention and the
+ * combine, enqueued on `stream`. `plan` must come from snapmla_decode_plan with the same
+ * config and seqlens; `workspace` (workspace_bytes) is scratch, reusable by the next call on
+ * the same stream. Block-table entries and seqlens are device data: a request whose
+ * seqlen exceeds max_pages * 64 or that names a page outside the layer gets NaN rows instead
+ * of an out-of-bounds read. out and lse must not alias any input. [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
+                                            const snapmla_decode_config_t* config,
+                                            const snapmla_decode_args_t* args,
+                                            const void* plan, void* workspace,
+                                            snapmla_stream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SNAPMLA_SNAPMLA_H_ */
