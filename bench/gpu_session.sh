@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One call on the lent GPU machine: install the carried wheels, then run the stages named on the
+# command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
+#
+#   bash bench/gpu_session.sh [tests] [ctest] [sanitize] [sass] [bench] [bench-quick] [accuracy]
+#
+# Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
+# .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
+set -uo pipefail
+FINAL=${OUT:-/tmp/snapmla-out}  # what comes back: a few results and one log archive
+OUT=/tmp/snapmla-work
+mkdir -p "$OUT" "$FINAL"
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+export SNAPMLA_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
+log() { echo "=== $(date +%T) $*" | tee -a "$OUT/session.log"; }
+
+log "install wheels (commit $SNAPMLA_COMMIT)"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl .carry/dist/snapmla-*.whl >"$OUT/pip.log" 2>&1 || {
+  cat "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv \
+  | tee "$OUT/gpu.txt"
+python3 -c "import snapmla, sys; print('snapmla', snapmla.version(), snapmla.__file__)" \
+  || exit 1
+
+status=0
+for stage in "$@"; do
+  case "$stage" in
+    tests)
+      log "pytest (all tests, GPU included)"
+      python3 -m pytest -q -rs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" \
+        2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
+      ;;
+    ctest)
+      log "C example against the installed CMake package"
+      cmake -S examples/c -B /tmp/build-c -G Ninja \
+        -DCMAKE_PREFIX_PATH="$(python3 -m snapmla --cmake-dir)" >"$OUT/ctest.log" 2>&1 &&
+        cmake --build /tmp/build-c >>"$OUT/ctest.log" 2>&1 &&
+        /tmp/build-c/snapmla_c_example --gpu 2>&1 | tee -a "$OUT/ctest.log" || status=1
+      ;;
+    sanitize)
+      for tool in memcheck racecheck; do
+        log "compute-sanitizer $tool"
+        compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
+          python3 tests/gpu/smoke.py >"$OUT/sanitize-$tool.log" 2>&1
+        echo "$tool exit $?" | tee -a "$OUT/session.log"
+        tail -5 "$OUT/sanitize-$tool.log"
+      done
+      ;;
+    sass)
+      log "SASS and resource usage"
+      lib=$(python3 -c "import snapmla._lib as l; print(l.library_path())")
+      cuobjdump --dump-sass "$lib" >"$OUT/sass.txt" 2>&1
+      cuobjdump --dump-resource-usage "$lib" >"$OUT/resource-usage.txt" 2>&1
+      for op in QGMMA HGMMA HMMA IMMA LDL STL; do
+        printf '%s %s\n' "$op" "$(grep -c "$op" "$OUT/sass.txt")"
+      done | tee "$OUT/sass-summary.txt"
+      ;;
+    bench | bench-quick)
+      quick=""; [ "$stage" = bench-quick ] && quick="--quick"
+      log "decode benchmark $quick"
+      python3 bench/bench_decode.py $quick --out "$OUT/decode.json" 2>&1 | tee "$OUT/bench-decode.log" | tail -45
+      log "data-movement benchmark"
+      python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow.json" 2>&1 | tee "$OUT/bench-dataflow.log" | tail -15
+      python3 bench/roofline.py "$OUT/decode.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
+      ;;
+    accuracy)
+      log "accuracy study"
+      python3 -m snapmla.accuracy --out "$OUT/accuracy.json" --figure "$OUT/accuracy.png" \
+        2>&1 | tee "$OUT/accuracy.log" | tail -30 || status=1
+      ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+log "done (status $status)"
+for f in decode.json dataflow.json roofline.png accuracy.json accuracy.png; do
+  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
+done
+tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt . && ls -la "$FINAL"
+exit $status

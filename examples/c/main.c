@@ -1,0 +1,233 @@
+/* snapmla from C: version and error handling, a cache on caller memory, and (with a CUDA
+ * toolkit and a Hopper GPU, run with --gpu) append -> fetch-dequant -> decode.
+ * Prints "N passed, M failed" and exits non-zero on any failure. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <snapmla/snapmla.h>
+
+#ifdef SNAPMLA_EXAMPLE_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+static int g_passed = 0, g_failed = 0;
+
+#define CHECK(cond, ...)                                         \
+  do {                                                           \
+    if (cond) {                                                  \
+      ++g_passed;                                                \
+    } else {                                                     \
+      ++g_failed;                                                \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);       \
+      fprintf(stderr, __VA_ARGS__);                              \
+      fprintf(stderr, " (last error: %s)\n", snapmla_last_error()); \
+    }                                                            \
+  } while (0)
+
+static void host_checks(void) {
+  size_t bytes = 0;
+  snapmla_cache_config_t cfg;
+  snapmla_cache_t cache = NULL;
+  snapmla_cache_info_t info;
+  snapmla_decode_config_t dc;
+  size_t plan_bytes = 0, ws_bytes = 0;
+
+  CHECK(snapmla_version() / 10000 == SNAPMLA_VERSION_MAJOR, "major version %d",
+        snapmla_version());
+  CHECK(strcmp(snapmla_status_string(SNAPMLA_ERROR_INVALID_ARGUMENT),
+               "SNAPMLA_ERROR_INVALID_ARGUMENT") == 0, "status string");
+
+  CHECK(snapmla_cache_bytes(2, 3, &bytes) == SNAPMLA_SUCCESS && bytes == 6u * SNAPMLA_PAGE_BYTES,
+        "cache_bytes = %zu", bytes);
+  CHECK(snapmla_cache_bytes(0, 3, &bytes) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "num_layers") != NULL,
+        "num_layers = 0 is refused by name");
+
+  /* A cache over caller memory on device 0 needs no CUDA call to create. */
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.struct_size = sizeof(cfg);
+  cfg.num_layers = 2;
+  cfg.num_pages = 3;
+  cfg.device = 0;
+  cfg.memory = (void*)(uintptr_t)0x7f0000000000ull;
+  cfg.memory_bytes = 6u * SNAPMLA_PAGE_BYTES;
+  CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_SUCCESS, "create on caller memory");
+  memset(&info, 0, sizeof(info));
+  info.struct_size = sizeof(info);
+  CHECK(snapmla_cache_info(cache, &info) == SNAPMLA_SUCCESS && info.num_pages == 3 &&
+            info.layer_bytes == 3u * SNAPMLA_PAGE_BYTES && info.rope_offset == 32768 &&
+            info.scale_offset == 40960 && info.owns_memory == 0,
+        "cache info");
+  CHECK(snapmla_append(cache, 2, NULL, 512, NULL, 64, NULL, 1, NULL) ==
+                SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "layer") != NULL,
+        "layer out of range is refused by name");
+  CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy");
+
+  cfg.memory_bytes = 10;
+  CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "memory_bytes") != NULL,
+        "too small caller memory is refused by name");
+
+  memset(&dc, 0, sizeof(dc));
+  dc.struct_size = sizeof(dc);
+  dc.batch_size = 4;
+  dc.q_len = 2;
+  dc.num_heads = 128;
+  dc.max_pages = 16;
+  dc.num_sm_parts = 8; /* explicit: no device query */
+  CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_SUCCESS &&
+            plan_bytes > 0 && ws_bytes > 0,
+        "decode buffer sizes");
+  dc.q_len = 5;
+  CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) ==
+                SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "q_len") != NULL,
+        "q_len = 5 is refused by name");
+}
+
+#ifdef SNAPMLA_EXAMPLE_WITH_CUDA
+static uint16_t bf16_of(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+static float float_of(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static void gpu_checks(void) {
+  enum { kTokens = 100, kHeads = 16 };
+  snapmla_cache_config_t cfg;
+  snapmla_cache_t cache = NULL;
+  uint16_t *h_ckv, *h_kpe, *h_q, *h_out;
+  int64_t h_slots[kTokens];
+  int32_t h_table[2] = {1, 0}, h_len = kTokens;
+  void *d_ckv, *d_kpe, *d_q, *d_out, *d_fetch_c, *d_fetch_r, *plan, *ws;
+  int64_t* d_slots;
+  int32_t *d_table, *d_len;
+  float h_lse[kHeads], *d_lse;
+  size_t plan_bytes = 0, ws_bytes = 0;
+  snapmla_decode_config_t dc;
+  snapmla_decode_args_t args;
+  double max_rel = 0.0;
+  int i, finite = 1;
+
+  h_ckv = (uint16_t*)malloc(kTokens * 512 * 2);
+  h_kpe = (uint16_t*)malloc(kTokens * 64 * 2);
+  h_q = (uint16_t*)malloc(kHeads * 576 * 2);
+  h_out = (uint16_t*)malloc(kHeads * 512 * 2);
+  srand(7);
+  for (i = 0; i < kTokens * 512; ++i) h_ckv[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  for (i = 0; i < kTokens * 64; ++i) h_kpe[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  for (i = 0; i < kHeads * 576; ++i) h_q[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  /* token i of the request lives in page h_table[i / 64], row i % 64 */
+  for (i = 0; i < kTokens; ++i) h_slots[i] = (int64_t)h_table[i / 64] * 64 + i % 64;
+
+  memset(&cfg, 0, sizeof(cfg));
+  cfg.struct_size = sizeof(cfg);
+  cfg.num_layers = 1;
+  cfg.num_pages = 2;
+  cfg.device = -1;
+  CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_SUCCESS, "create (library memory)");
+
+  cudaMalloc(&d_ckv, kTokens * 512 * 2);
+  cudaMalloc(&d_kpe, kTokens * 64 * 2);
+  cudaMalloc((void**)&d_slots, sizeof(h_slots));
+  cudaMalloc(&d_fetch_c, kTokens * 512 * 2);
+  cudaMalloc(&d_fetch_r, kTokens * 64 * 2);
+  cudaMemcpy(d_ckv, h_ckv, kTokens * 512 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_kpe, h_kpe, kTokens * 64 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_slots, h_slots, sizeof(h_slots), cudaMemcpyHostToDevice);
+  CHECK(snapmla_append(cache, 0, d_ckv, 512, d_kpe, 64, d_slots, kTokens, NULL) ==
+            SNAPMLA_SUCCESS, "append");
+  CHECK(snapmla_fetch_dequant(cache, 0, d_slots, kTokens, d_fetch_c, 512, d_fetch_r, 64,
+                              NULL) == SNAPMLA_SUCCESS, "fetch-dequant");
+  {
+    uint16_t* back = (uint16_t*)malloc(kTokens * 512 * 2);
+    cudaMemcpy(back, d_fetch_c, kTokens * 512 * 2, cudaMemcpyDeviceToHost);
+    for (i = 0; i < kTokens * 512; ++i) {
+      double a = float_of(h_ckv[i]), b = float_of(back[i]);
+      double rel = fabs(a - b) / 0.5; /* |c_kv| <= 0.5: E4M3 keeps 3 mantissa bits */
+      if (rel > max_rel) max_rel = rel;
+    }
+    free(back);
+  }
+  CHECK(max_rel < 0.07, "fetch-dequant reproduces c_kv within E4M3 precision (%.4f)", max_rel);
+
+  memset(&dc, 0, sizeof(dc));
+  dc.struct_size = sizeof(dc);
+  dc.batch_size = 1;
+  dc.q_len = 1;
+  dc.num_heads = kHeads;
+  dc.max_pages = 2;
+  CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_SUCCESS, "sizes");
+  cudaMalloc(&plan, plan_bytes);
+  cudaMalloc(&ws, ws_bytes);
+  cudaMalloc(&d_q, kHeads * 576 * 2);
+  cudaMalloc(&d_out, kHeads * 512 * 2);
+  cudaMalloc((void**)&d_lse, sizeof(h_lse));
+  cudaMalloc((void**)&d_table, sizeof(h_table));
+  cudaMalloc((void**)&d_len, sizeof(h_len));
+  cudaMemcpy(d_q, h_q, kHeads * 576 * 2, cudaMemcpyHostToDevice);
+  cudaMemcpy(d_table, h_table, sizeof(h_table), cudaMemcpyHostToDevice);
+  cudaMemcpy(d_len, &h_len, sizeof(h_len), cudaMemcpyHostToDevice);
+  CHECK(snapmla_decode_plan(&dc, d_len, plan, NULL) == SNAPMLA_SUCCESS, "plan");
+  memset(&args, 0, sizeof(args));
+  args.struct_size = sizeof(args);
+  args.layer = 0;
+  args.causal = 1;
+  args.softmax_scale = 1.0f / sqrtf(192.0f);
+  args.kernel = SNAPMLA_DECODE_KERNEL_AUTO;
+  args.q = d_q;
+  args.q_stride_batch = kHeads * 576;
+  args.q_stride_token = kHeads * 576;
+  args.q_stride_head = 576;
+  args.block_table = d_table;
+  args.block_table_stride = 2;
+  args.cache_seqlens = d_len;
+  args.out = d_out;
+  args.lse = d_lse;
+  CHECK(snapmla_decode(cache, &dc, &args, plan, ws, NULL) == SNAPMLA_SUCCESS, "decode");
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "kernels ran");
+  cudaMemcpy(h_out, d_out, kHeads * 512 * 2, cudaMemcpyDeviceToHost);
+  cudaMemcpy(h_lse, d_lse, sizeof(h_lse), cudaMemcpyDeviceToHost);
+  for (i = 0; i < kHeads * 512; ++i) finite &= isfinite(float_of(h_out[i])) ? 1 : 0;
+  for (i = 0; i < kHeads; ++i) finite &= isfinite(h_lse[i]) ? 1 : 0;
+  CHECK(finite, "decode output and lse are finite");
+  /* softmax over 100 tokens: lse >= log(100) - |max logit| bound; and it is an average of V */
+  CHECK(h_lse[0] > 0.0f, "lse[0] = %f", h_lse[0]);
+
+  args.softmax_scale = -1.0f;
+  CHECK(snapmla_decode(cache, &dc, &args, plan, ws, NULL) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "softmax_scale") != NULL,
+        "negative softmax_scale refused by name");
+  CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy");
+  cudaFree(d_ckv); cudaFree(d_kpe); cudaFree(d_slots); cudaFree(d_fetch_c); cudaFree(d_fetch_r);
+  cudaFree(plan); cudaFree(ws); cudaFree(d_q); cudaFree(d_out); cudaFree(d_lse);
+  cudaFree(d_table); cudaFree(d_len);
+  free(h_ckv); free(h_kpe); free(h_q); free(h_out);
+}
+#endif
+
+int main(int argc, char** argv) {
+  int gpu = argc > 1 && strcmp(argv[1], "--gpu") == 0;
+  host_checks();
+  if (gpu) {
+#ifdef SNAPMLA_EXAMPLE_WITH_CUDA
+    gpu_checks();
+#else
+    fprintf(stderr, "FAIL: --gpu needs the example built with a CUDA toolkit\n");
+    ++g_failed;
+#endif
+  }
+  printf("%d passed, %d failed\n", g_passed, g_failed);
+  return g_failed == 0 ? 0 : 1;
+}

@@ -1,0 +1,341 @@
+"""Argument checks, CUDA streams and output allocation shared by the operations.
+
+Every refusal is a ``SnapMLAError`` that names the operation, the argument, what was expected
+and what was given. An operation checks, for every tensor argument in order, its dtype, then
+its number of dimensions and shape, then its strides; the devices of all tensors are checked
+last. CuPy is imported only when a stream must be resolved or memory allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from . import _dlpack
+from ._dlpack import TensorView
+from ._errors import SnapMLAError, argument_error
+
+__all__ = [
+    "BF16",
+    "BYTES",
+    "FP8",
+    "FP32",
+    "INT32",
+    "INT64",
+    "Checker",
+    "Stream",
+    "check_int",
+    "cupy_module",
+    "empty",
+    "extent",
+    "on_device",
+]
+
+# Accepted dtype names, the first being the real one: BF16 data may come as raw uint16 bits and
+# FP8 E4M3 data as raw uint8 bytes (frameworks without those dtypes, CuPy's fallback below).
+BF16 = ("bfloat16", "uint16")
+FP8 = ("float8_e4m3fn", "uint8")
+INT32 = ("int32",)
+INT64 = ("int64",)
+FP32 = ("float32",)
+BYTES = ("uint8", "int8")
+
+_RAW_NOTE = {"uint16": "raw bits", "uint8": "raw bytes"}
+
+
+def _dtype_text(dtypes: Sequence[str]) -> str:
+    if len(dtypes) == 1:
+        return f"dtype {dtypes[0]}"
+    if dtypes in (BF16, FP8):
+        return f"dtype {dtypes[0]} (or {dtypes[1]} {_RAW_NOTE[dtypes[1]]})"
+    return "dtype " + " or ".join(dtypes)
+
+
+def _shape_text(shape: Sequence[int | str]) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def _shape_matches(got: Sequence[int], want: Sequence[int | str]) -> bool:
+    if want and want[0] == "...":
+        want = want[1:]
+        if len(got) < len(want):
+            return False
+        got = got[len(got) - len(want) :]
+    if len(got) != len(want):
+        return False
+    return all(not isinstance(w, int) or g == w for g, w in zip(got, want))
+
+
+def check_int(value: Any, op: str, argument: str, low: int, high: int | None = None) -> int:
+    """``value`` as an ``int`` in ``[low, high]`` (``high=None``: no upper bound), else refuse."""
+    expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    if isinstance(value, bool):
+        raise argument_error(op, argument, expected, repr(value))
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise argument_error(op, argument, expected, f"{type(value).__name__} {value!r}") from None
+    if number < low or (high is not None and number > high):
+        raise argument_error(op, argument, expected, str(number))
+    return number
+
+
+def cupy_module(op: str) -> Any:
+    """Import CuPy, or refuse with a message saying what needed it."""
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a broken CUDA installation
+        raise SnapMLAError(
+            f"{op}: CuPy is needed to allocate GPU memory and to find the current CUDA stream, "
+            f"but 'import cupy' failed: {exc}"
+        ) from exc
+    return cupy
+
+
+@contextlib.contextmanager
+def on_device(op: str, device: int) -> Iterator[None]:
+    """Make ``device`` the current CUDA device for the body (through CuPy when importable;
+    without CuPy the current device is left as it is and the C library checks it)."""
+    try:
+        import cupy
+    except ImportError:
+        yield
+        return
+    try:
+        context = cupy.cuda.Device(device)
+        context.__enter__()
+    except Exception as exc:
+        raise SnapMLAError(f"{op}: cannot make CUDA device {device} current: {exc}") from exc
+    try:
+        yield
+    finally:
+        context.__exit__(None, None, None)
+
+
+class Stream:
+    """The CUDA stream of one operation, as given by the caller, resolved on first use.
+
+    ``None`` is CuPy's current stream (of the operation's device); an ``int`` is a raw
+    ``cudaStream_t`` handle (0 = the legacy default stream); an object with ``.ptr`` (CuPy)
+    or ``.cuda_stream`` (PyTorch) gives its handle. The type is checked at once; CuPy is
+    imported only when ``None`` must be resolved.
+    """
+
+    def __init__(self, stream: Any, op: str) -> None:
+        self._op = op
+        self._handle: int | None = None
+        if stream is None:
+            return
+        if isinstance(stream, bool):
+            raise argument_error(op, "stream", _STREAM_EXPECTED, repr(stream))
+        for attribute in (None, "ptr", "cuda_stream"):
+            try:
+                raw = stream if attribute is None else getattr(stream, attribute)
+                handle = operator.index(raw)
+            except (AttributeError, TypeError):
+                continue
+            if handle < 0:
+                raise argument_error(op, "stream", _STREAM_EXPECTED, f"handle {handle}")
+            self._handle = handle
+            return
+        raise argument_error(op, "stream", _STREAM_EXPECTED, type(stream).__name__)
+
+    def handle(self, device: int) -> int:
+        """The raw stream handle (resolving ``None`` to CuPy's current stream of ``device``)."""
+        if self._handle is None:
+            cupy = cupy_module(self._op)
+            try:
+                with cupy.cuda.Device(device):
+                    self._handle = int(cupy.cuda.get_current_stream().ptr)
+            except Exception as exc:
+                raise SnapMLAError(
+                    f"{self._op}: cannot get CuPy's current CUDA stream: {exc}"
+                ) from exc
+        return self._handle
+
+    def c(self, device: int) -> Any:
+        """The stream as the C API's ``snapmla_stream_t``."""
+        from ._lib import stream_t
+
+        return stream_t(self.handle(device))
+
+
+_STREAM_EXPECTED = "None, a CUDA stream handle (int >= 0), or an object with .ptr or .cuda_stream"
+
+
+class Checker:
+    """Reads and checks the tensor arguments of one operation call.
+
+    ``tensor()`` reads an argument (through DLPack, with the call's stream handshake) and
+    checks its dtype, shape and strides at once; ``devices()`` then checks that every tensor
+    read so far lives on the operation's CUDA device, and ``no_overlap()`` that outputs do not
+    alias. Nothing is written by any of these.
+    """
+
+    def __init__(self, op: str, stream: Stream | None) -> None:
+        self.op = op
+        self.stream = stream
+        self.views: list[tuple[str, TensorView]] = []
+
+    def tensor(
+        self,
+        obj: Any,
+        argument: str,
+        *,
+        dtypes: Sequence[str],
+        shape: Sequence[int | str],
+        layout: str = "contiguous",
+        writable: bool = False,
+        shape_note: str = "",
+    ) -> TensorView:
+        """Read and check one tensor argument.
+
+        Args:
+            obj: The caller's DLPack tensor.
+            argument: Its name in the public API.
+            dtypes: Accepted dtype names.
+            shape: Expected shape; an ``int`` must match, a ``str`` (a symbol such as ``"n"``)
+                matches any size and is shown as is in messages. A first entry ``"..."``
+                matches any number of leading dimensions.
+            layout: ``"contiguous"`` (compact row-major) or ``"inner"`` (unit stride in the
+                last dimension; the caller checks the other strides with ``stride()``).
+            writable: The tensor is an output: refuse read-only tensors.
+            shape_note: Text appended to the expected shape in messages.
+        """
+        stream = None if self.stream is None else self.stream.handle
+        v = _dlpack.view(obj, stream=stream, op=self.op, argument=argument)
+        if v.dtype not in dtypes:
+            raise argument_error(self.op, argument, _dtype_text(dtypes), v.dtype)
+        if not _shape_matches(v.shape, shape):
+            raise argument_error(
+                self.op,
+                argument,
+                f"shape {_shape_text(shape)}{shape_note}",
+                _shape_text(v.shape),
+            )
+        if layout == "contiguous":
+            if not v.is_contiguous():
+                raise argument_error(
+                    self.op,
+                    argument,
+                    "a contiguous tensor",
+                    f"strides (elements) {_shape_text(v.strides)} for shape {_shape_text(v.shape)}",
+                )
+        elif v.ndim and v.shape[-1] > 1 and v.strides[-1] != 1:
+            raise argument_error(
+                self.op,
+                argument,
+                "unit stride in the last dimension",
+                f"strides (elements) {_shape_text(v.strides)}",
+            )
+        if writable and v.read_only:
+            raise argument_error(self.op, argument, "a writable tensor", "a read-only one")
+        self.views.append((argument, v))
+        return v
+
+    def stride(
+        self,
+        v: TensorView,
+        argument: str,
+        dim: int,
+        minimum: int,
+        what: str,
+        default: int | None = None,
+    ) -> int:
+        """Stride of dimension ``dim`` in elements, refused below ``minimum``. A dimension of
+        size <= 1 has no meaningful stride: ``default`` (else ``minimum``) is returned for it,
+        the stride a compact tensor would have."""
+        if v.shape[dim] <= 1:
+            return minimum if default is None else default
+        got = v.strides[dim]
+        if got < minimum:
+            raise argument_error(
+                self.op, argument, f"a {what} stride >= {minimum} elements", str(got)
+            )
+        return got
+
+    def devices(self, device: int | None) -> int:
+        """Check that every tensor read is a CUDA tensor on ``device`` (``None``: on the
+        device of the first tensor); return that device."""
+        for argument, v in self.views:
+            if device is None and v.device_type == _dlpack.CUDA:
+                device = v.device_id
+            if v.device_type != _dlpack.CUDA or v.device_id != device:
+                expected = "a CUDA tensor" if device is None else f"a CUDA tensor on cuda:{device}"
+                raise argument_error(self.op, argument, expected, v.device)
+        if device is None:
+            raise SnapMLAError(f"{self.op}: no tensor argument to take the CUDA device from")
+        return device
+
+    def no_overlap(
+        self, argument: str, v: TensorView, others: Sequence[tuple[str, TensorView | None]]
+    ) -> None:
+        """Refuse an output ``v`` whose bytes overlap any of ``others``."""
+        start, end = v.byte_extent()
+        for name, other in others:
+            if other is None or start == end:
+                continue
+            other_start, other_end = other.byte_extent()
+            if start < other_end and other_start < end:
+                raise argument_error(
+                    self.op,
+                    argument,
+                    f"memory that does not overlap {name}",
+                    f"bytes [{start:#x}, {end:#x}) against [{other_start:#x}, {other_end:#x})",
+                )
+
+
+def extent(ptr: int, nbytes: int) -> TensorView:
+    """A flat byte range as a view, for ``Checker.no_overlap`` (e.g. the cache's memory)."""
+    return TensorView(
+        ptr=ptr,
+        shape=(nbytes,),
+        strides=(1,),
+        dtype="uint8",
+        device_type=_dlpack.CUDA,
+        device_id=0,
+        itemsize=1,
+    )
+
+
+# dtype name -> whether CuPy accepted the ml_dtypes type last time (None: not tried yet).
+_cupy_accepts: dict[str, bool] = {}
+_RAW_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
+
+
+def empty(op: str, shape: Sequence[int], dtype: str, device: int) -> tuple[Any, int]:
+    """A new uninitialized CuPy array on ``device`` and its device pointer.
+
+    ``bfloat16`` and ``float8_e4m3fn`` arrays are CuPy arrays of ``ml_dtypes.bfloat16`` /
+    ``ml_dtypes.float8_e4m3fn`` when the installed CuPy accepts those dtypes, else of the
+    same-size raw dtype ``uint16`` / ``uint8`` holding the bits (view them with
+    ``.view(ml_dtypes.bfloat16)`` after ``.get()``); ``float32`` and ``uint8`` are plain.
+    """
+    import numpy
+
+    cupy = cupy_module(op)
+    shape = tuple(int(s) for s in shape)
+    try:
+        with cupy.cuda.Device(device):
+            if dtype in _RAW_DTYPES:
+                if _cupy_accepts.get(dtype, True):
+                    import ml_dtypes
+
+                    try:
+                        array = cupy.empty(shape, dtype=getattr(ml_dtypes, dtype))
+                        _cupy_accepts[dtype] = True
+                        return array, int(array.data.ptr)
+                    except (TypeError, ValueError, NotImplementedError):
+                        _cupy_accepts[dtype] = False
+                array = cupy.empty(shape, dtype=numpy.dtype(_RAW_DTYPES[dtype]))
+            else:
+                array = cupy.empty(shape, dtype=numpy.dtype(dtype))
+    except SnapMLAError:
+        raise
+    except Exception as exc:
+        raise SnapMLAError(
+            f"{op}: cannot allocate a {dtype} array of shape {list(shape)} on cuda:{device}: {exc}"
+        ) from exc
+    return array, int(array.data.ptr)

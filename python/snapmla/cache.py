@@ -1,0 +1,415 @@
+"""The paged FP8 MLA KV cache: ``KVCache`` (create, append, fetch-dequant, close)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any
+
+from . import _lib
+from ._dlpack import TensorView
+from ._errors import SnapMLAError, argument_error
+from ._lib import CONTENT_DIM, PAGE_SIZE, ROPE_DIM
+from ._tensor import (
+    BF16,
+    BYTES,
+    INT64,
+    Checker,
+    Stream,
+    check_int,
+    cupy_module,
+    empty,
+    extent,
+    on_device,
+)
+
+__all__ = ["KVCache"]
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+_INT32_MAX = 2**31 - 1
+_MEMORY_ALIGNMENT = 256
+
+
+def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int, int]:
+    layers = check_int(num_layers, op, "num_layers", 1, _INT32_MAX)
+    pages = check_int(num_pages, op, "num_pages", 1, _INT32_MAX // PAGE_SIZE)
+    return layers, pages
+
+
+def _validate_buffer(buffer: Any, nbytes: int, device: int | None) -> tuple[TensorView, int]:
+    """Check a caller-owned cache buffer; return its view and device ordinal."""
+    op = "KVCache"
+    checker = Checker(op, None)
+    v = checker.tensor(buffer, "buffer", dtypes=BYTES, shape=("nbytes",), writable=True)
+    if v.shape[0] < nbytes:
+        raise argument_error(
+            op, "buffer", f"at least {nbytes} bytes (snapmla_cache_bytes)", f"{v.shape[0]} bytes"
+        )
+    device = checker.devices(device)
+    if v.ptr % _MEMORY_ALIGNMENT:
+        raise argument_error(
+            op, "buffer", f"a {_MEMORY_ALIGNMENT}-byte aligned address", f"{v.ptr:#x}"
+        )
+    return v, device
+
+
+def _validate_layer(op: str, layer: Any, num_layers: int) -> int:
+    return check_int(layer, op, "layer", 0, num_layers - 1)
+
+
+def _validate_append_args(
+    num_layers: int,
+    device: int,
+    cache_extent: tuple[int, int],
+    layer: Any,
+    c_kv: Any,
+    k_pe: Any,
+    slots: Any,
+    stream: Stream,
+) -> tuple[int, TensorView, int, TensorView, int, TensorView]:
+    """Checks of ``KVCache.append``; returns ``(layer, c_kv, c_kv_stride, k_pe, k_pe_stride,
+    slots)``. ``cache_extent`` is ``(data_ptr, nbytes)`` of the cache memory."""
+    op = "KVCache.append"
+    layer = _validate_layer(op, layer, num_layers)
+    checker = Checker(op, stream)
+    c = checker.tensor(c_kv, "c_kv", dtypes=BF16, shape=("n", CONTENT_DIM), layout="inner")
+    n = c.shape[0]
+    c_stride = checker.stride(c, "c_kv", 0, CONTENT_DIM, "row")
+    k = checker.tensor(k_pe, "k_pe", dtypes=BF16, shape=(n, ROPE_DIM), layout="inner")
+    k_stride = checker.stride(k, "k_pe", 0, ROPE_DIM, "row")
+    s = checker.tensor(slots, "slots", dtypes=INT64, shape=(n,))
+    checker.devices(device)
+    cache_view = extent(*cache_extent)
+    for name, v in (("c_kv", c), ("k_pe", k), ("slots", s)):
+        checker.no_overlap(name, v, [("the cache", cache_view)])
+    return layer, c, c_stride, k, k_stride, s
+
+
+def _validate_fetch_args(
+    num_layers: int,
+    device: int,
+    cache_extent: tuple[int, int],
+    layer: Any,
+    slots: Any,
+    c_kv: Any,
+    k_pe: Any,
+    stream: Stream,
+) -> tuple[int, TensorView, TensorView | None, int, TensorView | None, int]:
+    """Checks of ``KVCache.fetch_dequant``; returns ``(layer, slots, c_kv, c_kv_stride, k_pe,
+    k_pe_stride)`` with ``None`` for outputs still to allocate."""
+    op = "KVCache.fetch_dequant"
+    layer = _validate_layer(op, layer, num_layers)
+    checker = Checker(op, stream)
+    s = checker.tensor(slots, "slots", dtypes=INT64, shape=("n",))
+    n = s.shape[0]
+    c = k = None
+    c_stride, k_stride = CONTENT_DIM, ROPE_DIM
+    if c_kv is not None:
+        c = checker.tensor(
+            c_kv, "c_kv", dtypes=BF16, shape=(n, CONTENT_DIM), layout="inner", writable=True
+        )
+        c_stride = checker.stride(c, "c_kv", 0, CONTENT_DIM, "row")
+    if k_pe is not None:
+        k = checker.tensor(
+            k_pe, "k_pe", dtypes=BF16, shape=(n, ROPE_DIM), layout="inner", writable=True
+        )
+        k_stride = checker.stride(k, "k_pe", 0, ROPE_DIM, "row")
+    checker.devices(device)
+    cache_view = extent(*cache_extent)
+    if c is not None:
+        checker.no_overlap("c_kv", c, [("the cache", cache_view), ("slots", s), ("k_pe", k)])
+    if k is not None:
+        checker.no_overlap("k_pe", k, [("the cache", cache_view), ("slots", s)])
+    return layer, s, c, c_stride, k, k_stride
+
+
+class KVCache:
+    """A paged FP8 MLA KV cache on one GPU, in the byte format documented in ``snapmla.h``.
+
+    Each of ``num_layers`` layers holds ``num_pages`` pages of 64 token slots; token slot ``t``
+    is page ``t // 64``, row ``t % 64`` (644 bytes per token and layer). The memory is either
+    the caller's ``buffer`` or a new CuPy allocation owned by this object; its contents start
+    undefined.
+
+    Use as a context manager or call ``close()`` to release the C handle (and the memory, if
+    owned) deterministically; ``close()`` does not synchronize, so no work using the cache may
+    still be pending.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_pages: int,
+        *,
+        buffer: Any = None,
+        device: int | None = None,
+    ) -> None:
+        """Create the cache.
+
+        Args:
+            num_layers: Layers, >= 1.
+            num_pages: Pages per layer, >= 1 (``num_pages * 64`` must fit in int32).
+            buffer: Caller-owned CUDA DLPack tensor (uint8 or int8, contiguous, 256-byte
+                aligned, at least ``snapmla_cache_bytes`` bytes) that the cache lives in; the
+                caller keeps it alive (this object also holds a reference). ``None``: CuPy
+                allocates the memory, on ``device``.
+            device: CUDA device ordinal. With ``buffer`` it must match the buffer's device
+                (``None``: the buffer's); without, ``None`` means CuPy's current device.
+
+        Raises:
+            SnapMLAError: An argument is out of range, the library is missing, or allocation
+                or creation failed.
+        """
+        self._handle: Any = None
+        self._buffer: Any = None
+        self._buffer_view: TensorView | None = None  # holds the DLPack capsule too
+        op = "KVCache"
+        num_layers, num_pages = _validate_shape_args(op, num_layers, num_pages)
+        if device is not None:
+            device = check_int(device, op, "device", 0, _INT32_MAX)
+        lib = _lib.lib()
+        nbytes_c = _lib.ffi.new("size_t*")
+        _lib.check(lib.snapmla_cache_bytes(num_layers, num_pages, nbytes_c), "snapmla_cache_bytes")
+        nbytes = int(nbytes_c[0])
+        if buffer is not None:
+            v, device = _validate_buffer(buffer, nbytes, device)
+            ptr, memory_bytes = v.ptr, v.shape[0]
+            self._buffer_view = v
+        else:
+            if device is None:
+                cupy = cupy_module(op)
+                try:
+                    device = int(cupy.cuda.Device().id)
+                except Exception as exc:
+                    raise SnapMLAError(f"{op}: cannot get the current CUDA device: {exc}") from exc
+            buffer, ptr = empty(op, (nbytes,), "uint8", device)
+            memory_bytes = nbytes
+        config = _lib.ffi.new(
+            "snapmla_cache_config_t*",
+            {
+                "struct_size": _lib.ffi.sizeof("snapmla_cache_config_t"),
+                "num_layers": num_layers,
+                "num_pages": num_pages,
+                "page_size": PAGE_SIZE,
+                "device": device,
+                "memory": _lib.ffi.cast("void*", ptr),
+                "memory_bytes": memory_bytes,
+            },
+        )
+        handle = _lib.ffi.new("snapmla_cache_t*")
+        _lib.check(lib.snapmla_cache_create(config, handle), "snapmla_cache_create")
+        self._handle = handle[0]
+        self._buffer = buffer
+        info = _lib.ffi.new("snapmla_cache_info_t*")
+        info.struct_size = _lib.ffi.sizeof("snapmla_cache_info_t")
+        _lib.check(lib.snapmla_cache_info(self._handle, info), "snapmla_cache_info")
+        self._num_layers = int(info.num_layers)
+        self._num_pages = int(info.num_pages)
+        self._page_size = int(info.page_size)
+        self._device = int(info.device)
+        self._data_ptr = int(_lib.ffi.cast("uintptr_t", info.data))
+        self._layer_bytes = int(info.layer_bytes)
+        self._nbytes = int(info.total_bytes)
+
+    # ------------------------------------------------------------------------- properties
+
+    @property
+    def num_layers(self) -> int:
+        """Number of layers."""
+        return self._num_layers
+
+    @property
+    def num_pages(self) -> int:
+        """Pages per layer."""
+        return self._num_pages
+
+    @property
+    def page_size(self) -> int:
+        """Token slots per page (64)."""
+        return self._page_size
+
+    @property
+    def capacity(self) -> int:
+        """Token slots per layer (``num_pages * 64``)."""
+        return self._num_pages * self._page_size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of cache memory (all layers)."""
+        return self._nbytes
+
+    @property
+    def layer_bytes(self) -> int:
+        """Bytes per layer (``num_pages * 41216``)."""
+        return self._layer_bytes
+
+    @property
+    def data_ptr(self) -> int:
+        """Device address of the first page of layer 0."""
+        return self._data_ptr
+
+    @property
+    def device(self) -> int:
+        """CUDA device ordinal."""
+        return self._device
+
+    @property
+    def buffer(self) -> Any:
+        """The array object holding the memory (the caller's ``buffer`` or the CuPy array);
+        ``None`` once closed."""
+        return self._buffer
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._handle is None
+
+    # ------------------------------------------------------------------------- operations
+
+    def append(self, layer: int, c_kv: Any, k_pe: Any, slots: Any, *, stream: Any = None) -> None:
+        """Quantize ``n`` new tokens and write them into ``layer`` (one launch, graph-safe).
+
+        Args:
+            layer: Layer index, ``0 <= layer < num_layers``.
+            c_kv: BF16 ``[n, 512]`` (row stride >= 512 elements, unit inner stride).
+            k_pe: BF16 ``[n, 64]`` (row stride >= 64 elements, unit inner stride).
+            slots: int64 ``[n]``, contiguous: token ``i`` goes to slot ``slots[i]``; a negative
+                slot (padding) or one ``>= capacity`` skips the token.
+            stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
+                ``.ptr`` or ``.cuda_stream``).
+
+        All tensors must be CUDA tensors on the cache's device and must not alias the cache.
+        ``n = 0`` is a no-op.
+        """
+        op = "KVCache.append"
+        self._require_open(op)
+        s = Stream(stream, op)
+        layer, c, c_stride, k, k_stride, sl = _validate_append_args(
+            self._num_layers,
+            self._device,
+            (self._data_ptr, self._nbytes),
+            layer,
+            c_kv,
+            k_pe,
+            slots,
+            s,
+        )
+        n = c.shape[0]
+        if n == 0:
+            return
+        ffi = _lib.ffi
+        with on_device(op, self._device):
+            _lib.check(
+                _lib.lib().snapmla_append(
+                    self._handle,
+                    layer,
+                    ffi.cast("const void*", c.ptr),
+                    c_stride,
+                    ffi.cast("const void*", k.ptr),
+                    k_stride,
+                    ffi.cast("const int64_t*", sl.ptr),
+                    n,
+                    s.c(self._device),
+                ),
+                "snapmla_append",
+            )
+
+    def fetch_dequant(
+        self,
+        layer: int,
+        slots: Any,
+        *,
+        c_kv: Any = None,
+        k_pe: Any = None,
+        stream: Any = None,
+    ) -> tuple[Any, Any]:
+        """Gather tokens from ``layer`` and dequantize them to BF16 (one launch, graph-safe).
+
+        Args:
+            layer: Layer index, ``0 <= layer < num_layers``.
+            slots: int64 ``[n]``, contiguous. A negative slot yields a row of zeros, a slot
+                ``>= capacity`` a row of NaN.
+            c_kv: Output BF16 ``[n, 512]`` (row stride >= 512, unit inner stride), or ``None``
+                for a new CuPy array.
+            k_pe: Output BF16 ``[n, 64]`` (row stride >= 64, unit inner stride), or ``None``.
+            stream: CUDA stream, as for ``append``.
+
+        Returns:
+            ``(c_kv, k_pe)``: the given outputs, or new CuPy arrays of dtype
+            ``ml_dtypes.bfloat16`` (``uint16`` holding the bits if CuPy refuses that dtype).
+        """
+        op = "KVCache.fetch_dequant"
+        self._require_open(op)
+        s = Stream(stream, op)
+        layer, sl, c, c_stride, k, k_stride = _validate_fetch_args(
+            self._num_layers,
+            self._device,
+            (self._data_ptr, self._nbytes),
+            layer,
+            slots,
+            c_kv,
+            k_pe,
+            s,
+        )
+        n = sl.shape[0]
+        with on_device(op, self._device):
+            if c is None:
+                c_kv, c_ptr = empty(op, (n, CONTENT_DIM), "bfloat16", self._device)
+            else:
+                c_ptr = c.ptr
+            if k is None:
+                k_pe, k_ptr = empty(op, (n, ROPE_DIM), "bfloat16", self._device)
+            else:
+                k_ptr = k.ptr
+            if n == 0:
+                return c_kv, k_pe
+            ffi = _lib.ffi
+            _lib.check(
+                _lib.lib().snapmla_fetch_dequant(
+                    self._handle,
+                    layer,
+                    ffi.cast("const int64_t*", sl.ptr),
+                    n,
+                    ffi.cast("void*", c_ptr),
+                    c_stride,
+                    ffi.cast("void*", k_ptr),
+                    k_stride,
+                    s.c(self._device),
+                ),
+                "snapmla_fetch_dequant",
+            )
+        return c_kv, k_pe
+
+    # ------------------------------------------------------------------------- lifetime
+
+    def close(self) -> None:
+        """Destroy the C handle and drop the memory reference. Idempotent. Does not
+        synchronize: no work using the cache may be pending."""
+        handle, self._handle = self._handle, None
+        self._buffer = self._buffer_view = None
+        if handle is not None:
+            _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit, anything may be gone
+            self.close()
+
+    def __repr__(self) -> str:
+        if self.closed and not hasattr(self, "_num_layers"):
+            return "KVCache(<not created>)"
+        state = ", closed" if self.closed else ""
+        return (
+            f"KVCache(num_layers={self._num_layers}, num_pages={self._num_pages}, "
+            f"device={self._device}, nbytes={self._nbytes}{state})"
+        )
+
+    def _require_open(self, op: str) -> None:
+        if self._handle is None:
+            raise SnapMLAError(f"{op}: the cache is closed")

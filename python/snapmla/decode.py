@@ -1,0 +1,453 @@
+"""Decode attention: ``DecodePlan`` (the split-KV schedule of one step) and ``decode``."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from . import _lib
+from ._dlpack import TensorView
+from ._errors import SnapMLAError, argument_error
+from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
+from ._tensor import BF16, FP32, INT32, Checker, Stream, check_int, empty, extent, on_device
+from .cache import KVCache
+
+__all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
+
+# decode(kernel=...) names -> snapmla_decode_kernel_t.
+KERNELS = {"auto": 0, "reference": 1, "fast": 2}
+
+MAX_BATCH = 65536
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """The shape of one decode step (``snapmla_decode_config_t``).
+
+    Attributes:
+        batch_size: Requests ``b``, 1..65536.
+        q_len: New tokens per request ``s_q``, 1..4.
+        num_heads: Query heads ``h``, 1..128.
+        max_pages: Columns of the block table (contexts are at most ``max_pages * 64``).
+        num_sm_parts: Split-KV parallelism; 0 = derived from the device's SM count.
+    """
+
+    batch_size: int
+    q_len: int
+    num_heads: int
+    max_pages: int
+    num_sm_parts: int = 0
+
+
+def _validate_config_args(
+    op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any
+) -> tuple[int, int, int, int]:
+    return (
+        check_int(num_heads, op, "num_heads", 1, MAX_HEADS),
+        check_int(q_len, op, "q_len", 1, MAX_Q_LEN),
+        check_int(max_pages, op, "max_pages", 1, _INT32_MAX // PAGE_SIZE),
+        check_int(num_sm_parts, op, "num_sm_parts", 0, _INT32_MAX),
+    )
+
+
+def _validate_seqlens(
+    op: str, cache_seqlens: Any, batch_size: int | None, device: int | None, stream: Stream
+) -> tuple[TensorView, int]:
+    """Check ``cache_seqlens`` (int32 ``[b]``, contiguous); return its view and device."""
+    checker = Checker(op, stream)
+    shape: tuple[int | str] = ("b",) if batch_size is None else (batch_size,)
+    v = checker.tensor(
+        cache_seqlens,
+        "cache_seqlens",
+        dtypes=INT32,
+        shape=shape,
+        shape_note="" if batch_size is None else " (batch_size of the plan)",
+    )
+    if not 1 <= v.shape[0] <= MAX_BATCH:
+        raise argument_error(
+            op, "cache_seqlens", f"shape [b] with b in 1..{MAX_BATCH}", f"[{v.shape[0]}]"
+        )
+    return v, checker.devices(device)
+
+
+class DecodePlan:
+    """The split-KV schedule of one decode step, with its device workspace.
+
+    Built on the device from ``cache_seqlens`` (no host synchronization); serves every layer
+    of the step, as long as ``cache_seqlens`` does not change. ``update()`` re-plans in place
+    for the next step (same config, same buffers, so CUDA graphs that captured ``decode``
+    stay valid). The workspace is scratch shared by every ``decode`` call with this plan:
+    calls on different streams must not run concurrently.
+
+    Attributes:
+        config: The ``DecodeConfig``; also as ``batch_size``, ``q_len``, ``num_heads``,
+            ``max_pages``, ``num_sm_parts``.
+        device: CUDA device ordinal (that of ``cache_seqlens``).
+        plan_bytes, workspace_bytes: Sizes of the two device buffers (CuPy arrays).
+    """
+
+    def __init__(
+        self,
+        cache_seqlens: Any,
+        *,
+        num_heads: int,
+        q_len: int = 1,
+        max_pages: int,
+        num_sm_parts: int = 0,
+        stream: Any = None,
+    ) -> None:
+        """Allocate the plan and workspace and build the plan (one small launch).
+
+        Args:
+            cache_seqlens: int32 ``[b]`` CUDA tensor, contiguous: context length of each
+                request including its ``q_len`` new tokens; ``b`` in 1..65536.
+            num_heads: Query heads, 1..128.
+            q_len: New tokens per request, 1..4.
+            max_pages: Columns of the block table, >= 1.
+            num_sm_parts: Split-KV parallelism; 0 derives it from the device's SM count.
+            stream: CUDA stream of the planning launch (``None``: CuPy's current stream; an
+                int handle; an object with ``.ptr`` or ``.cuda_stream``).
+        """
+        op = "DecodePlan"
+        num_heads, q_len, max_pages, num_sm_parts = _validate_config_args(
+            op, num_heads, q_len, max_pages, num_sm_parts
+        )
+        s = Stream(stream, op)
+        seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
+        self.config = DecodeConfig(seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
+        self.device = device
+        ffi = _lib.ffi
+        lib = _lib.lib()
+        self._c_config = ffi.new(
+            "snapmla_decode_config_t*",
+            {
+                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
+                "batch_size": self.config.batch_size,
+                "q_len": q_len,
+                "num_heads": num_heads,
+                "max_pages": max_pages,
+                "num_sm_parts": num_sm_parts,
+            },
+        )
+        plan_bytes = ffi.new("size_t*")
+        workspace_bytes = ffi.new("size_t*")
+        with on_device(op, device):
+            _lib.check(
+                lib.snapmla_decode_buffer_sizes(self._c_config, plan_bytes, workspace_bytes),
+                "snapmla_decode_buffer_sizes",
+            )
+            self.plan_bytes = int(plan_bytes[0])
+            self.workspace_bytes = int(workspace_bytes[0])
+            self._plan, self._plan_ptr = empty(op, (max(self.plan_bytes, 1),), "uint8", device)
+            self._workspace, self._workspace_ptr = empty(
+                op, (max(self.workspace_bytes, 1),), "uint8", device
+            )
+            self._run(seqlens, s)
+
+    @property
+    def batch_size(self) -> int:
+        """Requests ``b``."""
+        return self.config.batch_size
+
+    @property
+    def q_len(self) -> int:
+        """New tokens per request ``s_q``."""
+        return self.config.q_len
+
+    @property
+    def num_heads(self) -> int:
+        """Query heads ``h``."""
+        return self.config.num_heads
+
+    @property
+    def max_pages(self) -> int:
+        """Columns of the block table."""
+        return self.config.max_pages
+
+    @property
+    def num_sm_parts(self) -> int:
+        """Split-KV parallelism as requested (0 = derived from the device)."""
+        return self.config.num_sm_parts
+
+    def update(self, cache_seqlens: Any, stream: Any = None) -> None:
+        """Re-plan in place for new ``cache_seqlens`` (int32 ``[batch_size]``, same device).
+
+        Args:
+            cache_seqlens: The next step's context lengths.
+            stream: CUDA stream of the planning launch, as for the constructor.
+        """
+        op = "DecodePlan.update"
+        s = Stream(stream, op)
+        seqlens, _ = _validate_seqlens(op, cache_seqlens, self.batch_size, self.device, s)
+        with on_device(op, self.device):
+            self._run(seqlens, s)
+
+    def _run(self, seqlens: TensorView, stream: Stream) -> None:
+        ffi = _lib.ffi
+        _lib.check(
+            _lib.lib().snapmla_decode_plan(
+                self._c_config,
+                ffi.cast("const int32_t*", seqlens.ptr),
+                ffi.cast("void*", self._plan_ptr),
+                stream.c(self.device),
+            ),
+            "snapmla_decode_plan",
+        )
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"DecodePlan(batch_size={c.batch_size}, q_len={c.q_len}, num_heads={c.num_heads}, "
+            f"max_pages={c.max_pages}, num_sm_parts={c.num_sm_parts}, device={self.device})"
+        )
+
+
+@dataclass(frozen=True)
+class _DecodeCall:
+    """Checked arguments of one ``decode`` call (``out`` / ``lse`` ``None``: allocate)."""
+
+    layer: int
+    kernel: int
+    softmax_scale: float
+    causal: bool
+    q: TensorView
+    q_strides: tuple[int, int, int]
+    block_table: TensorView
+    block_table_stride: int
+    cache_seqlens: TensorView
+    out: TensorView | None
+    lse: TensorView | None
+
+
+def _validate_decode_args(
+    num_layers: int,
+    device: int,
+    cache_extent: tuple[int, int],
+    config: DecodeConfig,
+    plan_device: int,
+    layer: Any,
+    q: Any,
+    block_table: Any,
+    cache_seqlens: Any,
+    *,
+    softmax_scale: Any,
+    causal: Any,
+    out: Any,
+    lse: Any,
+    kernel: Any,
+    stream: Stream,
+) -> _DecodeCall:
+    """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
+    ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``)."""
+    op = "decode"
+    layer = check_int(layer, op, "layer", 0, num_layers - 1)
+    if not isinstance(kernel, str) or kernel not in KERNELS:
+        raise argument_error(
+            op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
+        )
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+        raise argument_error(
+            op, "softmax_scale", "a finite number > 0", type(softmax_scale).__name__
+        )
+    scale = float(softmax_scale)
+    # The C API takes a float: the value must also stay finite and > 0 in fp32.
+    scale32 = _to_float32(scale)
+    if not (math.isfinite(scale) and scale > 0 and math.isfinite(scale32) and scale32 > 0):
+        raise argument_error(
+            op, "softmax_scale", "a finite number > 0 (also as fp32)", repr(softmax_scale)
+        )
+
+    b, s_q, h, max_pages = config.batch_size, config.q_len, config.num_heads, config.max_pages
+    note = f" (from the plan: batch_size {b}, q_len {s_q}, num_heads {h})"
+    checker = Checker(op, stream)
+    qv = checker.tensor(
+        q, "q", dtypes=BF16, shape=(b, s_q, h, HEAD_DIM), layout="inner", shape_note=note
+    )
+    head_stride = checker.stride(qv, "q", 2, HEAD_DIM, "head")
+    token_stride = checker.stride(qv, "q", 1, HEAD_DIM, "token", h * head_stride)
+    batch_stride = checker.stride(qv, "q", 0, HEAD_DIM, "batch", s_q * token_stride)
+    bt = checker.tensor(
+        block_table,
+        "block_table",
+        dtypes=INT32,
+        shape=(b, max_pages),
+        layout="inner",
+        shape_note=f" (from the plan: batch_size {b}, max_pages {max_pages})",
+    )
+    bt_stride = checker.stride(bt, "block_table", 0, max_pages, "row")
+    sl = checker.tensor(
+        cache_seqlens,
+        "cache_seqlens",
+        dtypes=INT32,
+        shape=(b,),
+        shape_note=f" (from the plan: batch_size {b})",
+    )
+    ov = None
+    if out is not None:
+        ov = checker.tensor(
+            out,
+            "out",
+            dtypes=BF16,
+            shape=(b, s_q, h, CONTENT_DIM),
+            writable=True,
+            shape_note=note,
+        )
+    lv = None
+    if lse is not None:
+        lv = checker.tensor(
+            lse, "lse", dtypes=FP32, shape=(b, h, s_q), writable=True, shape_note=note
+        )
+    checker.devices(device)
+    if plan_device != device:
+        raise argument_error(op, "plan", f"a plan made on cuda:{device}", f"cuda:{plan_device}")
+    inputs = [
+        ("the cache", extent(*cache_extent)),
+        ("q", qv),
+        ("block_table", bt),
+        ("cache_seqlens", sl),
+    ]
+    if ov is not None:
+        checker.no_overlap("out", ov, [*inputs, ("lse", lv)])
+    if lv is not None:
+        checker.no_overlap("lse", lv, inputs)
+    return _DecodeCall(
+        layer=layer,
+        kernel=KERNELS[kernel],
+        softmax_scale=scale,
+        causal=bool(causal),
+        q=qv,
+        q_strides=(batch_stride, token_stride, head_stride),
+        block_table=bt,
+        block_table_stride=bt_stride,
+        cache_seqlens=sl,
+        out=ov,
+        lse=lv,
+    )
+
+
+def _to_float32(value: float) -> float:
+    try:
+        return struct.unpack("f", struct.pack("f", value))[0]
+    except OverflowError:
+        return math.inf
+
+
+def decode(
+    cache: KVCache,
+    layer: int,
+    q: Any,
+    block_table: Any,
+    cache_seqlens: Any,
+    plan: DecodePlan,
+    *,
+    softmax_scale: float,
+    causal: bool = True,
+    out: Any = None,
+    lse: Any = None,
+    kernel: str = "auto",
+    stream: Any = None,
+) -> tuple[Any, Any]:
+    """FP8 MLA decode attention of one layer for one step (graph-safe: only enqueues work).
+
+    Args:
+        cache: The KV cache; the new tokens must already be appended.
+        layer: Layer to read, ``0 <= layer < cache.num_layers``.
+        q: BF16 ``[b, s_q, h, 576]`` (``q_nope`` absorbed | ``q_pe``); any non-negative
+            batch / token / head strides (>= 576 elements), unit stride in the last dimension.
+        block_table: int32 ``[b, max_pages]``; row stride >= max_pages, unit inner stride.
+        cache_seqlens: int32 ``[b]``, contiguous: context lengths including the ``s_q`` new
+            tokens; the same values the plan was built from.
+        plan: The step's ``DecodePlan``; ``(b, s_q, h, max_pages)`` must match its config.
+        softmax_scale: Finite and > 0 (also in fp32), e.g. ``192 ** -0.5``.
+        causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
+        out: Output BF16 ``[b, s_q, h, 512]``, contiguous, or ``None`` for a new CuPy array.
+        lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
+        kernel: ``"auto"`` (fastest available), ``"reference"`` (the simple kernel that states
+            the contract) or ``"fast"`` (the wgmma pipeline).
+        stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
+            ``.ptr`` or ``.cuda_stream``).
+
+    All tensors must be CUDA tensors on the cache's device; outputs must not overlap inputs.
+
+    Returns:
+        ``(out, lse)``: the given outputs, or new CuPy arrays (``out`` of dtype
+        ``ml_dtypes.bfloat16``, or ``uint16`` holding the bits if CuPy refuses that dtype;
+        ``lse`` float32).
+
+    Raises:
+        SnapMLAError: An argument is refused (nothing is written) or the library failed.
+    """
+    op = "decode"
+    if not isinstance(cache, KVCache):
+        raise argument_error(op, "cache", "a snapmla.KVCache", type(cache).__name__)
+    if cache.closed:
+        raise SnapMLAError(f"{op}: argument 'cache': the cache is closed", argument="cache")
+    if not isinstance(plan, DecodePlan):
+        raise argument_error(op, "plan", "a snapmla.DecodePlan", type(plan).__name__)
+    s = Stream(stream, op)
+    call = _validate_decode_args(
+        cache.num_layers,
+        cache.device,
+        (cache.data_ptr, cache.nbytes),
+        plan.config,
+        plan.device,
+        layer,
+        q,
+        block_table,
+        cache_seqlens,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        out=out,
+        lse=lse,
+        kernel=kernel,
+        stream=s,
+    )
+    c = plan.config
+    device = cache.device
+    ffi = _lib.ffi
+    with on_device(op, device):
+        if call.out is None:
+            out, out_ptr = empty(
+                op, (c.batch_size, c.q_len, c.num_heads, CONTENT_DIM), "bfloat16", device
+            )
+        else:
+            out_ptr = call.out.ptr
+        if call.lse is None:
+            lse, lse_ptr = empty(op, (c.batch_size, c.num_heads, c.q_len), "float32", device)
+        else:
+            lse_ptr = call.lse.ptr
+        args = ffi.new(
+            "snapmla_decode_args_t*",
+            {
+                "struct_size": ffi.sizeof("snapmla_decode_args_t"),
+                "layer": call.layer,
+                "causal": int(call.causal),
+                "softmax_scale": call.softmax_scale,
+                "kernel": call.kernel,
+                "q": ffi.cast("const void*", call.q.ptr),
+                "q_stride_batch": call.q_strides[0],
+                "q_stride_token": call.q_strides[1],
+                "q_stride_head": call.q_strides[2],
+                "block_table": ffi.cast("const int32_t*", call.block_table.ptr),
+                "block_table_stride": call.block_table_stride,
+                "cache_seqlens": ffi.cast("const int32_t*", call.cache_seqlens.ptr),
+                "out": ffi.cast("void*", out_ptr),
+                "lse": ffi.cast("float*", lse_ptr),
+            },
+        )
+        _lib.check(
+            _lib.lib().snapmla_decode(
+                cache._handle,
+                plan._c_config,
+                args,
+                ffi.cast("const void*", plan._plan_ptr),
+                ffi.cast("void*", plan._workspace_ptr),
+                s.c(device),
+            ),
+            "snapmla_decode",
+        )
+    return out, lse

@@ -1,0 +1,142 @@
+"""Query quantization: ``quantize_q`` (FP8 content, pre-scaled BF16 RoPE, one scale per row)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from . import _lib
+from ._dlpack import TensorView
+from ._errors import argument_error
+from ._lib import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device
+
+__all__ = ["quantize_q"]
+
+MAX_QUANTIZE_HEADS = 1024
+
+
+def _token_stride(op: str, v: TensorView, default: int) -> int:
+    """The one stride (elements) of the flattened leading dimensions of ``v`` (all but the
+    last two), refusing leading dimensions that do not flatten to a single stride."""
+    lead = [(size, stride) for size, stride in zip(v.shape[:-2], v.strides[:-2]) if size != 1]
+    if not lead:
+        return default
+    for (_, outer), (size, inner) in zip(lead, lead[1:]):
+        if outer != inner * size:
+            raise argument_error(
+                op,
+                "q",
+                "leading dimensions that flatten to one token stride",
+                f"shape {list(v.shape)} with strides (elements) {list(v.strides)}",
+            )
+    stride = lead[-1][1]
+    if stride < HEAD_DIM:
+        raise argument_error(op, "q", f"a token stride >= {HEAD_DIM} elements", str(stride))
+    return stride
+
+
+def _validate_quantize_args(
+    q: Any, out: Sequence[Any] | None, stream: Stream
+) -> tuple[TensorView, int, int, int, int, list[TensorView | None], int]:
+    """Checks of ``quantize_q``; returns ``(q, n, h, token_stride, head_stride, outputs,
+    device)`` with ``None`` for outputs still to allocate."""
+    op = "quantize_q"
+    checker = Checker(op, stream)
+    v = checker.tensor(q, "q", dtypes=BF16, shape=("...", "h", HEAD_DIM), layout="inner")
+    lead, h = v.shape[:-2], v.shape[-2]
+    if not 1 <= h <= MAX_QUANTIZE_HEADS:
+        raise argument_error(
+            op, "q", f"1 to {MAX_QUANTIZE_HEADS} heads (shape[-2])", f"shape {list(v.shape)}"
+        )
+    n = 1
+    for size in lead:
+        n *= size
+    head_stride = checker.stride(v, "q", -2, HEAD_DIM, "head")
+    token_stride = _token_stride(op, v, h * head_stride)
+    if out is None:
+        out = (None, None, None)
+    elif isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != 3:
+        raise argument_error(
+            op, "out", "None or a sequence (q_content, q_rope, q_scale)", type(out).__name__
+        )
+    specs = (
+        ("out[0]", FP8, (*lead, h, CONTENT_DIM)),
+        ("out[1]", BF16, (*lead, h, ROPE_DIM)),
+        ("out[2]", FP32, (*lead, h)),
+    )
+    outputs: list[TensorView | None] = []
+    for obj, (name, dtypes, shape) in zip(out, specs):
+        outputs.append(
+            None
+            if obj is None
+            else checker.tensor(obj, name, dtypes=dtypes, shape=shape, writable=True)
+        )
+    device = checker.devices(None)
+    for i, (name, _, _) in enumerate(specs):
+        if outputs[i] is not None:
+            others = [("q", v)] + [(specs[j][0], outputs[j]) for j in range(i + 1, 3)]
+            checker.no_overlap(name, outputs[i], others)
+    return v, n, h, token_stride, head_stride, outputs, device
+
+
+def quantize_q(
+    q: Any, *, out: Sequence[Any] | None = None, stream: Any = None
+) -> tuple[Any, Any, Any]:
+    """Quantize query rows as the numerics contract says: one scale per (token, head).
+
+    Args:
+        q: BF16 ``[..., h, 576]`` (``q_nope | q_pe``), a CUDA tensor; ``h`` in 1..1024. The
+            last dimension must be contiguous; the head stride and the leading dimensions'
+            strides may be anything (>= 576 elements) as long as the leading dimensions
+            flatten to one token stride.
+        out: ``None``, or ``(q_content, q_rope, q_scale)`` outputs (any entry ``None`` to
+            allocate that one): FP8 E4M3 ``[..., h, 512]`` (float8_e4m3fn, or uint8 raw
+            bytes), BF16 ``[..., h, 64]``, fp32 ``[..., h]``; contiguous, on ``q``'s device,
+            not overlapping ``q`` or each other.
+        stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
+            ``.ptr`` or ``.cuda_stream``).
+
+    Returns:
+        ``(q_content, q_rope, q_scale)``: the given outputs, or new CuPy arrays of dtypes
+        ``ml_dtypes.float8_e4m3fn``, ``ml_dtypes.bfloat16`` and ``float32`` (``uint8`` /
+        ``uint16`` holding the bits where CuPy refuses the ml_dtypes types).
+
+    Raises:
+        SnapMLAError: An argument is refused (nothing is written) or the library failed.
+    """
+    op = "quantize_q"
+    s = Stream(stream, op)
+    v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(q, out, s)
+    lead = v.shape[:-2]
+    given = (None, None, None) if out is None else tuple(out)
+    results: list[Any] = []
+    ptrs: list[int] = []
+    with on_device(op, device):
+        shapes = ((*lead, h, CONTENT_DIM), (*lead, h, ROPE_DIM), (*lead, h))
+        for obj, view, shape, dtype in zip(
+            given, views, shapes, ("float8_e4m3fn", "bfloat16", "float32")
+        ):
+            if view is None:
+                obj, ptr = empty(op, shape, dtype, device)
+            else:
+                ptr = view.ptr
+            results.append(obj)
+            ptrs.append(ptr)
+        if n > 0:
+            ffi = _lib.ffi
+            _lib.check(
+                _lib.lib().snapmla_quantize_q(
+                    ffi.cast("const void*", v.ptr),
+                    n,
+                    h,
+                    token_stride,
+                    head_stride,
+                    ffi.cast("void*", ptrs[0]),
+                    ffi.cast("void*", ptrs[1]),
+                    ffi.cast("float*", ptrs[2]),
+                    s.c(device),
+                ),
+                "snapmla_quantize_q",
+            )
+    return results[0], results[1], results[2]

@@ -1,0 +1,826 @@
+"""CPU tests: every operation refuses wrong dtype / shape / stride / device / values with a
+SnapMLAError naming the argument, before anything touches CUDA.
+
+Tensors are NumPy arrays and hand-built DLPack producers (test_dlpack.FakeTensor) that claim
+CUDA devices over host memory; an autouse fixture makes any use of CuPy or of a GPU function of
+the library fail the test. Tests that need the shared library (``$SNAPMLA_LIBRARY`` or the
+packaged one) to build a KVCache are skipped when it is absent; the KVCache they build sits on
+a fake device address (snapmla_cache_create on caller memory with a device ordinal does not
+touch CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+import snapmla
+from snapmla import DecodePlan, KVCache, SnapMLAError, _lib, _tensor, decode, quantize_q
+from snapmla import cache as cache_module
+from snapmla import decode as decode_module
+from snapmla import quantize as quantize_module
+from snapmla._tensor import Stream
+from snapmla.cache import _validate_append_args, _validate_fetch_args
+from snapmla.decode import DecodeConfig, _validate_decode_args
+from snapmla.quantize import _validate_quantize_args
+from test_dlpack import CPU, CUDA0, CUDA1, FakeTensor
+
+STREAM = 0x5EED  # every call names its stream, so that no test asks CuPy for one
+FAKE_CACHE_PTR = 0x7F0000000000  # 256-byte aligned, never dereferenced
+NUM_LAYERS, NUM_PAGES = 2, 4
+CACHE_BYTES = NUM_LAYERS * NUM_PAGES * 41216
+CACHE_EXTENT = (FAKE_CACHE_PTR, CACHE_BYTES)
+CUDA_MANAGED0 = (13, 0)
+
+_REAL_LIB = _lib.lib
+
+
+def _load_library() -> Any:
+    try:
+        return _REAL_LIB()
+    except SnapMLAError as exc:
+        return exc
+
+
+LIBRARY = _load_library()
+needs_library = pytest.mark.skipif(
+    isinstance(LIBRARY, SnapMLAError),
+    reason=f"needs the shared library (set SNAPMLA_LIBRARY): {LIBRARY}",
+)
+
+# C functions that never touch CUDA (for a cache on caller memory with a device ordinal).
+_HOST_FUNCTIONS = {
+    "snapmla_version",
+    "snapmla_status_string",
+    "snapmla_last_error",
+    "snapmla_cache_bytes",
+    "snapmla_cache_create",
+    "snapmla_cache_destroy",
+    "snapmla_cache_info",
+}
+
+
+class _HostOnlyLibrary:
+    def __init__(self, lib: Any) -> None:
+        self._lib = lib
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _HOST_FUNCTIONS:
+            raise AssertionError(f"a test reached the GPU function {name}")
+        return getattr(self._lib, name)
+
+
+@pytest.fixture(autouse=True)
+def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail any test that reaches CuPy or a GPU function of the library."""
+
+    def reached(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a test reached CuPy (allocation, device or stream)")
+
+    for module in (_tensor, cache_module, decode_module, quantize_module):
+        for name in ("cupy_module", "empty", "on_device"):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, reached)
+    if not isinstance(LIBRARY, SnapMLAError):
+        monkeypatch.setattr(_lib, "lib", lambda: _HostOnlyLibrary(LIBRARY))
+
+
+def bf16(*shape: int, **kwargs: Any) -> FakeTensor:
+    return FakeTensor(shape, "bfloat16", **kwargs)
+
+
+def i32(*shape: int, **kwargs: Any) -> FakeTensor:
+    return FakeTensor(shape, "int32", **kwargs)
+
+
+def i64(*shape: int, **kwargs: Any) -> FakeTensor:
+    return FakeTensor(shape, "int64", **kwargs)
+
+
+def f32(*shape: int, **kwargs: Any) -> FakeTensor:
+    return FakeTensor(shape, "float32", **kwargs)
+
+
+def fp8(*shape: int, **kwargs: Any) -> FakeTensor:
+    return FakeTensor(shape, "float8_e4m3fn", **kwargs)
+
+
+def refused(argument: str, pattern: str) -> Any:
+    """``pytest.raises`` for a SnapMLAError on ``argument`` whose message matches."""
+    return pytest.raises(SnapMLAError, match=rf"argument '{argument}'(?s:.)*{pattern}")
+
+
+Case = tuple[str, Callable[[], dict[str, Any]], str, str]
+
+
+# ================================================================== library and versions
+
+
+def test_version_check() -> None:
+    _lib.check_version(_lib.ABI_MAJOR * 10000 + _lib.ABI_MINOR * 100, "lib")
+    _lib.check_version(_lib.ABI_MAJOR * 10000 + (_lib.ABI_MINOR + 3) * 100 + 7, "lib")
+    with pytest.raises(SnapMLAError, match=r"version 1\.1\.0, but this package needs 0\.x"):
+        _lib.check_version(10100, "lib")
+    if _lib.ABI_MINOR > 0:
+        with pytest.raises(SnapMLAError, match="needs"):
+            _lib.check_version(_lib.ABI_MAJOR * 10000 + (_lib.ABI_MINOR - 1) * 100, "lib")
+    assert _lib.split_version(10203) == (1, 2, 3)
+
+
+def test_missing_library(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_lib, "_loaded", None)
+    monkeypatch.setenv("SNAPMLA_LIBRARY", "/nonexistent/libsnapmla.so")
+    with pytest.raises(SnapMLAError, match=r"shared library not found at /nonexistent/.*"):
+        _REAL_LIB()
+    monkeypatch.delenv("SNAPMLA_LIBRARY")
+    assert _lib.library_path().endswith(os.path.join("snapmla", "lib", "libsnapmla.so"))
+
+
+@needs_library
+def test_c_error_carries_status_and_message() -> None:
+    size = _lib.ffi.new("size_t*")
+    status = LIBRARY.snapmla_cache_bytes(0, 1, size)
+    with pytest.raises(SnapMLAError, match=r"^snapmla_cache_bytes: .*'num_layers'") as e:
+        _lib.check(status, "snapmla_cache_bytes")
+    assert str(e.value).endswith("[SNAPMLA_ERROR_INVALID_ARGUMENT]")
+    assert str(e.value).count("snapmla_cache_bytes") == 1
+    assert (e.value.status, e.value.argument) == (1, "num_layers")
+    assert snapmla.version()[0] == _lib.ABI_MAJOR
+
+
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    root = Path(__file__).resolve().parents[1]
+    environment = dict(os.environ, **env)
+    paths = [str(root / "python"), str(root / "tests"), os.environ.get("PYTHONPATH", "")]
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=environment, check=False
+    )
+
+
+def test_import_without_cupy_or_library() -> None:
+    code = """
+import sys
+import snapmla
+assert "cupy" not in sys.modules, "import snapmla imported cupy"
+snapmla.reference  # the NumPy model needs no GPU either
+sys.modules["cupy"] = None  # from now on 'import cupy' raises ImportError
+from test_dlpack import FakeTensor
+for call in (
+    lambda: snapmla.version(),
+    lambda: snapmla.KVCache(1, 1),
+    lambda: snapmla.quantize_q(FakeTensor((2, 8, 576), "bfloat16", device=(2, 0))),
+):
+    try:
+        call()
+    except snapmla.SnapMLAError as exc:
+        print("refused:", exc)
+"""
+    result = _run_python(code, SNAPMLA_LIBRARY="/nonexistent/libsnapmla.so")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3, result.stdout
+    assert "shared library not found" in lines[0]
+    assert "shared library not found" in lines[1]
+    assert "quantize_q: CuPy is needed" in lines[2]
+
+
+# ========================================================================= small helpers
+
+
+def test_streams() -> None:
+    class CupyLike:
+        ptr = 77
+
+    class TorchLike:
+        cuda_stream = 88
+
+    assert Stream(5, "op").handle(0) == 5
+    assert Stream(CupyLike(), "op").handle(0) == 77
+    assert Stream(TorchLike(), "op").handle(0) == 88
+    assert Stream(np.int64(9), "op").handle(0) == 9
+    Stream(None, "op")  # resolved only when used
+    for bad in (-1, True, 1.5, "s", object()):
+        with refused("stream", "expected None, a CUDA stream handle"):
+            Stream(bad, "op")
+
+
+def test_check_int() -> None:
+    assert _tensor.check_int(np.int32(3), "op", "x", 0, 4) == 3
+    with refused("x", r"expected an integer in \[0, 4\], got 5"):
+        _tensor.check_int(5, "op", "x", 0, 4)
+    with refused("x", r"expected an integer >= 1, got 0"):
+        _tensor.check_int(0, "op", "x", 1)
+    with refused("x", "got float 2.0"):
+        _tensor.check_int(2.0, "op", "x", 0, 4)
+    with refused("x", "got True"):
+        _tensor.check_int(True, "op", "x", 0, 4)
+
+
+def test_error_attributes_and_message_shape() -> None:
+    with pytest.raises(SnapMLAError) as e:
+        quantize_q(np.zeros((2, 4, 576), np.float32), stream=STREAM)
+    assert str(e.value) == (
+        "quantize_q: argument 'q': expected dtype bfloat16 (or uint16 raw bits), got float32"
+    )
+    assert e.value.argument == "q"
+    assert e.value.status is None
+
+
+def test_check_order_dtype_shape_stride_device() -> None:
+    # One tensor with several faults: dtype is reported first, then shape, stride, device.
+    def append_c_kv(c_kv: Any) -> None:
+        _validate_append_args(
+            NUM_LAYERS, 0, CACHE_EXTENT, 0, c_kv, bf16(3, 64), i64(3), Stream(STREAM, "op")
+        )
+
+    with refused("c_kv", "expected dtype bfloat16"):
+        append_c_kv(np.zeros((3, 7), np.float32))
+    with refused("c_kv", r"expected shape \[n, 512\], got \[3, 7\]"):
+        append_c_kv(bf16(3, 7, strides=(14, 2), device=CPU))
+    with refused("c_kv", "expected unit stride in the last dimension"):
+        append_c_kv(bf16(3, 512, strides=(1024, 2), device=CPU))
+    with refused("c_kv", "expected a CUDA tensor on cuda:0, got cpu"):
+        append_c_kv(bf16(3, 512, device=CPU))
+    # Across arguments: every argument's dtype/shape/strides come before any device.
+    with refused("k_pe", "expected shape"):
+        _validate_append_args(
+            NUM_LAYERS,
+            0,
+            CACHE_EXTENT,
+            0,
+            bf16(3, 512, device=CPU),
+            bf16(3, 65),
+            i64(3),
+            Stream(STREAM, "op"),
+        )
+
+
+# ============================================================================ quantize_q
+
+
+def _q_defaults() -> dict[str, Any]:
+    return {"q": bf16(2, 4, 576), "out": None, "stream": STREAM}
+
+
+QUANTIZE_CASES: list[Case] = [
+    ("q-dtype", lambda: {"q": np.zeros((2, 4, 576), np.float32)}, "q", "got float32"),
+    ("q-fp16", lambda: {"q": np.zeros((2, 4, 576), np.float16)}, "q", "got float16"),
+    ("q-unknown", lambda: {"q": FakeTensor((4, 576), code_bits=(99, 16))}, "q", "code 99"),
+    ("q-last", lambda: {"q": bf16(2, 4, 575)}, "q", r"\[\.\.\., h, 576\], got \[2, 4, 575\]"),
+    ("q-1d", lambda: {"q": bf16(576)}, "q", r"expected shape \[\.\.\., h, 576\], got \[576\]"),
+    ("q-inner", lambda: {"q": bf16(4, 576, strides=(1152, 2))}, "q", "unit stride"),
+    ("q-heads", lambda: {"q": bf16(1, 1025, 576)}, "q", "1 to 1024 heads"),
+    ("q-head-stride", lambda: {"q": bf16(2, 4, 576, strides=(2304, 100, 1))}, "q", "head stride"),
+    (
+        "q-lead",
+        lambda: {"q": bf16(2, 3, 4, 576, strides=(99999, 2304, 576, 1))},
+        "q",
+        "flatten to one token stride",
+    ),
+    ("q-token-stride", lambda: {"q": bf16(3, 1, 576, strides=(8, 576, 1))}, "q", "token stride"),
+    ("not-dlpack", lambda: {"q": [[0.0] * 576]}, "q", "expected a DLPack tensor"),
+    ("out-type", lambda: {"out": bf16(2, 4, 512)}, "out", "sequence"),
+    ("out-len", lambda: {"out": (None, None)}, "out", "sequence"),
+    ("out0-dtype", lambda: {"out": (f32(2, 4, 512), None, None)}, r"out\[0\]", "float8_e4m3fn"),
+    ("out1-shape", lambda: {"out": (None, bf16(8, 64), None)}, r"out\[1\]", r"\[2, 4, 64\]"),
+    (
+        "out2-strides",
+        lambda: {"out": (None, None, f32(2, 4, strides=(1, 2)))},
+        r"out\[2\]",
+        "a contiguous tensor",
+    ),
+    (
+        "out0-read-only",
+        lambda: {"out": (fp8(2, 4, 512, read_only=True), None, None)},
+        r"out\[0\]",
+        "a writable tensor",
+    ),
+    ("q-device", lambda: {"q": bf16(2, 4, 576, device=CPU)}, "q", "got cpu"),
+    (
+        "out-device",
+        lambda: {"out": (None, bf16(2, 4, 64, device=CUDA1), None)},
+        r"out\[1\]",
+        "a CUDA tensor on cuda:0, got cuda:1",
+    ),
+    (
+        "out-managed",
+        lambda: {"out": (None, None, f32(2, 4, device=CUDA_MANAGED0))},
+        r"out\[2\]",
+        "got cuda_managed:0",
+    ),
+    ("stream", lambda: {"stream": "default"}, "stream", "expected None"),
+]
+
+
+def _alias_case() -> dict[str, Any]:
+    q = bf16(2, 4, 576)
+    scale = f32(2, 4, address=q.data.ctypes.data + 128)
+    return {"q": q, "out": (None, None, scale)}
+
+
+QUANTIZE_CASES.append(("out-alias", _alias_case, r"out\[2\]", "does not overlap q"))
+
+
+@pytest.mark.parametrize(
+    ("make", "argument", "pattern"),
+    [c[1:] for c in QUANTIZE_CASES],
+    ids=[c[0] for c in QUANTIZE_CASES],
+)
+def test_quantize_q_refuses(
+    make: Callable[[], dict[str, Any]], argument: str, pattern: str
+) -> None:
+    kwargs = {**_q_defaults(), **make()}
+    with refused(argument, pattern):
+        quantize_q(kwargs.pop("q"), **kwargs)
+
+
+def test_quantize_q_layouts() -> None:
+    def check(q: FakeTensor) -> tuple[int, int, int, int]:
+        _, n, h, token, head, outputs, device = _validate_quantize_args(
+            q, None, Stream(STREAM, "quantize_q")
+        )
+        assert outputs == [None, None, None]
+        assert device == 0
+        return n, h, token, head
+
+    assert check(bf16(2, 3, 4, 576)) == (6, 4, 2304, 576)
+    assert check(bf16(4, 576)) == (1, 4, 2304, 576)
+    # Head-major storage seen as [n, h, 576]: token stride 576, head stride n * 576.
+    assert check(bf16(5, 4, 576, strides=(576, 5 * 576, 1))) == (5, 4, 576, 2880)
+    # Padded rows: token stride 4096.
+    assert check(bf16(3, 4, 576, strides=(4096, 576, 1))) == (3, 4, 4096, 576)
+    assert check(bf16(0, 4, 576))[0] == 0
+
+
+def test_quantize_q_passes_the_stream_to_producers() -> None:
+    q = bf16(2, 4, 576)
+    with refused(r"out\[0\]", "got cpu"):
+        quantize_q(q, out=(fp8(2, 4, 512, device=CPU), None, None), stream=0)
+    assert q.stream_seen == 1  # legacy default stream 0 is passed as 1
+
+    class TorchStream:
+        cuda_stream = 0xABC
+
+    q = bf16(2, 4, 576)
+    with refused(r"out\[2\]", "got cpu"):
+        quantize_q(q, out=(None, None, f32(2, 4, device=CPU)), stream=TorchStream())
+    assert q.stream_seen == 0xABC
+
+
+# ============================================================================== KVCache
+
+
+@pytest.mark.parametrize(
+    ("args", "argument", "pattern"),
+    [
+        ((0, 4), "num_layers", r"expected an integer in \[1, "),
+        ((2, 0), "num_pages", r"expected an integer in \[1, 33554431\], got 0"),
+        ((2, 2**25), "num_pages", "got 33554432"),
+        ((2.0, 4), "num_layers", "got float"),
+    ],
+)
+def test_kv_cache_refuses_shape(args: tuple[Any, Any], argument: str, pattern: str) -> None:
+    with refused(argument, pattern):
+        KVCache(*args)
+
+
+def test_kv_cache_refuses_device() -> None:
+    with refused("device", "got -1"):
+        KVCache(2, 4, device=-1)
+
+
+def _buffer(**kwargs: Any) -> FakeTensor:
+    kwargs.setdefault("address", FAKE_CACHE_PTR)
+    shape = kwargs.pop("shape", (CACHE_BYTES,))
+    return FakeTensor(shape, kwargs.pop("dtype", "uint8"), data=np.zeros(1, np.uint8), **kwargs)
+
+
+@needs_library
+@pytest.mark.parametrize(
+    ("make", "kwargs", "argument", "pattern"),
+    [
+        (lambda: _buffer(dtype="float32"), {}, "buffer", "expected dtype uint8 or int8"),
+        (lambda: _buffer(shape=(2, CACHE_BYTES // 2)), {}, "buffer", r"shape \[nbytes\]"),
+        (lambda: _buffer(strides=(2,)), {}, "buffer", "a contiguous tensor"),
+        (lambda: _buffer(shape=(CACHE_BYTES - 1,)), {}, "buffer", f"at least {CACHE_BYTES}"),
+        (lambda: _buffer(read_only=True), {}, "buffer", "a writable tensor"),
+        (lambda: _buffer(device=CPU), {}, "buffer", "got cpu"),
+        (lambda: _buffer(), {"device": 1}, "buffer", "on cuda:1, got cuda:0"),
+        (lambda: _buffer(address=FAKE_CACHE_PTR + 128), {}, "buffer", "256-byte aligned"),
+        (lambda: [0] * 10, {}, "buffer", "expected a DLPack tensor"),
+    ],
+)
+def test_kv_cache_refuses_buffer(
+    make: Callable[[], Any], kwargs: dict[str, Any], argument: str, pattern: str
+) -> None:
+    with refused(argument, pattern):
+        KVCache(NUM_LAYERS, NUM_PAGES, buffer=make(), **kwargs)
+
+
+@pytest.fixture
+def fake_cache() -> Any:
+    if isinstance(LIBRARY, SnapMLAError):
+        pytest.skip(f"needs the shared library (set SNAPMLA_LIBRARY): {LIBRARY}")
+    cache = KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(device=CUDA0))
+    yield cache
+    cache.close()
+
+
+def test_kv_cache_on_caller_memory(fake_cache: KVCache) -> None:
+    c = fake_cache
+    assert (c.num_layers, c.num_pages, c.page_size) == (NUM_LAYERS, NUM_PAGES, 64)
+    assert c.capacity == NUM_PAGES * 64
+    assert c.nbytes == CACHE_BYTES
+    assert c.layer_bytes == NUM_PAGES * snapmla.PAGE_BYTES
+    assert c.data_ptr == FAKE_CACHE_PTR
+    assert c.device == 0
+    assert isinstance(c.buffer, FakeTensor)
+    assert "num_layers=2" in repr(c)
+    c.close()
+    c.close()  # idempotent
+    assert c.closed
+    assert c.buffer is None
+    with pytest.raises(SnapMLAError, match="KVCache.append: the cache is closed"):
+        c.append(0, bf16(1, 512), bf16(1, 64), i64(1), stream=STREAM)
+    with pytest.raises(SnapMLAError, match="fetch_dequant: the cache is closed"):
+        c.fetch_dequant(0, i64(1), stream=STREAM)
+    with refused("cache", "the cache is closed"):
+        decode(c, 0, None, None, None, None, softmax_scale=1.0)
+
+
+@needs_library
+def test_kv_cache_context_manager() -> None:
+    with KVCache(1, 1, buffer=_buffer(shape=(41216,), device=CUDA1)) as c:
+        assert c.device == 1
+    assert c.closed
+
+
+def _append_defaults() -> dict[str, Any]:
+    return {"layer": 0, "c_kv": bf16(3, 512), "k_pe": bf16(3, 64), "slots": i64(3)}
+
+
+APPEND_CASES: list[Case] = [
+    ("layer-high", lambda: {"layer": 2}, "layer", r"expected an integer in \[0, 1\], got 2"),
+    ("layer-neg", lambda: {"layer": -1}, "layer", "got -1"),
+    ("layer-float", lambda: {"layer": 1.0}, "layer", "got float 1.0"),
+    ("c_kv-dtype", lambda: {"c_kv": np.zeros((3, 512), np.float32)}, "c_kv", "got float32"),
+    ("c_kv-shape", lambda: {"c_kv": bf16(3, 576)}, "c_kv", r"\[n, 512\], got \[3, 576\]"),
+    ("c_kv-inner", lambda: {"c_kv": bf16(3, 512, strides=(1024, 2))}, "c_kv", "unit stride"),
+    (
+        "c_kv-row",
+        lambda: {"c_kv": bf16(3, 512, strides=(256, 1))},
+        "c_kv",
+        "row stride >= 512 elements, got 256",
+    ),
+    ("k_pe-dtype", lambda: {"k_pe": np.zeros((3, 64), np.float32)}, "k_pe", "got float32"),
+    ("k_pe-n", lambda: {"k_pe": bf16(2, 64)}, "k_pe", r"\[3, 64\], got \[2, 64\]"),
+    ("k_pe-row", lambda: {"k_pe": bf16(3, 64, strides=(32, 1))}, "k_pe", "row stride >= 64"),
+    ("slots-dtype", lambda: {"slots": np.zeros(3, np.int32)}, "slots", "int64, got int32"),
+    ("slots-shape", lambda: {"slots": i64(3, 1)}, "slots", r"\[3\], got \[3, 1\]"),
+    (
+        "slots-strided",
+        lambda: {"slots": np.arange(6, dtype=np.int64)[::2]},
+        "slots",
+        "a contiguous tensor",
+    ),
+    ("slots-list", lambda: {"slots": [0, 1, 2]}, "slots", "expected a DLPack tensor"),
+    ("slots-cpu", lambda: {"slots": np.zeros(3, np.int64)}, "slots", "on cuda:0, got cpu"),
+    ("k_pe-cuda1", lambda: {"k_pe": bf16(3, 64, device=CUDA1)}, "k_pe", "got cuda:1"),
+    ("c_kv-managed", lambda: {"c_kv": bf16(3, 512, device=CUDA_MANAGED0)}, "c_kv", "managed"),
+    (
+        "c_kv-alias",
+        lambda: {"c_kv": bf16(3, 512, address=FAKE_CACHE_PTR + 41216)},
+        "c_kv",
+        "does not overlap the cache",
+    ),
+    ("stream", lambda: {"stream": 2.5}, "stream", "expected None"),
+]
+
+
+def _append(via: str, cache: Any, kwargs: dict[str, Any]) -> None:
+    stream = kwargs.pop("stream", STREAM)
+    if via == "method":
+        cache.append(
+            kwargs["layer"], kwargs["c_kv"], kwargs["k_pe"], kwargs["slots"], stream=stream
+        )
+    else:
+        _validate_append_args(
+            NUM_LAYERS,
+            0,
+            CACHE_EXTENT,
+            kwargs["layer"],
+            kwargs["c_kv"],
+            kwargs["k_pe"],
+            kwargs["slots"],
+            Stream(stream, "KVCache.append"),
+        )
+
+
+@pytest.mark.parametrize("via", ["validator", "method"])
+@pytest.mark.parametrize(
+    ("make", "argument", "pattern"), [c[1:] for c in APPEND_CASES], ids=[c[0] for c in APPEND_CASES]
+)
+def test_append_refuses(
+    request: pytest.FixtureRequest,
+    via: str,
+    make: Callable[[], dict[str, Any]],
+    argument: str,
+    pattern: str,
+) -> None:
+    cache = request.getfixturevalue("fake_cache") if via == "method" else None
+    with refused(argument, pattern) as e:
+        _append(via, cache, {**_append_defaults(), **make()})
+    assert e.value.argument == argument.replace("\\", "")
+    assert pattern and e.value.status is None
+
+
+def test_append_accepts_row_strides_and_empty_input() -> None:
+    stream = Stream(STREAM, "KVCache.append")
+    layer, _, c_stride, _, k_stride, _ = _validate_append_args(
+        NUM_LAYERS,
+        0,
+        CACHE_EXTENT,
+        1,
+        bf16(3, 512, strides=(576, 1)),
+        bf16(3, 64, strides=(576, 1), byte_offset=1024),
+        i64(3),
+        stream,
+    )
+    assert (layer, c_stride, k_stride) == (1, 576, 576)
+    # One row: any row stride is fine and the compact one is passed.
+    _, _, c_stride, _, k_stride, _ = _validate_append_args(
+        NUM_LAYERS, 0, CACHE_EXTENT, 0, bf16(1, 512, strides=(1, 1)), bf16(1, 64), i64(1), stream
+    )
+    assert (c_stride, k_stride) == (512, 64)
+
+
+def test_append_empty_is_a_no_op(fake_cache: KVCache) -> None:
+    # n = 0: checked, then nothing reaches the library (the fixture would fail the test).
+    fake_cache.append(0, bf16(0, 512), bf16(0, 64), i64(0), stream=STREAM)
+
+
+def test_append_passes_the_stream(fake_cache: KVCache) -> None:
+    c_kv = bf16(3, 512)
+
+    class CupyStream:
+        ptr = 0xFEED
+
+    with refused("slots", "got cpu"):
+        fake_cache.append(0, c_kv, bf16(3, 64), np.zeros(3, np.int64), stream=CupyStream())
+    assert c_kv.stream_seen == 0xFEED
+
+
+def _fetch_defaults() -> dict[str, Any]:
+    return {"layer": 1, "slots": i64(3), "c_kv": None, "k_pe": None}
+
+
+def _fetch_alias() -> dict[str, Any]:
+    c = bf16(3, 512)
+    return {"c_kv": c, "k_pe": bf16(3, 64, address=c.data.ctypes.data + 512)}
+
+
+FETCH_CASES: list[Case] = [
+    ("layer", lambda: {"layer": 5}, "layer", r"\[0, 1\], got 5"),
+    ("slots-dtype", lambda: {"slots": i32(3)}, "slots", "expected dtype int64, got int32"),
+    ("slots-2d", lambda: {"slots": i64(3, 2)}, "slots", r"expected shape \[n\], got \[3, 2\]"),
+    ("slots-strided", lambda: {"slots": i64(3, strides=(2,))}, "slots", "contiguous"),
+    ("c_kv-dtype", lambda: {"c_kv": f32(3, 512)}, "c_kv", "bfloat16 .*got float32"),
+    ("c_kv-n", lambda: {"c_kv": bf16(2, 512)}, "c_kv", r"\[3, 512\], got \[2, 512\]"),
+    ("c_kv-inner", lambda: {"c_kv": bf16(3, 512, strides=(1024, 2))}, "c_kv", "unit stride"),
+    ("c_kv-row", lambda: {"c_kv": bf16(3, 512, strides=(100, 1))}, "c_kv", "row stride >= 512"),
+    ("c_kv-read-only", lambda: {"c_kv": bf16(3, 512, read_only=True)}, "c_kv", "writable"),
+    ("k_pe-fp16", lambda: {"k_pe": FakeTensor((3, 64), "float16")}, "k_pe", "got float16"),
+    ("k_pe-shape", lambda: {"k_pe": bf16(3, 576)}, "k_pe", r"\[3, 64\]"),
+    ("slots-cpu", lambda: {"slots": np.zeros(3, np.int64)}, "slots", "got cpu"),
+    ("c_kv-cuda1", lambda: {"c_kv": bf16(3, 512, device=CUDA1)}, "c_kv", "got cuda:1"),
+    ("alias", _fetch_alias, "c_kv", "does not overlap k_pe"),
+    (
+        "alias-cache",
+        lambda: {"k_pe": bf16(3, 64, address=FAKE_CACHE_PTR)},
+        "k_pe",
+        "does not overlap the cache",
+    ),
+]
+
+
+@pytest.mark.parametrize("via", ["validator", "method"])
+@pytest.mark.parametrize(
+    ("make", "argument", "pattern"), [c[1:] for c in FETCH_CASES], ids=[c[0] for c in FETCH_CASES]
+)
+def test_fetch_dequant_refuses(
+    request: pytest.FixtureRequest,
+    via: str,
+    make: Callable[[], dict[str, Any]],
+    argument: str,
+    pattern: str,
+) -> None:
+    kwargs = {**_fetch_defaults(), **make()}
+    with refused(argument, pattern):
+        if via == "method":
+            cache = request.getfixturevalue("fake_cache")
+            cache.fetch_dequant(
+                kwargs["layer"],
+                kwargs["slots"],
+                c_kv=kwargs["c_kv"],
+                k_pe=kwargs["k_pe"],
+                stream=STREAM,
+            )
+        else:
+            _validate_fetch_args(
+                NUM_LAYERS,
+                0,
+                CACHE_EXTENT,
+                kwargs["layer"],
+                kwargs["slots"],
+                kwargs["c_kv"],
+                kwargs["k_pe"],
+                Stream(STREAM, "KVCache.fetch_dequant"),
+            )
+
+
+# =========================================================================== DecodePlan
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument", "pattern"),
+    [
+        ({"num_heads": 0}, "num_heads", r"expected an integer in \[1, 128\], got 0"),
+        ({"num_heads": 129}, "num_heads", "got 129"),
+        ({"num_heads": "16"}, "num_heads", "got str"),
+        ({"q_len": 0}, "q_len", r"expected an integer in \[1, 4\], got 0"),
+        ({"q_len": 5}, "q_len", "got 5"),
+        ({"max_pages": 0}, "max_pages", r"expected an integer in \[1, .*got 0"),
+        ({"num_sm_parts": -1}, "num_sm_parts", "got -1"),
+        ({"cache_seqlens": i64(4)}, "cache_seqlens", "expected dtype int32, got int64"),
+        ({"cache_seqlens": i32(4, 1)}, "cache_seqlens", r"expected shape \[b\], got \[4, 1\]"),
+        ({"cache_seqlens": i32(0)}, "cache_seqlens", r"b in 1\.\.65536, got \[0\]"),
+        ({"cache_seqlens": i32(4, strides=(2,))}, "cache_seqlens", "contiguous"),
+        ({"cache_seqlens": np.zeros(4, np.int32)}, "cache_seqlens", "a CUDA tensor, got cpu"),
+        ({"cache_seqlens": (1, 2)}, "cache_seqlens", "expected a DLPack tensor"),
+        ({"stream": -5}, "stream", "expected None"),
+    ],
+)
+def test_decode_plan_refuses(kwargs: dict[str, Any], argument: str, pattern: str) -> None:
+    args = {"num_heads": 16, "q_len": 1, "max_pages": 8, "stream": STREAM, **kwargs}
+    seqlens = args.pop("cache_seqlens", i32(4))
+    with refused(argument, pattern):
+        DecodePlan(seqlens, **args)
+
+
+# =============================================================================== decode
+
+CONFIG = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8)
+PLAN_NOTE = r"\(from the plan: batch_size 2, q_len 1, num_heads 16\)"
+
+
+def _decode_defaults() -> dict[str, Any]:
+    return {
+        "layer": 1,
+        "q": bf16(2, 1, 16, 576),
+        "block_table": i32(2, 8),
+        "cache_seqlens": i32(2),
+        "softmax_scale": 192**-0.5,
+        "causal": True,
+        "out": None,
+        "lse": None,
+        "kernel": "auto",
+        "stream": STREAM,
+        "plan_device": 0,
+    }
+
+
+def _validate_decode(**overrides: Any) -> Any:
+    kwargs = {**_decode_defaults(), **overrides}
+    return _validate_decode_args(
+        NUM_LAYERS,
+        0,
+        CACHE_EXTENT,
+        CONFIG,
+        kwargs.pop("plan_device"),
+        kwargs.pop("layer"),
+        kwargs.pop("q"),
+        kwargs.pop("block_table"),
+        kwargs.pop("cache_seqlens"),
+        stream=Stream(kwargs.pop("stream"), "decode"),
+        **kwargs,
+    )
+
+
+def _decode_overlap() -> dict[str, Any]:
+    q = bf16(2, 1, 16, 576)
+    return {"q": q, "out": bf16(2, 1, 16, 512, address=q.data.ctypes.data + 4096)}
+
+
+def _lse_overlap() -> dict[str, Any]:
+    out = bf16(2, 1, 16, 512)
+    return {"out": out, "lse": f32(2, 16, 1, address=out.data.ctypes.data)}
+
+
+DECODE_CASES: list[Case] = [
+    ("layer", lambda: {"layer": 2}, "layer", r"\[0, 1\], got 2"),
+    ("kernel-name", lambda: {"kernel": "fastest"}, "kernel", "'auto', 'reference', 'fast'"),
+    ("kernel-int", lambda: {"kernel": 0}, "kernel", "got 0"),
+    ("scale-zero", lambda: {"softmax_scale": 0.0}, "softmax_scale", "finite number > 0"),
+    ("scale-neg", lambda: {"softmax_scale": -0.1}, "softmax_scale", "got -0.1"),
+    ("scale-nan", lambda: {"softmax_scale": math.nan}, "softmax_scale", "got nan"),
+    ("scale-inf", lambda: {"softmax_scale": math.inf}, "softmax_scale", "got inf"),
+    ("scale-fp32-zero", lambda: {"softmax_scale": 1e-60}, "softmax_scale", "fp32"),
+    ("scale-fp32-inf", lambda: {"softmax_scale": 1e39}, "softmax_scale", "fp32"),
+    ("scale-bool", lambda: {"softmax_scale": True}, "softmax_scale", "got bool"),
+    ("scale-str", lambda: {"softmax_scale": "0.1"}, "softmax_scale", "got str"),
+    ("q-dtype", lambda: {"q": np.zeros((2, 1, 16, 576), np.float32)}, "q", "got float32"),
+    ("q-heads", lambda: {"q": bf16(2, 1, 8, 576)}, "q", PLAN_NOTE + r", got \[2, 1, 8, 576\]"),
+    ("q-batch", lambda: {"q": bf16(3, 1, 16, 576)}, "q", r"\[2, 1, 16, 576\] .*got \[3, 1"),
+    ("q-len", lambda: {"q": bf16(2, 2, 16, 576)}, "q", r"got \[2, 2, 16, 576\]"),
+    ("q-3d", lambda: {"q": bf16(2, 16, 576)}, "q", r"got \[2, 16, 576\]"),
+    (
+        "q-inner",
+        lambda: {"q": bf16(2, 1, 16, 576, strides=(18432, 18432, 1152, 2))},
+        "q",
+        "unit stride",
+    ),
+    (
+        "q-head-stride",
+        lambda: {"q": bf16(2, 1, 16, 576, strides=(9216, 9216, 64, 1))},
+        "q",
+        "head stride >= 576",
+    ),
+    ("bt-dtype", lambda: {"block_table": i64(2, 8)}, "block_table", "int32, got int64"),
+    (
+        "bt-pages",
+        lambda: {"block_table": i32(2, 7)},
+        "block_table",
+        r"\[2, 8\] \(from the plan: batch_size 2, max_pages 8\), got \[2, 7\]",
+    ),
+    ("bt-row", lambda: {"block_table": i32(2, 8, strides=(4, 1))}, "block_table", "row stride"),
+    ("bt-inner", lambda: {"block_table": i32(2, 8, strides=(16, 2))}, "block_table", "unit"),
+    ("sl-dtype", lambda: {"cache_seqlens": i64(2)}, "cache_seqlens", "int32, got int64"),
+    ("sl-shape", lambda: {"cache_seqlens": i32(3)}, "cache_seqlens", r"\[2\] .*got \[3\]"),
+    ("sl-strided", lambda: {"cache_seqlens": i32(2, strides=(2,))}, "cache_seqlens", "contig"),
+    ("out-dtype", lambda: {"out": f32(2, 1, 16, 512)}, "out", "bfloat16 .*got float32"),
+    ("out-shape", lambda: {"out": bf16(2, 1, 16, 576)}, "out", r"\[2, 1, 16, 512\]"),
+    (
+        "out-strided",
+        lambda: {"out": bf16(2, 1, 16, 512, strides=(16384, 8192, 512, 1))},
+        "out",
+        "a contiguous tensor",
+    ),
+    ("out-read-only", lambda: {"out": bf16(2, 1, 16, 512, read_only=True)}, "out", "writable"),
+    ("lse-order", lambda: {"lse": f32(2, 1, 16)}, "lse", r"\[2, 16, 1\] .*got \[2, 1, 16\]"),
+    ("lse-dtype", lambda: {"lse": bf16(2, 16, 1)}, "lse", "float32, got bfloat16"),
+    ("q-cpu", lambda: {"q": bf16(2, 1, 16, 576, device=CPU)}, "q", "on cuda:0, got cpu"),
+    ("bt-cuda1", lambda: {"block_table": i32(2, 8, device=CUDA1)}, "block_table", "cuda:1"),
+    ("sl-cpu", lambda: {"cache_seqlens": np.zeros(2, np.int32)}, "cache_seqlens", "got cpu"),
+    ("lse-cuda1", lambda: {"lse": f32(2, 16, 1, device=CUDA1)}, "lse", "got cuda:1"),
+    ("plan-device", lambda: {"plan_device": 1}, "plan", "a plan made on cuda:0, got cuda:1"),
+    ("out-alias-q", _decode_overlap, "out", "does not overlap q"),
+    ("lse-alias-out", _lse_overlap, "out", "does not overlap lse"),
+    (
+        "out-alias-cache",
+        lambda: {"out": bf16(2, 1, 16, 512, address=FAKE_CACHE_PTR + 512)},
+        "out",
+        "does not overlap the cache",
+    ),
+    ("stream", lambda: {"stream": object()}, "stream", "expected None"),
+]
+
+
+@pytest.mark.parametrize(
+    ("make", "argument", "pattern"), [c[1:] for c in DECODE_CASES], ids=[c[0] for c in DECODE_CASES]
+)
+def test_decode_refuses(make: Callable[[], dict[str, Any]], argument: str, pattern: str) -> None:
+    with refused(argument, pattern):
+        _validate_decode(**make())
+
+
+def test_decode_accepts_strided_inputs() -> None:
+    # q as a slice of a wider [b, s_q, h, 640] tensor, block table rows padded to 16 columns.
+    call = _validate_decode(
+        q=bf16(2, 1, 16, 576, strides=(16 * 640, 16 * 640, 640, 1)),
+        block_table=i32(2, 8, strides=(16, 1)),
+        out=bf16(2, 1, 16, 512),
+        lse=f32(2, 16, 1),
+        kernel="reference",
+        causal=0,
+    )
+    assert call.q_strides == (10240, 10240, 640)  # s_q = 1: the compact token stride
+    assert call.block_table_stride == 16
+    assert (call.layer, call.kernel, call.causal) == (1, 1, False)
+    assert call.softmax_scale == pytest.approx(192**-0.5)
+
+
+def test_decode_type_checks() -> None:
+    with refused("cache", "expected a snapmla.KVCache, got str"):
+        decode("cache", 0, None, None, None, None, softmax_scale=1.0)
+
+
+def test_decode_refuses_non_plan(fake_cache: KVCache) -> None:
+    with refused("plan", "expected a snapmla.DecodePlan, got dict"):
+        decode(fake_cache, 0, bf16(2, 1, 16, 576), i32(2, 8), i32(2), {}, softmax_scale=1.0)
