@@ -35,7 +35,7 @@ def main() -> int:
     k_pe = (rs.standard_normal((n, 64), dtype=cupy.float32) * 0.5).astype(bf16)
     for layer in range(2):
         cache.append(layer, c_kv, k_pe, slots)
-    c_back, r_back = cache.fetch_dequant(1, slots)
+    cache.fetch_dequant(1, slots)
     seqlens = cupy.asarray(seqlens_h)
     for heads, q_len, parts in [(16, 1, 0), (24, 2, 3), (128, 4, 0), (1, 1, 2)]:
         q = (rs.standard_normal((b, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
@@ -43,7 +43,7 @@ def main() -> int:
         plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
                                   num_sm_parts=parts)
         for layer in range(2):
-            out, lse = snapmla.decode(cache, layer, q, table, seqlens, plan,
+            out, _ = snapmla.decode(cache, layer, q, table, seqlens, plan,
                                       softmax_scale=192**-0.5, causal=True)
         cupy.cuda.get_current_stream().synchronize()
         bits = out.view(cupy.uint16)[1:] & 0x7FFF
