@@ -2,7 +2,8 @@
 # One call on the lent GPU machine: install the carried wheels, then run the stages named on the
 # command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
 #
-#   bash bench/gpu_session.sh [tests] [ctest] [sanitize] [sass] [bench] [bench-quick] [accuracy]
+#   bash bench/gpu_session.sh [tests] [ctest] [sanitize] [sass] [demo] [bench] [bench-quick]
+#                             [accuracy]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -65,6 +66,10 @@ for stage in "$@"; do
       log "data-movement benchmark"
       python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow.json" 2>&1 | tee "$OUT/bench-dataflow.log" | tail -15
       python3 bench/roofline.py "$OUT/decode.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
+      ;;
+    demo)
+      log "demo (the README's main job)"
+      python3 -m snapmla.demo 2>&1 | tee "$OUT/demo.log" || status=1
       ;;
     accuracy)
       log "accuracy study"

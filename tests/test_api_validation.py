@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
+
 import snapmla
 from snapmla import DecodePlan, KVCache, SnapMLAError, _lib, _tensor, decode, quantize_q
 from snapmla import cache as cache_module

@@ -14,8 +14,9 @@ from pathlib import Path
 import cffi
 import pycparser
 import pytest
-import snapmla
 from pycparser import c_ast, c_generator
+
+import snapmla
 from snapmla import SnapMLAError, _lib
 
 HEADER = Path(__file__).resolve().parents[1] / "include" / "snapmla" / "snapmla.h"

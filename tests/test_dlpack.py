@@ -15,6 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import pytest
+
 from snapmla import SnapMLAError
 from snapmla._dlpack import (
     DELETER,

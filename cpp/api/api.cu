@@ -433,9 +433,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                   "%s: arguments 'q_content' and 'q_rope' must be 16-byte aligned", op);
   st = check_device(op, nullptr);
   if (st != SNAPMLA_SUCCESS) return st;
-  QuantizeQParams p{static_cast<const uint16_t*>(q), q_stride_token, q_stride_head, num_tokens,
-                    num_heads, static_cast<uint8_t*>(q_content), static_cast<uint16_t*>(q_rope),
-                    q_scale};
+  QuantizeQParams p{static_cast<const uint16_t*>(q), q_stride_token, q_stride_token,
+                    q_stride_head, num_tokens, 1, num_heads, static_cast<uint8_t*>(q_content),
+                    static_cast<uint16_t*>(q_rope), q_scale};
   SNAPMLA_CUDA(op, launch_quantize_q(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
@@ -508,17 +508,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                 "use SNAPMLA_DECODE_KERNEL_AUTO",
                 op, SNAPMLA_VERSION_MAJOR, SNAPMLA_VERSION_MINOR);
   }
-  // The quantizer walks the (batch x s_q) tokens with one token stride.
-  const int64_t token_stride = c.q_len == 1 ? a.q_stride_batch : a.q_stride_token;
-  st = check_q(op, a.q, int64_t{c.batch_size} * c.q_len, c.num_heads, token_stride,
-               a.q_stride_head);
+  st = check_q(op, a.q, int64_t{c.batch_size} * c.q_len, c.num_heads,
+               c.q_len == 1 ? a.q_stride_batch : a.q_stride_token, a.q_stride_head);
   if (st != SNAPMLA_SUCCESS) return st;
-  SNAPMLA_REQUIRE(c.q_len == 1 || c.batch_size == 1 ||
-                      a.q_stride_batch == int64_t{c.q_len} * a.q_stride_token,
-                  "%s: argument 'args.q_stride_batch': expected q_len * q_stride_token = %lld "
-                  "(batch and token dimensions must be mergeable), got %lld",
-                  op, static_cast<long long>(int64_t{c.q_len} * a.q_stride_token),
-                  static_cast<long long>(a.q_stride_batch));
+  SNAPMLA_REQUIRE(c.batch_size == 1 || a.q_stride_batch >= kHeadDim,
+                  "%s: argument 'args.q_stride_batch': expected >= %d elements, got %lld", op,
+                  kHeadDim, static_cast<long long>(a.q_stride_batch));
   SNAPMLA_REQUIRE(a.block_table != nullptr, "%s: argument 'args.block_table' is NULL", op);
   SNAPMLA_REQUIRE(a.block_table_stride >= c.max_pages || c.batch_size == 1,
                   "%s: argument 'args.block_table_stride': expected >= max_pages = %d, got %lld",
@@ -541,11 +536,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
   const decode::WorkspaceLayout w =
       decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
-  const int64_t tokens = int64_t{c.batch_size} * c.q_len;
   QuantizeQParams qp{static_cast<const uint16_t*>(a.q),
-                     tokens == 1 ? kHeadDim : token_stride,
+                     a.q_stride_batch,
+                     a.q_stride_token,
                      a.q_stride_head,
-                     tokens,
+                     int64_t{c.batch_size} * c.q_len,
+                     c.q_len,
                      c.num_heads,
                      ws + w.q_content,
                      reinterpret_cast<uint16_t*>(ws + w.q_rope),

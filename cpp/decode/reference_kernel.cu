@@ -97,6 +97,8 @@ __device__ __forceinline__ void row_group_sync(int rg) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(1 + rg), "r"(64) : "memory");
 }
 
+__device__ __forceinline__ float nan_to_zero(float x) { return x != x ? 0.f : x; }
+
 // ------------------------------------------------------------------------------ loading
 // Queries of request b for this CTA's 64 rows; padding rows are zero with scale 0.
 __device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int tile) {
@@ -151,8 +153,10 @@ __device__ bool load_k_block(KStage& st, const DecodeParams& p, int b, int blk) 
   return true;
 }
 
-// V tile: FP8 content -> BF16 (exact). Tokens past the context become 0 so that whatever
-// their slots hold (NaN included) cannot reach O through 0 * NaN.
+// V tile: FP8 content -> BF16 (exact). Tokens past the context become 0, and so do NaN
+// codes: a row that must not see a token multiplies its V by P = 0, and 0 * NaN would leak
+// the NaN into it. Rows that do see a NaN token still turn NaN, through its logit (the
+// content enters QK unsanitized, and append gives such a token a NaN scale).
 __device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
   for (int c = threadIdx.x; c < kBlockN * (kContentDim / 16); c += kThreads) {
     const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
@@ -164,8 +168,8 @@ __device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
     for (int k = 0; k < 4; ++k) {
       const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(w[k] & 0xffffu));
       const float2 bb = e4m3x2_to_float2(static_cast<uint16_t>(w[k] >> 16));
-      o[2 * k] = pack_bf16x2(a.x, a.y);
-      o[2 * k + 1] = pack_bf16x2(bb.x, bb.y);
+      o[2 * k] = pack_bf16x2(nan_to_zero(a.x), nan_to_zero(a.y));
+      o[2 * k + 1] = pack_bf16x2(nan_to_zero(bb.x), nan_to_zero(bb.y));
     }
     uint4* dst = reinterpret_cast<uint4*>(s.v + r * kVStride + col * 32);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);

@@ -21,7 +21,8 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
   for (int64_t r = first; r < rows; r += step) {
     const int64_t token = r / p.num_heads;
     const int64_t head = r % p.num_heads;
-    const uint16_t* in = p.q + token * p.stride_token + head * p.stride_head;
+    const uint16_t* in = p.q + (token / p.q_len) * p.stride_batch +
+                         (token % p.q_len) * p.stride_token + head * p.stride_head;
     const QuantizedRow q = quantize_row<kAligned>(in, in + kContentDim, lane);
     store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
   }
@@ -38,7 +39,8 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const int blocks = static_cast<int>(
       std::min<int64_t>(ceil_div(rows, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
   const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) &&
-                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0);
+                       (p.stride_batch % 8 == 0) && (p.stride_token % 8 == 0) &&
+                       (p.stride_head % 8 == 0);
   if (aligned) {
     quantize_q_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {

@@ -15,9 +15,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from . import paths
 from ._errors import SnapMLAError
 from ._lib import CONTENT_DIM, HEAD_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
-from . import paths
 from .cache import KVCache
 from .decode import DecodePlan, decode
 from .quantize import quantize_q

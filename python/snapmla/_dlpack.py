@@ -224,7 +224,10 @@ class TensorView:
         return device_name(self.device_type, self.device_id)
 
     def is_contiguous(self) -> bool:
-        """Compact row-major (strides of size-1 dimensions are ignored)."""
+        """Compact row-major (strides of size-1 dimensions are ignored; an empty tensor is
+        contiguous, whatever strides its producer reports)."""
+        if 0 in self.shape:
+            return True
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
             if size != 1 and stride != expected:

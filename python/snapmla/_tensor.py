@@ -223,7 +223,7 @@ class Checker:
                     "a contiguous tensor",
                     f"strides (elements) {_shape_text(v.strides)} for shape {_shape_text(v.shape)}",
                 )
-        elif v.ndim and v.shape[-1] > 1 and v.strides[-1] != 1:
+        elif v.ndim and v.shape[-1] > 1 and v.numel > 0 and v.strides[-1] != 1:
             raise argument_error(
                 self.op,
                 argument,
@@ -247,7 +247,7 @@ class Checker:
         """Stride of dimension ``dim`` in elements, refused below ``minimum``. A dimension of
         size <= 1 has no meaningful stride: ``default`` (else ``minimum``) is returned for it,
         the stride a compact tensor would have."""
-        if v.shape[dim] <= 1:
+        if v.shape[dim] <= 1 or v.numel == 0:  # no element is addressed through it
             return minimum if default is None else default
         got = v.strides[dim]
         if got < minimum:

@@ -1,0 +1,108 @@
+"""snapmla.quantize_q against reference.quantize_q: bit-exact, for any head count and strides."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _util import (
+    BF16,
+    FP8,
+    nan_torch,
+    random_bf16,
+    synchronize,
+    to_device,
+    to_numpy,
+    to_torch,
+)
+
+import snapmla
+from snapmla import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _check_exact(got: tuple, q: np.ndarray, label: str) -> None:
+    """Outputs equal the reference bit for bit (NaN positions compared as NaN)."""
+    want8, want_r, want_s = ref.quantize_q(q)
+    got8 = to_numpy(got[0], FP8)
+    got_r = to_numpy(got[1], BF16)
+    got_s = to_numpy(got[2], np.float32)
+    assert got8.shape == want8.shape and got_r.shape == want_r.shape, label
+    assert got_s.shape == want_s.shape, label
+    nan8 = np.isnan(want8.astype(np.float32))
+    assert np.array_equal(np.isnan(got8.astype(np.float32)), nan8), f"{label}: content NaNs"
+    diff = got8.view(np.uint8)[~nan8] != want8.view(np.uint8)[~nan8]
+    assert not diff.any(), f"{label}: {int(diff.sum())} content bytes differ"
+    nan_r = np.isnan(want_r.astype(np.float32))
+    assert np.array_equal(np.isnan(got_r.astype(np.float32)), nan_r), f"{label}: rope NaNs"
+    diff = got_r.view(np.uint16)[~nan_r] != want_r.view(np.uint16)[~nan_r]
+    assert not diff.any(), f"{label}: {int(diff.sum())} rope values differ"
+    nan_s = np.isnan(want_s)
+    assert np.array_equal(np.isnan(got_s), nan_s), f"{label}: scale NaNs"
+    diff = got_s.view(np.uint32)[~nan_s] != want_s.view(np.uint32)[~nan_s]
+    assert not diff.any(), f"{label}: {int(diff.sum())} scales differ"
+
+
+@pytest.mark.parametrize(
+    ("n", "h"), [(1, 1), (7, 1), (3, 24), (64, 24), (5, 128), (33, 128), (2, 16), (1, 1024)]
+)
+def test_quantize_q_bit_exact(rng: np.random.Generator, n: int, h: int) -> None:
+    q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
+    q[0, 0, :512] = 0  # amax 0: scale 2^-32
+    if n > 1:
+        q[1, h - 1, :512] = np.float32(2.0**-100)  # floor
+    # Raw uint8 FP8 bytes (torch may not export float8 through DLPack); 0x7F is FP8 NaN.
+    q8 = to_torch(np.full((n, h, 512), 0x7F, np.uint8))
+    qr, qs = nan_torch((n, h, 64)), nan_torch((n, h), "float32")
+    got = snapmla.quantize_q(to_torch(q), out=(q8, qr, qs))
+    assert got[0] is q8 and got[1] is qr and got[2] is qs
+    synchronize()
+    _check_exact(got, q, f"quantize_q n={n} h={h}")
+
+
+@pytest.mark.parametrize("framework", ["torch", "cupy", "jax"])
+def test_quantize_q_allocated_outputs(rng: np.random.Generator, framework: str) -> None:
+    q = random_bf16(rng, (2, 3, 16, 576), spread=4.0)  # [b, s_q, h, 576]: leading dims flatten
+    got = snapmla.quantize_q(to_device(q, framework))
+    synchronize()
+    assert tuple(got[0].shape) == (2, 3, 16, 512) and tuple(got[2].shape) == (2, 3, 16)
+    _check_exact(got, q, f"quantize_q ({framework})")
+
+
+@pytest.mark.parametrize("layout", ["head_slice", "padded_rows", "token_slice", "4d_slice"])
+def test_quantize_q_strided(rng: np.random.Generator, layout: str) -> None:
+    """q as a view of a bigger tensor: head, token and padding strides."""
+    if layout == "head_slice":  # every other head of [n, 2h, 576]
+        big = random_bf16(rng, (9, 48, 576), spread=4.0)
+        q_dev, q = to_torch(big)[:, ::2], big[:, ::2]
+    elif layout == "padded_rows":  # rows of 640 with 576 used, offset 32
+        big = random_bf16(rng, (9, 24, 640), spread=4.0)
+        q_dev, q = to_torch(big)[:, :, 32:608], big[:, :, 32:608]
+    elif layout == "token_slice":  # every third token, heads transposed from [h, n, 576]
+        big = random_bf16(rng, (128, 12, 576), spread=4.0)
+        q_dev, q = to_torch(big).transpose(0, 1)[::3], big.transpose(1, 0, 2)[::3]
+    else:  # [b, s_q, h, 576] sliced out of [b, s_q, h + 8, 600]
+        big = random_bf16(rng, (3, 2, 24, 600), spread=4.0)
+        q_dev, q = to_torch(big)[:, :, 4:20, 10:586], big[:, :, 4:20, 10:586]
+    assert not q_dev.is_contiguous() and q_dev.stride(-1) == 1
+    got = snapmla.quantize_q(q_dev)
+    synchronize()
+    _check_exact(got, np.ascontiguousarray(q), f"quantize_q ({layout})")
+
+
+def test_quantize_q_nan_row_stays_in_its_row(rng: np.random.Generator) -> None:
+    q = random_bf16(rng, (4, 8, 576))
+    q[2, 3, 100] = np.nan
+    q[1, 5, 540] = np.nan  # in q_pe: only that rope element
+    got = snapmla.quantize_q(to_torch(q))
+    synchronize()
+    _check_exact(got, q, "quantize_q with NaN")
+    scale = to_numpy(got[2], np.float32)
+    assert np.isnan(scale[2, 3]) and np.isfinite(np.delete(scale.ravel(), 2 * 8 + 3)).all()
+
+
+def test_quantize_q_zero_tokens() -> None:
+    q = to_torch(np.zeros((0, 4, 576), np.float32).astype(BF16))
+    got = snapmla.quantize_q(q)
+    assert tuple(got[0].shape) == (0, 4, 512) and tuple(got[1].shape) == (0, 4, 64)
+    assert tuple(got[2].shape) == (0, 4)
