@@ -55,9 +55,11 @@ for stage in "$@"; do
       lib=$(python3 -c "import snapmla._lib as l; print(l.library_path())")
       cuobjdump --dump-sass "$lib" >"$OUT/sass.txt" 2>&1
       cuobjdump --dump-resource-usage "$lib" >"$OUT/resource-usage.txt" 2>&1
-      for op in QGMMA HGMMA HMMA IMMA LDL STL; do
-        printf '%s %s\n' "$op" "$(grep -c "$op" "$OUT/sass.txt")"
-      done | tee "$OUT/sass-summary.txt"
+      # per kernel: tensor-core instructions and local-memory traffic (spills)
+      awk '/Function :/ {f = $3} /QGMMA|HGMMA|HMMA|LDL|STL/ {
+             for (i = 1; i <= NF; i++) if ($i ~ /^(QGMMA|HGMMA|HMMA|LDL|STL)/) {
+               split($i, op, "."); c[f " " op[1]]++ } }
+           END { for (k in c) print k, c[k] }' "$OUT/sass.txt" | sort | tee "$OUT/sass-summary.txt"
       ;;
     bench | bench-quick)
       quick=""; [ "$stage" = bench-quick ] && quick="--quick"

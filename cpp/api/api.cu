@@ -502,12 +502,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
-  if (a.kernel == SNAPMLA_DECODE_KERNEL_FAST) {
-    return fail(SNAPMLA_ERROR_UNSUPPORTED,
-                "%s: argument 'args.kernel': the fast wgmma kernel is not in this build (%d.%d); "
-                "use SNAPMLA_DECODE_KERNEL_AUTO",
-                op, SNAPMLA_VERSION_MAJOR, SNAPMLA_VERSION_MINOR);
-  }
   st = check_q(op, a.q, int64_t{c.batch_size} * c.q_len, c.num_heads,
                c.q_len == 1 ? a.q_stride_batch : a.q_stride_token, a.q_stride_head);
   if (st != SNAPMLA_SUCCESS) return st;
@@ -570,7 +564,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
   p.lse = a.lse;
   p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
-  SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
+  // AUTO takes the wgmma kernel; REFERENCE keeps the simple one for tests and bisection.
+  if (a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE) {
+    SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
+  } else {
+    SNAPMLA_CUDA(op, decode::launch_fast_decode(p, s));
+  }
   SNAPMLA_CUDA(op, decode::launch_combine(p, s));
   return SNAPMLA_SUCCESS;
 }

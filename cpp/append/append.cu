@@ -19,10 +19,11 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t i = first; i < p.num_tokens; i += step) {
+    // The row's loads do not wait for its slot: both are in flight together.
     const int64_t slot = __ldg(p.slots + i);  // warp-uniform
-    if (slot < 0 || slot >= p.capacity) continue;
     const QuantizedRow q =
         quantize_row<kAligned>(p.c_kv + i * p.c_kv_stride, p.k_pe + i * p.k_pe_stride, lane);
+    if (slot < 0 || slot >= p.capacity) continue;
     uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
     const int row = static_cast<int>(slot % kPageSize);
     store_row(q, page + kPageContentOffset + row * kContentDim,

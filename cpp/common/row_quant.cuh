@@ -37,6 +37,24 @@ __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
+// at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
+// of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
+// quotient (Markstein). s is a row scale in [2^-32, 2^128): the quotient is a normal number
+// or zero. Non-finite scales take the plain division.
+struct RowDivider {
+  float s, r;
+  bool plain;
+  __device__ __forceinline__ static RowDivider make(float scale) {
+    return RowDivider{scale, __frcp_rn(scale), !isfinite(scale)};
+  }
+  __device__ __forceinline__ float operator()(float x) const {
+    if (plain) return __fdiv_rn(x, s);
+    const float q0 = x * r;
+    return fmaf(fmaf(-q0, s, x), r, q0);
+  }
+};
+
 struct QuantizedRow {
   uint2 content[2];  // 8 E4M3 each: elements [8l, 8l+8) and [256+8l, 256+8l+8)
   uint4 rope;        // 8 bf16 (lanes < 8 only)
@@ -63,16 +81,13 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content,
 
   QuantizedRow q;
   q.scale = s;
-  // IEEE division (not a reciprocal multiply): bit-exact with the contract and the reference.
-  auto quant4 = [s](uint32_t a, uint32_t b) {
-    return to_e4m3x4(__fdiv_rn(lo_f(a), s), __fdiv_rn(hi_f(a), s), __fdiv_rn(lo_f(b), s),
-                     __fdiv_rn(hi_f(b), s));
+  const RowDivider div = RowDivider::make(s);
+  auto quant4 = [&div](uint32_t a, uint32_t b) {
+    return to_e4m3x4(div(lo_f(a)), div(hi_f(a)), div(lo_f(b)), div(hi_f(b)));
   };
   q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
   q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
-  auto rope2 = [s](uint32_t a) {
-    return pack_bf16x2(__fdiv_rn(lo_f(a), s), __fdiv_rn(hi_f(a), s));
-  };
+  auto rope2 = [&div](uint32_t a) { return pack_bf16x2(div(lo_f(a)), div(hi_f(a))); };
   q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
   return q;
 }

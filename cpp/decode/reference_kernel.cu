@@ -15,6 +15,8 @@
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "decode/decode.h"
+#include "decode/segment.cuh"
+#include "decode/softmax.cuh"
 
 namespace snapmla {
 namespace decode {
@@ -186,83 +188,40 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rg = warp % kRowGroups, half = warp / kRowGroups;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
-  const int rows_total = p.q_len * p.num_heads;
-  const int rows_pad = p.row_tiles * kTileRows;
-
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  const int32_t T = p.plan[7];
-  const int32_t* prefix = p.plan + L.prefix;
   const int req_begin = p.plan[L.part_begin + part];
   const int req_end = p.plan[L.part_end + part];
-
   // This thread's two rows (fragment rows g and g + 8 of its row group).
   const int row_local[2] = {rg * 16 + g, rg * 16 + g + 8};
+  auto pair_sync = [rg] { row_group_sync(rg); };
 
   for (int b = req_begin; b <= req_end; ++b) {
-    const int32_t nb = p.plan[L.nblocks + b];
-    const int32_t first_part = p.plan[L.first_part + b];
-    const int32_t last_part = p.plan[L.last_part + b];
+    Segment seg;
+    if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
     const int seqlen = p.seqlens[b];
-
-    // Requests with no blocks: written once, by the part where they start.
-    if (nb <= 0) {
-      if (part != first_part) continue;
-      const float fill_out = nb < 0 ? __int_as_float(0x7fffffff) : 0.f;
-      const float fill_lse = nb < 0 ? __int_as_float(0x7fffffff) : INFINITY;
-      for (int i = threadIdx.x; i < kTileRows * kContentDim; i += kThreads) {
-        const int fr = tile * kTileRows + i / kContentDim;
-        if (fr >= rows_total) break;
-        p.out[(int64_t{b} * rows_total + fr) * kContentDim + i % kContentDim] =
-            float_to_bf16_bits(fill_out);
-      }
-      if (p.lse != nullptr) {
-        for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
-          const int fr = tile * kTileRows + r;
-          if (fr >= rows_total) break;
-          const int qt = fr / p.num_heads, head = fr % p.num_heads;
-          p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = fill_lse;
-        }
-      }
-      continue;
-    }
-    const int blk_lo = max(0, static_cast<int>(int64_t{part} * T - prefix[b] - kFixedCost));
-    const int blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - prefix[b] - kFixedCost));
-    if (blk_lo >= blk_hi) continue;
-    const bool split = first_part != last_part;
-
-    // Visible tokens of each of this thread's rows: j < limit (bottom-right causal mask).
-    int limit[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int fr = min(tile * kTileRows + row_local[i], rows_total - 1);
-      const int qt = fr / p.num_heads;
-      limit[i] = p.causal ? seqlen - p.q_len + 1 + qt : seqlen;
-    }
-
-    // Online state (log2 domain for m). Both warps of a row group hold identical m, sigma.
-    float m[2] = {-INFINITY, -INFINITY};
-    float sig[2] = {1.f, 1.f};
-    float l_part[2] = {0.f, 0.f};
+    const int limit[2] = {visibility_limit(p, tile * kTileRows + row_local[0], seqlen),
+                          visibility_limit(p, tile * kTileRows + row_local[1], seqlen)};
+    RowState st;
     float o[kOTiles][4];
 #pragma unroll
     for (int n = 0; n < kOTiles; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     bool bad_page = false;
 
     load_q_tile(s, p, b, tile);
-    bad_page |= !load_k_block(s.k[0], p, b, blk_lo);
+    bad_page |= !load_k_block(s.k[0], p, b, seg.blk_lo);
     cp_async_commit();
 
-    for (int blk = blk_lo; blk < blk_hi; ++blk) {
-      const int st = (blk - blk_lo) & 1;
-      if (blk + 1 < blk_hi) {
-        bad_page |= !load_k_block(s.k[st ^ 1], p, b, blk + 1);
+    for (int blk = seg.blk_lo; blk < seg.blk_hi; ++blk) {
+      const int stage = (blk - seg.blk_lo) & 1;
+      if (blk + 1 < seg.blk_hi) {
+        bad_page |= !load_k_block(s.k[stage ^ 1], p, b, blk + 1);
         cp_async_commit();
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();
       }
       __syncthreads();  // block `blk` landed; the previous PV is done with s.v and s.p
-      const KStage& ks = s.k[st];
+      const KStage& ks = s.k[stage];
       const int tok0 = blk * kBlockN;
       widen_v(s, ks, seqlen - tok0);
 
@@ -302,89 +261,22 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
         }
       }
 
-      // ---- logits (log2 domain) and the block's row maxima
-      float k_scale[4][2];
-      float row_max[2] = {-INFINITY, -INFINITY};
+      // ---- the contract's softmax step; acc becomes P8
+      float gamma[2];
+      softmax_block(acc, ks.scale, s.q_scale, row_local, limit, tok0, half, t4, p.scale_log2,
+                    s.red_max, s.red_pmax, st, gamma, pair_sync);
 #pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int tok = 32 * half + 8 * n + 2 * t4 + (c & 1);
-          const int i = c / 2;
-          const float ksc = ks.scale[tok];
-          k_scale[n][c & 1] = ksc;
-          const float qsc = s.q_scale[row_local[i]];
-          const bool visible = tok0 + tok < limit[i];
-          // z * log2(e) = S * s_q * s_k * softmax_scale * log2(e)
-          const float z = visible ? acc[n][c] * qsc * ksc * p.scale_log2 : -INFINITY;
-          acc[n][c] = z;
-          row_max[i] = fmaxf(row_max[i], z);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
-        row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
-        if (t4 == 0) s.red_max[half][row_local[i]] = row_max[i];
-      }
-      row_group_sync(rg);
-      float m_new[2], m_use[2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        m_new[i] = fmaxf(m[i], fmaxf(s.red_max[0][row_local[i]], s.red_max[1][row_local[i]]));
-        m_use[i] = m_new[i] == -INFINITY ? 0.f : m_new[i];  // nothing visible yet: e = 0
-      }
-
-      // ---- e = exp(z - m), P' = e * s_k, and the P' block maxima
-      float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-#pragma unroll
-      for (int n = 0; n < 4; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int i = c / 2;
-          const bool visible = acc[n][c] != -INFINITY;
-          const float e = visible ? exp2f(acc[n][c] - m_use[i]) : 0.f;
-          e_sum[i] += e;
-          const float pp = visible ? e * k_scale[n][c & 1] : 0.f;  // never 0 * NaN
-          acc[n][c] = pp;
-          p_max[i] = fmaxf(p_max[i], pp);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 1));
-        p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 2));
-        if (t4 == 0) s.red_pmax[half][row_local[i]] = p_max[i];
-      }
-      row_group_sync(rg);
-
-      // ---- sigma_k, the rescale g_k (eq. 12, 13), P8 = e4m3(P' / sigma_k)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const float pm =
-            fmaxf(s.red_pmax[0][row_local[i]], s.red_pmax[1][row_local[i]]);
-        float sig_new = __fdiv_rn(pm, kFp8Max);
-        if (sig_new < kMinProbScale) sig_new = kMinProbScale;
-        const float gk = exp2f(m[i] - m_use[i]) * __fdiv_rn(sig[i], sig_new);
-        l_part[i] = l_part[i] * gk + __fdiv_rn(e_sum[i], sig_new);
-#pragma unroll
-        for (int n = 0; n < kOTiles; ++n) {
-          o[n][2 * i] *= gk;
-          o[n][2 * i + 1] *= gk;
-        }
-        m[i] = m_new[i];
-        sig[i] = sig_new;
+      for (int n = 0; n < kOTiles; ++n) {
+        o[n][0] *= gamma[0], o[n][1] *= gamma[0];
+        o[n][2] *= gamma[1], o[n][3] *= gamma[1];
       }
 #pragma unroll
       for (int n = 0; n < 4; ++n) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          const float q0 = static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(acc[n][2 * i], sig[i])));
-          const float q1 =
-              static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(acc[n][2 * i + 1], sig[i])));
           const int tok = 32 * half + 8 * n + 2 * t4;
           *reinterpret_cast<uint32_t*>(s.p + row_local[i] * kPStride + tok * 2) =
-              pack_bf16x2(q0, q1);
+              pack_bf16x2(acc[n][2 * i], acc[n][2 * i + 1]);
         }
       }
       __syncthreads();  // s.p (both halves) and s.v are complete
@@ -408,54 +300,12 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
     }
 
     // ---- epilogue: l across the quad and the row group, then out (or a partial)
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 1);
-      l_part[i] += __shfl_xor_sync(0xffffffffu, l_part[i], 2);
-      if (t4 == 0) s.red_l[half][row_local[i]] = l_part[i];
-    }
-    row_group_sync(rg);
-    const int slot = 2 * part + (part == first_part ? 1 : 0);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int fr = tile * kTileRows + row_local[i];
-      const float l = s.red_l[0][row_local[i]] + s.red_l[1][row_local[i]];
-      const bool empty = !(l > 0.f) && l == l;  // no visible token in this segment
-      float inv_l, lse;
-      if (bad_page) {  // a page outside the layer: refuse to guess, show NaN
-        inv_l = lse = __int_as_float(0x7fffffff);
-      } else if (empty) {
-        inv_l = 0.f;
-        lse = split ? -INFINITY : INFINITY;
-      } else {
-        inv_l = 1.f / l;
-        lse = m[i] * kLn2 + logf(sig[i] * l);  // natural-log LSE of the contract
-      }
-      if (fr < rows_total) {
-        if (split) {
-          float* dst = p.partial_o + (int64_t{slot} * rows_pad + fr) * kContentDim;
-#pragma unroll
-          for (int n = 0; n < kOTiles; ++n) {
-            const int col = 256 * half + 8 * n + 2 * t4;
-            *reinterpret_cast<float2*>(dst + col) =
-                make_float2(o[n][2 * i] * inv_l, o[n][2 * i + 1] * inv_l);
-          }
-          if (half == 0 && t4 == 0) p.partial_lse[int64_t{slot} * rows_pad + fr] = lse;
-        } else {
-          uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim;
-#pragma unroll
-          for (int n = 0; n < kOTiles; ++n) {
-            const int col = 256 * half + 8 * n + 2 * t4;
-            *reinterpret_cast<uint32_t*>(dst + col) =
-                pack_bf16x2(o[n][2 * i] * inv_l, o[n][2 * i + 1] * inv_l);
-          }
-          if (half == 0 && t4 == 0 && p.lse != nullptr) {
-            const int qt = fr / p.num_heads, head = fr % p.num_heads;
-            p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
-          }
-        }
-      }
-    }
+    float l[2];
+    reduce_l(st, row_local, half, t4, s.red_l, l, pair_sync);
+    write_row<0>(p, b, tile * kTileRows + row_local[0], 256 * half, t4, o, l[0], st.m[0],
+                 st.sig[0], bad_page, seg, half == 0 && t4 == 0);
+    write_row<1>(p, b, tile * kTileRows + row_local[1], 256 * half, t4, o, l[1], st.m[1],
+                 st.sig[1], bad_page, seg, half == 0 && t4 == 0);
     __syncthreads();  // smem is reused by the next request of this part
   }
 }

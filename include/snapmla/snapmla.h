@@ -256,10 +256,10 @@ typedef struct snapmla_decode_config {
 
 /* Which kernel runs the attention. */
 typedef enum snapmla_decode_kernel {
-  SNAPMLA_DECODE_KERNEL_AUTO = 0,      /* the fastest available for the device */
+  SNAPMLA_DECODE_KERNEL_AUTO = 0,      /* the fastest available for the device (= FAST) */
   SNAPMLA_DECODE_KERNEL_REFERENCE = 1, /* the simple tensor-core kernel (mma.sync): the
                                           executable statement of the contract, for tests */
-  SNAPMLA_DECODE_KERNEL_FAST = 2       /* the wgmma pipeline (UNSUPPORTED until it ships) */
+  SNAPMLA_DECODE_KERNEL_FAST = 2       /* the TMA + wgmma (FP8 QGMMA, BF16 HGMMA) kernel */
 } snapmla_decode_kernel_t;
 
 typedef struct snapmla_decode_args {

@@ -20,7 +20,7 @@ def _token_stride(op: str, v: TensorView, default: int) -> int:
     """The one stride (elements) of the flattened leading dimensions of ``v`` (all but the
     last two), refusing leading dimensions that do not flatten to a single stride."""
     lead = [(size, stride) for size, stride in zip(v.shape[:-2], v.strides[:-2]) if size != 1]
-    if not lead:
+    if not lead or v.numel == 0:  # nothing is addressed through the token stride
         return default
     for (_, outer), (size, inner) in zip(lead, lead[1:]):
         if outer != inner * size:

@@ -42,9 +42,9 @@ def main() -> int:
         snapmla.quantize_q(q)
         plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
                                   num_sm_parts=parts)
-        for layer in range(2):
+        for layer, kernel in [(0, "fast"), (1, "reference")]:
             out, _ = snapmla.decode(cache, layer, q, table, seqlens, plan,
-                                      softmax_scale=192**-0.5, causal=True)
+                                    softmax_scale=192**-0.5, causal=True, kernel=kernel)
         cupy.cuda.get_current_stream().synchronize()
         bits = out.view(cupy.uint16)[1:] & 0x7FFF
         bad = (bits >= 0x7F80).any()  # Inf or NaN in a request that has context

@@ -1,0 +1,119 @@
+// Pieces of the decode kernels that do not depend on how the attention is computed: which
+// blocks of a request a part owns, the rows of empty or invalid requests, and the epilogue that
+// turns a row's (O, l, m, sigma) into out and lse, or into a split partial.
+//
+// Thread layout shared by both kernels: a warp owns 16 query rows (16 * row_group + g and
+// + 8, g = lane / 4) and, in its accumulator, the columns col0 + 8 n + 2 (lane % 4) + {0, 1}
+// for n = 0 .. 31: the mma.sync m16n8 / wgmma m64nN fragment layout.
+#pragma once
+
+#include "common/numerics.cuh"
+#include "decode/decode.h"
+
+namespace snapmla {
+namespace decode {
+
+constexpr int kColTiles = 32;  // 8-column tiles of O per thread row-pair (256 columns)
+
+struct Segment {
+  int blk_lo, blk_hi;  // blocks [blk_lo, blk_hi) of the request
+  bool split;          // the request spans several parts: write a partial
+  int slot;            // partial slot (when split)
+};
+
+enum class SegmentKind { kSkip, kEmptyWritten, kRun };
+
+// Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
+// the part where the request starts.
+__device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
+  const int rows_total = p.q_len * p.num_heads;
+  const float fill_out = invalid ? __int_as_float(0x7fffffff) : 0.f;
+  const float fill_lse = invalid ? __int_as_float(0x7fffffff) : INFINITY;
+  for (int i = threadIdx.x; i < kTileRows * kContentDim; i += blockDim.x) {
+    const int fr = tile * kTileRows + i / kContentDim;
+    if (fr >= rows_total) break;
+    p.out[(int64_t{b} * rows_total + fr) * kContentDim + i % kContentDim] =
+        float_to_bf16_bits(fill_out);
+  }
+  if (p.lse == nullptr) return;
+  for (int r = threadIdx.x; r < kTileRows; r += blockDim.x) {
+    const int fr = tile * kTileRows + r;
+    if (fr >= rows_total) break;
+    p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = fill_lse;
+  }
+}
+
+// What part `part` does for request b: nothing, write its empty rows (done here), or run the
+// blocks in `seg`.
+__device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayout& L, int part,
+                                           int b, int tile, Segment* seg) {
+  const int32_t nb = p.plan[L.nblocks + b];
+  const int32_t first_part = p.plan[L.first_part + b];
+  if (nb <= 0) {
+    if (part != first_part) return SegmentKind::kSkip;
+    write_empty_request(p, b, tile, nb < 0);
+    return SegmentKind::kEmptyWritten;
+  }
+  const int32_t T = p.plan[7];
+  const int32_t start = p.plan[L.prefix + b] + kFixedCost;
+  seg->blk_lo = max(0, static_cast<int>(int64_t{part} * T - start));
+  seg->blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - start));
+  seg->split = first_part != p.plan[L.last_part + b];
+  seg->slot = 2 * part + (part == first_part ? 1 : 0);
+  return seg->blk_lo < seg->blk_hi ? SegmentKind::kRun : SegmentKind::kSkip;
+}
+
+// Visible tokens of flattened row `fr` (clamped into the request): j < limit.
+__device__ __forceinline__ int visibility_limit(const DecodeParams& p, int fr, int seqlen) {
+  const int rows_total = p.q_len * p.num_heads;
+  const int qt = min(fr, rows_total - 1) / p.num_heads;
+  return p.causal ? seqlen - p.q_len + 1 + qt : seqlen;
+}
+
+// Epilogue of row I (0: fragment row g, 1: g + 8): out = O / l (or the partial O / l),
+// lse = m ln2 + ln(sigma l). o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4
+// and + 1.
+// m is in the log2 domain. A bad page makes the row NaN; a row that saw no token is out 0
+// with lse +inf (or -inf in a partial, so the combine gives it no weight).
+template <int I>
+__device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, int col0, int t4,
+                                          const float (&o)[kColTiles][4], float l, float m,
+                                          float sig, bool bad_page, const Segment& seg,
+                                          bool writes_lse) {
+  const int rows_total = p.q_len * p.num_heads;
+  if (fr >= rows_total) return;
+  const bool empty = !(l > 0.f) && l == l;
+  float inv_l, lse;
+  if (bad_page) {  // a page outside the layer: refuse to guess, show NaN
+    inv_l = lse = __int_as_float(0x7fffffff);
+  } else if (empty) {
+    inv_l = 0.f;
+    lse = seg.split ? -INFINITY : INFINITY;
+  } else {
+    inv_l = 1.f / l;
+    lse = m * kLn2 + logf(sig * l);
+  }
+  if (seg.split) {
+    const int rows_pad = p.row_tiles * kTileRows;
+    float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
+#pragma unroll
+    for (int n = 0; n < kColTiles; ++n) {
+      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) =
+          make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
+    }
+    if (writes_lse) p.partial_lse[int64_t{seg.slot} * rows_pad + fr] = lse;
+  } else {
+    uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + col0;
+#pragma unroll
+    for (int n = 0; n < kColTiles; ++n) {
+      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t4) =
+          pack_bf16x2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
+    }
+    if (writes_lse && p.lse != nullptr) {
+      p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = lse;
+    }
+  }
+}
+
+}  // namespace decode
+}  // namespace snapmla
