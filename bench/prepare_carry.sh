@@ -3,7 +3,7 @@
 # (bench/gpu_session.sh), and record the commit it was built from.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "commit first"; exit 1; }
+[ -z "$(git status --porcelain -- cpp include CMakeLists.txt)" ] || { echo "commit the C++ first"; exit 1; }
 rm -rf .carry/dist
 python3 -m pip wheel . --no-deps -w .carry/dist -q
 git rev-parse --short HEAD > .carry/COMMIT
