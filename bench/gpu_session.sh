@@ -31,7 +31,7 @@ for stage in "$@"; do
   case "$stage" in
     tests)
       log "pytest (all tests, GPU included)"
-      python3 -m pytest -q -rs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" \
+      python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
         2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
       ;;
     ctest)
