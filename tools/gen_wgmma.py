@@ -33,19 +33,23 @@ def ss(name: str, n: int, k_type: str, k: int, trans: bool) -> str:
 
 
 def rs(name: str, n: int, k_type: str, k: int) -> str:
-    """D += A(registers) * B(smem desc)."""
+    """D (+)= A(registers) * B(smem desc)."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     a = ", ".join(f"%{regs + i}" for i in range(4))
     lines = [
-        f"// D[64 x {n}] += A[64 x {k}] (registers, {k_type}) * B[{n} x {k}]^T (K-major smem).",
-        (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], "
-        "uint64_t desc_b) {"),
+        f"// D[64 x {n}] (+)= A[64 x {k}] (registers, {k_type}) * B[{n} x {k}]^T (K-major smem).",
+        (
+            f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], "
+            "uint64_t desc_b, int accumulate) {"
+        ),
         "  asm volatile(",
+        '      "{\\n.reg .pred p;\\n"',
+        f'      "setp.ne.b32 p, %{regs + 5}, 0;\\n"',
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, {{{a}}}, %{regs + 4}, 1, 1, 1;\\n"',
+        f'      "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"',
         "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));',
+        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));',
         "}",
     ]
     return "\n".join(lines)
@@ -65,7 +69,7 @@ def main() -> None:
         "",
         ss("wgmma_m64n32k16_bf16_ss", 32, "bf16", 16, trans=True),
         "",
-        rs("wgmma_m64n256k32_e4m3_rs", 256, "e4m3", 32),
+        rs("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32),
         "",
         "}  // namespace sm90",
         "}  // namespace snapmla",

@@ -40,8 +40,8 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 // x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
 // at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
 // of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
-// quotient (Markstein). s is a row scale in [2^-32, 2^128): the quotient is a normal number
-// or zero. Non-finite scales take the plain division.
+// quotient (Markstein). A non-finite result (overflow: the RoPE of a zero-content token, or a
+// NaN input) and non-finite scales take the plain division, which is exact by definition.
 struct RowDivider {
   float s, r;
   bool plain;
@@ -51,7 +51,8 @@ struct RowDivider {
   __device__ __forceinline__ float operator()(float x) const {
     if (plain) return __fdiv_rn(x, s);
     const float q0 = x * r;
-    return fmaf(fmaf(-q0, s, x), r, q0);
+    const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
+    return isfinite(q1) ? q1 : __fdiv_rn(x, s);
   }
 };
 

@@ -14,8 +14,8 @@
 //            and so hold identical m and sigma.
 //   P        each thread's P8 values already sit in the wgmma A-fragment layout of its WG's
 //            32-token k-step; WGs swap fragments through shared memory (same thread index).
-//   PV       WG w: O[64 x 256w..] = g O + P8[64 x 64] V^T, two FP8 wgmma m64n256k32 with A
-//            from registers.
+//   PV       WG w: O[64 x 256w..] = g O + P8[64 x 64] V^T, FP8 wgmma m64n64k32 with A from
+//            registers, into fp32 temporaries that the CUDA cores add to O.
 //
 // P permutation: the accumulator gives a thread tokens {8i + 2t, 8i + 2t + 1} (i = 0..3) of a
 // row; an FP8 A fragment wants k = {4t .. 4t + 3} and {16 + 4t ..}. Rather than shuffling P,
@@ -103,7 +103,7 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 __device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& st, int wg,
                                             int tid, int valid_tokens) {
   constexpr int kJobs = (kVtCols / 4) * 16;  // (4-column group, word) pairs
-#pragma unroll 2
+#pragma unroll 1
   for (int job = tid; job < kJobs; job += kWgThreads) {
     const int q = job % 16, d0 = (job / 16) * 4;
     const int base = 32 * (q / 8) + 16 * ((q / 4) % 2) + 2 * (q % 4);
@@ -221,28 +221,50 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
       }
       mbar_wait(&s.full_bar[it % kStages], (it / kStages) & 1);
 
-      // ---- S = Q K^T for tokens 32wg.. (async), while V^T is built
-      float sacc[16] = {};
-      wgmma_fence();
+      // ---- S = Q K^T for tokens 32wg.. (async), while V^T is built. FP8 wgmma accumulates
+      // with reduced precision, so each 128-byte k-chunk (4 QGMMA) gets its own fp32 partial
+      // and the partials are summed on the CUDA cores: chunks 0 and 1 run during the V
+      // transpose, chunks 2 and 3 (with the RoPE HGMMA) after it.
+      float part[2][16], sacc[16];
+      auto issue_chunks = [&](int c0, bool rope) {
+        wgmma_fence();
 #pragma unroll
-      for (int k = 0; k < kContentDim / 32; ++k) {
-        const int c = k / 4, off = (k % 4) * 32;
-        wgmma_m64n32k32_e4m3_ss(
-            sacc, make_desc(s.q_content[c] + off, Swizzle::k128B, kChunkBytes),
-            make_desc(stg.content[c] + 32 * wg * kChunkBytes + off, Swizzle::k128B, kChunkBytes),
-            k > 0);
-      }
+        for (int j = 0; j < 2; ++j) {
 #pragma unroll
-      for (int k = 0; k < kRopeDim / 16; ++k) {
-        wgmma_m64n32k16_bf16_ss(
-            sacc, make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
-            make_desc(stg.rope + 32 * wg * kChunkBytes + 32 * k, Swizzle::k128B, kChunkBytes), 1);
-      }
-      wgmma_commit();
+          for (int k = 0; k < 4; ++k) {
+            const int c = c0 + j, off = 32 * k;
+            wgmma_m64n32k32_e4m3_ss(
+                part[j], make_desc(s.q_content[c] + off, Swizzle::k128B, kChunkBytes),
+                make_desc(stg.content[c] + 32 * wg * kChunkBytes + off, Swizzle::k128B,
+                          kChunkBytes),
+                k != 0);
+          }
+        }
+        if (rope) {
+#pragma unroll
+          for (int k = 0; k < kRopeDim / 16; ++k) {
+            wgmma_m64n32k16_bf16_ss(
+                part[1], make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
+                make_desc(stg.rope + 32 * wg * kChunkBytes + 32 * k, Swizzle::k128B, kChunkBytes),
+                1);
+          }
+        }
+        wgmma_commit();
+      };
+      issue_chunks(0, false);
       transpose_v(s.vt[wg], stg, wg, wtid, seqlen - tok0);
       fence_proxy_async();  // V^T (generic writes) is read next by wgmma (async proxy)
       wgmma_wait<0>();
-      fence_regs(sacc);
+      fence_regs(part[0]);
+      fence_regs(part[1]);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sacc[e] = part[0][e] + part[1][e];
+      issue_chunks(2, true);
+      wgmma_wait<0>();
+      fence_regs(part[0]);
+      fence_regs(part[1]);
+#pragma unroll
+      for (int e = 0; e < 16; ++e) sacc[e] += part[0][e] + part[1][e];
 
       // ---- the contract's softmax step; sacc becomes P8
       float(&sfrag)[4][4] = *reinterpret_cast<float(*)[4][4]>(sacc);
@@ -260,24 +282,36 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
       const uint4 other = *reinterpret_cast<const uint4*>(s.p_frag[wg ^ 1][wtid]);
       const uint32_t other_frag[4] = {other.x, other.y, other.z, other.w};
 
-      // ---- O = g O + P8 V^T over the block's two k-steps (tokens 0..31, then 32..63)
-#pragma unroll
-      for (int n = 0; n < kColTiles; ++n) {
-        o[4 * n] *= gamma[0], o[4 * n + 1] *= gamma[0];
-        o[4 * n + 2] *= gamma[1], o[4 * n + 3] *= gamma[1];
-      }
-      wgmma_fence();
+      // ---- O = g O + P8 V^T over the block's two k-steps (tokens 0..31, then 32..63). The
+      // block's product lands in a zeroed fp32 temporary, a quarter of the columns at a time, and
+      // is added to O on the CUDA cores: O never sits in a reduced-precision accumulation.
       uint32_t frag0[4], frag1[4];  // k-step 0 holds WG0's tokens, k-step 1 WG1's
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         frag0[k] = wg == 0 ? frag[k] : other_frag[k];
         frag1[k] = wg == 0 ? other_frag[k] : frag[k];
       }
-      wgmma_m64n256k32_e4m3_rs(o, frag0, make_desc(s.vt[wg], Swizzle::k64B, kVtRowBytes));
-      wgmma_m64n256k32_e4m3_rs(o, frag1, make_desc(s.vt[wg] + 32, Swizzle::k64B, kVtRowBytes));
-      wgmma_commit();
-      wgmma_wait<0>();
-      fence_regs(o);
+      constexpr int kPvParts = 4;                       // column quarters of 64
+      constexpr int kPvTiles = kColTiles / kPvParts;     // 8-column tiles per quarter
+#pragma unroll
+      for (int h = 0; h < kPvParts; ++h) {
+        float pv[kPvTiles * 4];
+        const uint8_t* vt = s.vt[wg] + h * (kVtCols / kPvParts) * kVtRowBytes;
+        wgmma_fence();
+        wgmma_m64n64k32_e4m3_rs(pv, frag0, make_desc(vt, Swizzle::k64B, kVtRowBytes), 0);
+        wgmma_m64n64k32_e4m3_rs(pv, frag1, make_desc(vt + 32, Swizzle::k64B, kVtRowBytes), 1);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(pv);
+#pragma unroll
+        for (int n = 0; n < kPvTiles; ++n) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            float& acc = o[4 * (h * kPvTiles + n) + c];
+            acc = fmaf(acc, gamma[c / 2], pv[4 * n + c]);
+          }
+        }
+      }
       named_barrier(kBarWg0 + wg, kWgThreads);  // V^T and p_frag free for the next block
     }
 
