@@ -36,10 +36,11 @@ Metrics per (context, layer, configuration), on the output over all heads and qu
 (float64 against exact attention): RMSE, ``1 - cosine similarity``, relative L2
 (``||out - exact|| / ||exact||``), and the absolute error of the LSE (max and mean over rows).
 The P share: ``p_only = ||ours-model - ours-p-exact|| / ||exact||`` is the relative error that
-FP8 P adds, ``share = p_only**2 / rel_l2(ours-model)**2`` its share of the squared error (the
-errors of the different roundings are nearly independent, so their squares roughly add up);
-the same for the query's rounding with ``ours-q-bf16``. Per-row (head) relative L2 errors are
-kept too (median and max), since a few heads with concentrated attention dominate the total.
+FP8 P adds, ``share = p_only**2 / rel_l2(ours-model)**2`` its share of the squared error; the
+same for the query's rounding with ``ours-q-bf16``. (The query's and the cache's rounding
+errors interact through the softmax, head by head, so the shares need not add up to 1.)
+Per-row (head) relative L2 errors are kept too (median and max), since a few heads with
+concentrated attention dominate the total.
 
 B, C and D get the amax of the whole context (an oracle: a decoder sees the tokens one by
 one, so a deployed per-tensor or per-channel scale is calibrated or running, and can only be
@@ -99,7 +100,6 @@ CONFIGS: dict[str, str] = {
 }
 FP8_CONFIGS = ("ours-model", "A", "B", "C", "D")  # the KV schemes compared (plus the kernel)
 ALTERNATIVES = ("A", "B", "C", "D")
-DIAGNOSTICS = ("ours-p-exact", "ours-q-bf16", "bf16")
 METRICS = ("rmse", "cos_diff", "rel_l2", "lse_max", "lse_mean")
 METRIC_LABELS = {
     "rmse": "RMSE",
@@ -442,9 +442,9 @@ def emulate(
     return out_h, lse_h
 
 
-def exact(w: wl.MLAWorkload, ops: Backend, kv_in: tuple[Any, Any] | None = None) -> tuple[
-    np.ndarray, np.ndarray
-]:
+def exact(
+    w: wl.MLAWorkload, ops: Backend, kv_in: tuple[Any, Any] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact float64 attention on the workload's BF16 inputs (``emulate("exact", ...)``)."""
     return emulate("exact", w, ops, quantize_p=False, kv_in=kv_in)
 
@@ -618,8 +618,20 @@ def evaluate(
 
     Returns:
       ``{"results": [...], "shares": [...], "kernel_vs_model": [...], "layers": [...],
-      "timing_s": {...}}``, each result a dict of context, layer, config and the metrics.
+      "timing_s": {...}, "kernel_error": None or str}``, each result a dict of context,
+      layer, config and the metrics. If the kernel fails, the run goes on without it (and
+      without any ``ours`` result) and ``kernel_error`` says why.
     """
+    kernel_error: str | None = None
+
+    def drop_kernel(exc: Exception) -> None:
+        nonlocal kernel, kernel_error
+        kernel_error = f"{type(exc).__name__}: {exc}"
+        log(f"  the kernel failed ({kernel_error}); going on with emulation only")
+        kernel = None
+        results[:] = [r for r in results if r["config"] != "ours"]
+        kernel_vs_model.clear()
+
     results: list[dict[str, Any]] = []
     shares: list[dict[str, Any]] = []
     kernel_vs_model: list[dict[str, Any]] = []
@@ -641,7 +653,10 @@ def evaluate(
             "stats": wl.workload_stats(full.prefix(stats_ctx)),
         })
         if kernel is not None:
-            kernel.append(li, full)
+            try:
+                kernel.append(li, full)
+            except Exception as exc:  # noqa: BLE001 - report it, keep the emulation going
+                drop_kernel(exc)
         c_dev, k_dev = ops.asarray(full.c_kv), ops.asarray(full.k_pe)
         kv_full = ref.quantize_kv(full.c_kv, full.k_pe)  # per token: a prefix is a prefix
         for n in settings.contexts:
@@ -652,7 +667,10 @@ def evaluate(
             kv = tuple(x[:n] for x in kv_full)
             outs: dict[str, tuple[np.ndarray, np.ndarray]] = {}
             if kernel is not None:
-                outs["ours"] = kernel.decode(li, w)
+                try:
+                    outs["ours"] = kernel.decode(li, w)
+                except Exception as exc:  # noqa: BLE001 - report it, keep the emulation going
+                    drop_kernel(exc)
             for name, qp in (("ours-model", True), ("ours-p-exact", False)):
                 outs[name] = ref.decode_reference(
                     w.q, [kv], [n], w.softmax_scale, True, quantize_p=qp
@@ -683,7 +701,7 @@ def evaluate(
                 "p_only_rel_l2": p_only, "p_share": p_share,
                 "q_only_rel_l2": q_only, "q_share": q_share,
             })
-            if kernel is not None:
+            if "ours" in outs:
                 kernel_vs_model.append({
                     "context": n, "layer": li,
                     "rel_l2": ref.rel_l2(outs["ours"][0], outs["ours-model"][0]),
@@ -692,10 +710,10 @@ def evaluate(
             ops.synchronize()
             dt = time.perf_counter() - t0
             timing[f"{profile.name}@{n}"] = dt
-            best = "ours" if "ours" in outs else "ours-model"
+            shown = ("ours" if "ours" in outs else "ours-model", *ALTERNATIVES)
             line = " ".join(
-                f"{c}={r['rel_l2']:.2e}" for r in results[-len(outs):] for c in [r["config"]]
-                if c in (best, *ALTERNATIVES)
+                f"{r['config']}={r['rel_l2']:.2e}" for r in results[-len(outs):]
+                if r["config"] in shown
             )
             log(f"  layer {li} {profile.name:<9} ctx {n:>6}: rel L2 {line}  ({dt:.1f} s)")
         timing[f"{profile.name}"] = time.perf_counter() - t_layer
@@ -705,6 +723,7 @@ def evaluate(
         "kernel_vs_model": kernel_vs_model,
         "layers": layer_info,
         "timing_s": timing,
+        "kernel_error": kernel_error,
     }
 
 
@@ -725,13 +744,15 @@ def check_claims(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
     max_err = 0.0
     for (n, li), row in sorted(table.items()):
         ours = row["ours"] if "ours" in row else row["ours-model"]
-        max_err = max(max_err, ours["rel_l2"])
+        err = ours["rel_l2"]
+        max_err = max(max_err, err) if math.isfinite(err) else math.inf
         for a in ALTERNATIVES:
             alt = row[a]
             won = ours["rel_l2"] < alt["rel_l2"] and ours["rmse"] < alt["rmse"]
             wins[a]["cases"] += 1
             wins[a]["wins"] += int(won)
-            wins[a]["log_ratio"] += math.log(alt["rel_l2"] / ours["rel_l2"])
+            ratio = alt["rel_l2"] / ours["rel_l2"] if ours["rel_l2"] > 0 else math.inf
+            wins[a]["log_ratio"] += math.log(ratio) if 0 < ratio < math.inf else 0.0
             if not won:
                 violations.append({
                     "context": n, "layer": li, "layer_name": ours["layer_name"],
@@ -1002,69 +1023,84 @@ def _device_name(gpu: bool) -> str:
     return f"CPU ({platform.processor() or platform.machine()})"
 
 
+def _library_error() -> str | None:
+    """None when snapmla's shared library loads, else why not."""
+    try:
+        import snapmla
+
+        snapmla.version()
+    except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _backend(choice: str, force_cpu: bool) -> Backend:
+    if choice == "numpy":
+        return Backend("numpy")
+    if choice == "torch":
+        import torch
+
+        return Backend("torch", "cuda" if not force_cpu and torch.cuda.is_available() else "cpu")
+    return auto_backend(force_cpu=force_cpu)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command line entry point; returns the exit status (0 also when a claim fails: the
-    report says so)."""
+    """Command line entry point: runs the study, prints the tables, writes what was asked.
+
+    Returns 0 when the study ran (also when a claim does not hold: the report says so), 2 on
+    bad arguments.
+    """
     args = _parse(argv)
     log = (lambda *a, **k: None) if args.quiet else print
     gpu = not args.cpu and _gpu_present()
-    kernel = None
-    note = ""
-    if gpu:
-        try:
-            import snapmla
-
-            snapmla.version()
-        except Exception as exc:  # noqa: BLE001 - say why and fall back to emulation
-            note = f" (snapmla library unavailable: {exc})"
-            gpu_kernel = False
-        else:
-            gpu_kernel = True
-    else:
-        gpu_kernel = False
-    if args.backend == "numpy":
-        ops = Backend("numpy")
-    elif args.backend == "torch":
-        import torch
-
-        ops = Backend("torch", "cuda" if (not args.cpu and torch.cuda.is_available()) else "cpu")
-    else:
-        ops = auto_backend(force_cpu=args.cpu)
-
+    library_error = _library_error() if gpu else None
+    ops = _backend(args.backend, force_cpu=args.cpu)
     if args.quick:
-        contexts, layers, heads = QUICK_CONTEXTS, _parse_layers("2"), 8
+        contexts = args.contexts or QUICK_CONTEXTS
+        layers = args.layers or _parse_layers("2")
+        heads = 8
     else:
         contexts = args.contexts or (GPU_CONTEXTS if gpu else CPU_CONTEXTS)
         layers = args.layers or (wl.DEFAULT_LAYERS if gpu else _parse_layers("4"))
         heads = args.heads
-    if args.quick and args.contexts:
-        contexts = args.contexts
     if min(contexts) < args.q_len:
         print(f"error: contexts must be >= --q-len {args.q_len}", file=sys.stderr)
         return 2
     settings = Settings(tuple(contexts), tuple(layers), heads, args.q_len, args.seed)
 
-    if gpu_kernel:
-        mode, mode_line = "gpu", "GPU: kernel measured"
-    elif gpu:
-        mode, mode_line = "gpu-emulation", "GPU present, kernel not run: emulation only" + note
-    else:
-        mode, mode_line = "cpu", "CPU: emulation only"
+    kernel = None
+    kernel_error = library_error
+    if gpu and library_error is None:
+        try:
+            kernel = KernelRunner(len(layers), max(contexts))
+        except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
+            kernel_error = f"{type(exc).__name__}: {exc}"
     device = _device_name(gpu)
-    log(f"{mode_line} ({device}; emulation on {ops.name})")
+    if kernel is not None:
+        log(f"GPU: kernel measured ({device}, snapmla {kernel.version}); emulations on "
+            f"{ops.name}")
+    else:
+        log(f"{'GPU: kernel not run' if gpu else 'CPU'}: emulation only ({device}; "
+            f"{ops.name})" + (f"; {kernel_error}" if kernel_error else ""))
     log(f"contexts {', '.join(_ctx_label(n) for n in contexts)}; layers "
         f"{', '.join(p.name for p in layers)}; {heads} heads; s_q {args.q_len}; seed {args.seed}")
 
     t0 = time.perf_counter()
-    if gpu_kernel:
-        kernel = KernelRunner(len(layers), max(contexts))
     try:
-        report = evaluate(settings, ops, kernel, log)
+        study = evaluate(settings, ops, kernel, log)
     finally:
         if kernel is not None:
             kernel.close()
     elapsed = time.perf_counter() - t0
-    report = {
+    measured = kernel is not None and study["kernel_error"] is None
+    kernel_error = study["kernel_error"] or kernel_error
+    if measured:
+        mode, mode_line = "gpu", "GPU: kernel measured"
+    elif gpu:
+        mode, mode_line = "gpu-emulation", "GPU: kernel not run, emulation only"
+    else:
+        mode, mode_line = "cpu", "CPU: emulation only"
+    report: dict[str, Any] = {
         "tool": "snapmla.accuracy",
         "format": 1,
         "commit": _git_commit(),
@@ -1073,7 +1109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mode_line": mode_line,
         "device": device,
         "backend": ops.name,
-        "kernel": {"name": "auto", "library": kernel.version} if kernel is not None else None,
+        "kernel": {"name": "auto", "library": kernel.version} if measured else None,
+        "kernel_error": kernel_error,
         "settings": {
             "contexts": list(contexts),
             "layers": [p.name for p in layers],
@@ -1084,8 +1121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "softmax_scale": settings.softmax_scale,
             "rope": {"dim": wl.ROPE_DIM, "base": wl.ROPE_BASE, "interleaved": True},
         },
-        "configs": {c: CONFIGS[c] for c in CONFIGS if c != "ours" or kernel is not None},
-        **report,
+        "configs": {c: CONFIGS[c] for c in CONFIGS if c != "ours" or measured},
+        **{k: v for k, v in study.items() if k != "kernel_error"},
         "elapsed_s": elapsed,
     }
     report["claims"] = check_claims(report["results"])
@@ -1102,7 +1139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             paths = write_figures(report, args.figure)
         except ImportError:
-            print("matplotlib is not installed: no figure", file=sys.stderr)
+            print("matplotlib is not installed: no figure written", file=sys.stderr)
         else:
             log("wrote " + ", ".join(paths))
     return 0

@@ -12,17 +12,17 @@ Latent content ``c_kv`` (512 values per token)
     the layer: hidden states have a large common component, Sun et al. 2024, "Massive
     activations in large language models"), normalized to unit RMS and multiplied by a
     per-channel weight ``gamma``. The norm is why the content is "tightly concentrated around
-    zero (within +-10)" in the SnapMLA paper's figure 3(a): typical magnitudes are ``gamma``'s,
-    0.2 to 1.
-  * ``gamma`` varies per channel (lognormal) and a few channels carry a 3-5x larger weight:
+    zero (within +-10)" in the SnapMLA paper's figure 3(a): typical magnitudes are ``gamma``'s
+    (median |c_kv| 0.17-0.34 over the default layers, 99th percentile below 2).
+  * ``gamma`` varies per channel (lognormal) and a few channels carry a 2.5x larger weight:
     KV caches have outlier channels (KIVI, Liu et al. 2024; KVQuant, Hooper et al. 2024).
-  * Per-token magnitude variation: a lognormal per-token gain (sigma 0.15-0.35). RMSNorm
+  * Per-token magnitude variation: a lognormal per-token gain (sigma 0.1-0.2). RMSNorm
     keeps the per-token RMS near that of ``gamma``, so the spread is modest, as it is in the
     real cache; the gamma weighting and the spikes below add to it.
   * Outlier tokens (0.1-0.5%): the pre-norm activation has a spike in one channel (massive
     activations live in a few channels of a few tokens, Sun et al. 2024). After the norm the
-    spike reaches 4-12 and the rest of that token shrinks: the per-token amax then varies by
-    an order of magnitude across tokens, the case per-token scales are for.
+    spike is 4-10 and the rest of that token shrinks by 0.35-0.9: the per-token amax then
+    varies by an order of magnitude across tokens, the case per-token scales are for.
   * Attention sinks: token 0 and rare later tokens (about one per 8k, like delimiters) whose
     pre-norm activation is dominated by two "sink" channels, so after the norm they are nearly
     one-hot, with values ``sqrt(256) * gamma`` = 5-10 there (their norm is then that of an
@@ -34,26 +34,29 @@ Decoupled RoPE key ``k_pe`` (64 values per token)
   * ``k_pe = RoPE(W_KR h)`` is not normalized, which is why its range is two orders of
     magnitude wider (the paper's figure 3(a): up to about +-1e3, with outlier tails).
   * Channel-dependent magnitudes: before rotation each frequency pair ``i`` (of 32) has an
-    amplitude growing from about 1 for the highest frequency to ``rope_peak`` (150-1000) for
+    amplitude growing from about 1 for the highest frequency to ``rope_peak`` (100-600) for
     the lowest ones, ``A_i = floor * (peak / floor) ** ((i / 31) ** 2)``: massive values in Q
     and K concentrate in the low-frequency RoPE dimensions (Jin et al. 2025, "Massive values in
     self-attention modules are the key to contextual knowledge understanding"; Barbero et al.
     2024, "Round and round we go! What makes rotary positional encodings useful?"). Each pair
     has a direction shared by all tokens (the massive values are consistent across tokens)
-    plus per-token noise, and a per-token lognormal gain makes the tails.
+    plus per-token noise, and a per-token lognormal gain makes the tails (max |k_pe| 250-1600
+    at 32k).
   * The base vectors are then actually rotated with RoPE (rotary dim 64, base 10000, no YaRN)
     at each token's position ``0 .. n-1``; pairs are interleaved ``(2i, 2i+1)`` as DeepSeek's
     released weights expect (vLLM's ``is_neox_style=False``).
 
 Queries (absorbed: ``q = [q_nope W_UK (512) | q_pe (64)]`` per head)
-  * ``q_nope``: a head-specific random direction scaled so that the content part of the
-    logits has a per-head spread (std over tokens) of 0.7-2.6, plus the sink component. The
-    spread sets how concentrated the attention is (from a few hundred effective tokens to
-    thousands at 32k).
-  * ``q_pe``: per pair, an amplitude chosen so that the RoPE term of the logit, before
-    rotation, has a per-head total amplitude of 1-8 (deeper layers larger), distributed over
-    frequency pairs with a per-head tilt (positional heads favour high frequencies, semantic
-    ones the low), rotated at the query's own position (the last ``s_q`` positions).
+  * Each head draws a logit spread (std over tokens, 0.8-3.0) and the share of its variance
+    that the RoPE term carries (10-70%, more in deeper layers). The spread sets how
+    concentrated the attention is: 150 to 2400 effective tokens at 32k.
+  * ``q_nope``: a head-specific random direction scaled to the content share of the spread,
+    plus the sink component.
+  * ``q_pe``: per pair a magnitude ``~ exp(tilt * i / 31) / A_i`` (a per-head tilt: positional
+    heads favour high frequencies, semantic ones the low) scaled to the RoPE share, rotated at
+    the query's own position (the last ``s_q`` positions).
+  * The calibration uses the first 2048 tokens (generated even for shorter contexts) with the
+    query at position 2048, so the query does not depend on the context length.
 
 Layers: :data:`DEFAULT_LAYERS` holds six profiles from "early" to "last" whose RoPE peak, RoPE
 logit share, sink strength and outlier rates grow with depth (the paper sees the RoPE-unaware
@@ -62,7 +65,7 @@ configuration A degrade most in deep layers).
 Contexts: a workload is generated once at the longest context and shorter contexts are its
 prefixes (:meth:`MLAWorkload.prefix`): every random stream is drawn token by token, so the
 first ``n`` tokens do not depend on the total length; the query is re-rotated at the new last
-position. Everything is deterministic in ``(seed, layer index)``.
+position. Everything is deterministic in ``(seed, profile name)``.
 
 Only NumPy and ml_dtypes are needed; nothing here touches a GPU.
 """
@@ -70,6 +73,7 @@ Only NumPy and ml_dtypes are needed; nothing here touches a GPU.
 from __future__ import annotations
 
 import dataclasses
+import zlib
 from collections.abc import Sequence
 
 import ml_dtypes
@@ -119,7 +123,7 @@ class LayerProfile:
       spike_rate: fraction of outlier tokens (one spiking channel before the norm).
       sink_value: latent value of a sink in its two sink channels: about ``16 * gamma_rms``,
         what RMSNorm gives a one-hot token on channels of ordinary weight (5 to 10).
-      rope_peak: pre-rotation amplitude of the lowest-frequency RoPE pairs (150-1000).
+      rope_peak: pre-rotation amplitude of the lowest-frequency RoPE pairs (100-600).
       rope_token_sigma: lognormal sigma of the per-token gain of ``k_pe`` (the tails).
       logit_std: per-head range ``(lo, hi)`` of the logits' std over tokens (content + RoPE).
       rope_share: per-head range of the share of that variance that the RoPE term carries.
@@ -129,9 +133,9 @@ class LayerProfile:
     name: str
     gamma_rms: float = 0.45
     outlier_channels: int = 8
-    outlier_gain: float = 3.0
+    outlier_gain: float = 2.5
     mean_strength: float = 0.6
-    token_sigma: float = 0.25
+    token_sigma: float = 0.15
     spike_rate: float = 2e-3
     sink_value: float = 9.0
     rope_peak: float = 400.0
@@ -143,28 +147,34 @@ class LayerProfile:
 
 DEFAULT_LAYERS: tuple[LayerProfile, ...] = (
     LayerProfile(
-        "early", sink_value=5.0, gamma_rms=0.30, token_sigma=0.15, spike_rate=1e-3, rope_peak=100.0,
-        logit_std=(0.8, 2.0), rope_share=(0.1, 0.3), sink_logit=(3.0, 9.0),
+        "early",
+        gamma_rms=0.30, token_sigma=0.10, spike_rate=1e-3, sink_value=5.0,
+        rope_peak=100.0, logit_std=(0.8, 2.0), rope_share=(0.1, 0.3), sink_logit=(3.0, 9.0),
     ),
     LayerProfile(
-        "early-mid", sink_value=6.5, gamma_rms=0.40, token_sigma=0.20, spike_rate=2e-3, rope_peak=200.0,
-        logit_std=(0.9, 2.2), rope_share=(0.15, 0.4), sink_logit=(4.0, 10.0),
+        "early-mid",
+        gamma_rms=0.40, token_sigma=0.12, spike_rate=2e-3, sink_value=6.5,
+        rope_peak=200.0, logit_std=(0.9, 2.2), rope_share=(0.15, 0.4), sink_logit=(4.0, 10.0),
     ),
     LayerProfile(
-        "mid", sink_value=7.0, gamma_rms=0.45, token_sigma=0.25, spike_rate=2e-3, rope_peak=300.0,
-        logit_std=(1.0, 2.4), rope_share=(0.2, 0.5), sink_logit=(4.0, 11.0),
+        "mid",
+        gamma_rms=0.45, token_sigma=0.15, spike_rate=2e-3, sink_value=7.0,
+        rope_peak=300.0, logit_std=(1.0, 2.4), rope_share=(0.2, 0.5), sink_logit=(4.0, 11.0),
     ),
     LayerProfile(
-        "mid-deep", sink_value=8.0, gamma_rms=0.50, token_sigma=0.25, spike_rate=3e-3, rope_peak=400.0,
-        logit_std=(1.0, 2.6), rope_share=(0.25, 0.6), sink_logit=(5.0, 12.0),
+        "mid-deep",
+        gamma_rms=0.50, token_sigma=0.15, spike_rate=3e-3, sink_value=8.0,
+        rope_peak=400.0, logit_std=(1.0, 2.6), rope_share=(0.25, 0.6), sink_logit=(5.0, 12.0),
     ),
     LayerProfile(
-        "deep", sink_value=9.0, gamma_rms=0.55, token_sigma=0.30, spike_rate=4e-3, rope_peak=500.0,
-        logit_std=(1.1, 2.8), rope_share=(0.3, 0.65), sink_logit=(5.0, 12.0),
+        "deep",
+        gamma_rms=0.55, token_sigma=0.18, spike_rate=4e-3, sink_value=9.0,
+        rope_peak=500.0, logit_std=(1.1, 2.8), rope_share=(0.3, 0.65), sink_logit=(5.0, 12.0),
     ),
     LayerProfile(
-        "last", sink_value=10.0, gamma_rms=0.60, token_sigma=0.30, spike_rate=5e-3, rope_peak=600.0,
-        logit_std=(1.2, 3.0), rope_share=(0.3, 0.7), sink_logit=(6.0, 13.0),
+        "last",
+        gamma_rms=0.60, token_sigma=0.20, spike_rate=5e-3, sink_value=10.0,
+        rope_peak=600.0, logit_std=(1.2, 3.0), rope_share=(0.3, 0.7), sink_logit=(6.0, 13.0),
     ),
 )
 
@@ -225,7 +235,7 @@ class MLAWorkload:
     Attributes:
       profile: the layer's statistics.
       layer_index: position of the layer in the generated stack.
-      seed: the seed it was generated from.
+      seed: the seed it was generated from (with the profile's name).
       c_kv: BF16 ``[n, 512]``, the latent content of tokens ``0 .. n-1``.
       k_pe: BF16 ``[n, 64]``, their rotated RoPE keys.
       q: BF16 ``[1, s_q, h, 576]``, the absorbed queries of the last ``s_q`` positions.
@@ -293,9 +303,12 @@ def _assemble_q(q_nope: np.ndarray, q_pe_base: np.ndarray, context: int) -> np.n
     return _to_bf16(q)[None]
 
 
-def _streams(seed: int, layer_index: int) -> dict[str, np.random.Generator]:
+def _streams(seed: int, profile: LayerProfile) -> dict[str, np.random.Generator]:
+    """Independent generators per quantity, keyed on the seed and the profile's name (so a
+    layer's data do not depend on which other layers are generated)."""
     names = ("params", "content", "gain", "spike", "sink", "rope", "rope_gain", "query")
-    children = np.random.SeedSequence([int(seed), int(layer_index), 0x534E4150]).spawn(len(names))
+    key = zlib.crc32(profile.name.encode())
+    children = np.random.SeedSequence([int(seed), key, 0x534E4150]).spawn(len(names))
     return {name: np.random.default_rng(child) for name, child in zip(names, children)}
 
 
@@ -323,7 +336,7 @@ def _content(
     sink_draw = rng["sink"].random(n)
 
     sinks = np.flatnonzero((sink_draw < 1.0 / _SINK_EVERY) | (np.arange(n) == 0))
-    x[sinks] *= np.float32(0.02)
+    x[sinks] *= np.float32(0.005)
     x[np.ix_(sinks, sink_ch)] = np.float32(1.0)  # dominates the RMS: nearly one-hot
     x = x / np.sqrt(np.mean(np.square(x, dtype=np.float32), axis=1, keepdims=True))  # RMSNorm
     c_kv = x * gamma.astype(np.float32)
@@ -378,8 +391,7 @@ def _queries(
     Calibrated on the first 2048 non-sink tokens with the query at position 2048, so that the
     query does not depend on the context it is later used at.
     """
-    m = min(_CALIBRATION_TOKENS, c_kv.shape[0])
-    calib = np.setdiff1d(np.arange(m), sinks)
+    calib = np.setdiff1d(np.arange(_CALIBRATION_TOKENS), sinks)
     cal_c = c_kv[calib].astype(np.float64)
     cal_mean = cal_c.mean(axis=0)
     cal_r = k_pe[calib].astype(np.float64)
@@ -430,8 +442,9 @@ def generate_layer(
       profile: the layer's statistics (e.g. one of :data:`DEFAULT_LAYERS`).
       context: tokens in the cache, ``>= q_len`` (the query's own tokens are the last ones).
       num_heads: query heads (16 = DeepSeek-V3 at TP8).
-      seed, layer_index: the random streams; the same pair gives the same data, and a shorter
-        context gives a prefix of a longer one.
+      seed: the random streams, with the profile's name: the same seed and profile give the
+        same data, and a shorter context gives a prefix of a longer one.
+      layer_index: the layer's position in the generated stack (a label; the cache layer).
       q_len: new tokens ``s_q`` (1 = plain decoding; 2-4 = MTP).
       softmax_scale: the attention's scale (the query is calibrated in logit units).
 
@@ -440,9 +453,12 @@ def generate_layer(
     """
     if context < max(q_len, 1):
         raise ValueError(f"context {context} < q_len {q_len}")
-    rng = _streams(seed, layer_index)
-    c_kv, sink_ch, sinks, outliers = _content(profile, context, rng)
-    k_pe, _ = _rope_keys(profile, context, rng)
+    rng = _streams(seed, profile)
+    # At least the calibration tokens are generated, so that the query never depends on the
+    # context (a short context is then exactly a prefix of a long one).
+    total = max(context, _CALIBRATION_TOKENS)
+    c_kv, sink_ch, sinks, outliers = _content(profile, total, rng)
+    k_pe, _ = _rope_keys(profile, total, rng)
     q_nope, q_pe_base = _queries(
         profile, rng["query"], c_kv, k_pe, sink_ch, sinks, num_heads, q_len, softmax_scale
     )
@@ -450,12 +466,12 @@ def generate_layer(
         profile=profile,
         layer_index=layer_index,
         seed=seed,
-        c_kv=_to_bf16(c_kv),
-        k_pe=_to_bf16(k_pe),
+        c_kv=_to_bf16(c_kv[:context]),
+        k_pe=_to_bf16(k_pe[:context]),
         q=_assemble_q(q_nope, q_pe_base, context),
         softmax_scale=float(softmax_scale),
-        sink_tokens=sinks.astype(np.int64),
-        outlier_tokens=outliers.astype(np.int64),
+        sink_tokens=sinks[sinks < context].astype(np.int64),
+        outlier_tokens=outliers[outliers < context].astype(np.int64),
         q_nope=q_nope,
         q_pe_base=q_pe_base,
     )
