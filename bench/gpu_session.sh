@@ -69,6 +69,11 @@ for stage in "$@"; do
       python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow.json" 2>&1 | tee "$OUT/bench-dataflow.log" | tail -15
       python3 bench/roofline.py "$OUT/decode.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
       ;;
+    bench-fast)
+      log "decode benchmark, the wgmma kernel (opt-in)"
+      python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
+        | tee "$OUT/bench-decode-fast.log" | tail -28
+      ;;
     demo)
       log "demo (the README's main job)"
       python3 -m snapmla.demo 2>&1 | tee "$OUT/demo.log" || status=1
@@ -82,7 +87,7 @@ for stage in "$@"; do
   esac
 done
 log "done (status $status)"
-for f in decode.json dataflow.json roofline.png accuracy.json accuracy.png; do
+for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png; do
   [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
 done
 tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt . && ls -la "$FINAL"

@@ -40,20 +40,21 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 // x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
 // at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
 // of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
-// quotient (Markstein). A non-finite result (overflow: the RoPE of a zero-content token, or a
-// NaN input) and non-finite scales take the plain division, which is exact by definition.
-struct RowDivider {
+// quotient (Markstein). It holds for finite results; `ok` turns false on a non-finite one
+// (overflow: the RoPE of a zero-content token), and the caller then redoes the row with the
+// IEEE division.
+struct FastDivider {
   float s, r;
-  bool plain;
-  __device__ __forceinline__ static RowDivider make(float scale) {
-    return RowDivider{scale, __frcp_rn(scale), !isfinite(scale)};
-  }
-  __device__ __forceinline__ float operator()(float x) const {
-    if (plain) return __fdiv_rn(x, s);
+  __device__ __forceinline__ float operator()(float x, bool& ok) const {
     const float q0 = x * r;
     const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
-    return isfinite(q1) ? q1 : __fdiv_rn(x, s);
+    ok &= isfinite(q1);
+    return q1;
   }
+};
+struct IeeeDivider {
+  float s;
+  __device__ __forceinline__ float operator()(float x, bool&) const { return __fdiv_rn(x, s); }
 };
 
 struct QuantizedRow {
@@ -61,6 +62,22 @@ struct QuantizedRow {
   uint4 rope;        // 8 bf16 (lanes < 8 only)
   float scale;       // the row's scale (every lane)
 };
+
+template <class Div>
+__device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
+                                                      const Bf16x8& c1, const Bf16x8& r,
+                                                      float s, bool& ok) {
+  QuantizedRow q;
+  q.scale = s;
+  auto quant4 = [&](uint32_t a, uint32_t b) {
+    return to_e4m3x4(div(lo_f(a), ok), div(hi_f(a), ok), div(lo_f(b), ok), div(hi_f(b), ok));
+  };
+  q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
+  q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
+  auto rope2 = [&](uint32_t a) { return pack_bf16x2(div(lo_f(a), ok), div(hi_f(a), ok)); };
+  q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
+  return q;
+}
 
 // content / rope: this row's inputs (element 0). Whole warp must call it.
 template <bool kAligned>
@@ -80,16 +97,12 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content,
   amax = warp_nan_max(amax);
   const float s = row_scale(amax);
 
-  QuantizedRow q;
-  q.scale = s;
-  const RowDivider div = RowDivider::make(s);
-  auto quant4 = [&div](uint32_t a, uint32_t b) {
-    return to_e4m3x4(div(lo_f(a)), div(hi_f(a)), div(lo_f(b)), div(hi_f(b)));
-  };
-  q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
-  q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
-  auto rope2 = [&div](uint32_t a) { return pack_bf16x2(div(lo_f(a)), div(hi_f(a))); };
-  q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
+  // Fast path for the whole row; a row with a non-finite scale or quotient (rare: NaN/Inf
+  // inputs, RoPE overflow) takes the IEEE division everywhere, warp-uniformly.
+  bool ok = isfinite(s);
+  QuantizedRow q = ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, c0, c1, r, s, ok)
+                      : QuantizedRow{};
+  if (!__all_sync(0xffffffffu, ok)) q = quantize_with(IeeeDivider{s}, c0, c1, r, s, ok);
   return q;
 }
 

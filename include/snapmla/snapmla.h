@@ -256,10 +256,15 @@ typedef struct snapmla_decode_config {
 
 /* Which kernel runs the attention. */
 typedef enum snapmla_decode_kernel {
-  SNAPMLA_DECODE_KERNEL_AUTO = 0,      /* the fastest available for the device (= FAST) */
-  SNAPMLA_DECODE_KERNEL_REFERENCE = 1, /* the simple tensor-core kernel (mma.sync): the
-                                          executable statement of the contract, for tests */
-  SNAPMLA_DECODE_KERNEL_FAST = 2       /* the TMA + wgmma (FP8 QGMMA, BF16 HGMMA) kernel */
+  SNAPMLA_DECODE_KERNEL_AUTO = 0,      /* the best kernel that meets the contract's agreement
+                                          bound (in 0.1: REFERENCE) */
+  SNAPMLA_DECODE_KERNEL_REFERENCE = 1, /* tensor cores through mma.sync: matches the numpy
+                                          model of the contract to ~1e-5 (relative L2) */
+  SNAPMLA_DECODE_KERNEL_FAST = 2       /* experimental TMA + wgmma kernel (FP8 QGMMA, BF16
+                                          HGMMA): ~1.4x the reference's speed; QGMMA's non-fp32
+                                          internal accumulation of QK flips some E4M3 roundings
+                                          of P, so it agrees with the model to ~1e-2, and with
+                                          exact attention as well as REFERENCE does */
 } snapmla_decode_kernel_t;
 
 typedef struct snapmla_decode_args {
