@@ -136,6 +136,7 @@ def run_gpu(args: argparse.Namespace) -> int:
     model, _ = ref.decode_reference(q_h, kv, [ctx] * n_check, scale, causal=True)
     exact, _ = ref.exact_attention(q_h, c_h, k_h, [ctx] * n_check, scale, causal=True)
     got = cupy.asnumpy(out[:n_check]).astype(np.float64)
+    model = model.astype(ml_dtypes.bfloat16).astype(np.float64)  # the contract's out = bf16(O/l)
     print(f"accuracy (request 0): rel. L2 vs the contract's NumPy model "
           f"{ref.rel_l2(got, model):.1e}; vs exact float64 attention {ref.rel_l2(got, exact):.2e}")
 
