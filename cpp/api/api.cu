@@ -75,14 +75,14 @@ snapmla_status_t read_sized(const char* op, const char* name, const T* in, T* ou
   return SNAPMLA_SUCCESS;
 }
 
-#define SNAPMLA_REQUIRE(cond, ...)                                    \
-  do {                                                                \
+#define SNAPMLA_REQUIRE(cond, ...)                                         \
+  do {                                                                     \
     if (!(cond)) return fail(SNAPMLA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 
-#define SNAPMLA_CUDA(what, expr)                     \
-  do {                                               \
-    const cudaError_t err_ = (expr);                 \
+#define SNAPMLA_CUDA(what, expr)                           \
+  do {                                                     \
+    const cudaError_t err_ = (expr);                       \
     if (err_ != cudaSuccess) return cuda_fail(what, err_); \
   } while (0)
 
@@ -125,8 +125,8 @@ snapmla_status_t check_device(const char* op, const snapmla_cache* cache) {
   const int cc = facts->cc.load(std::memory_order_relaxed);
   if (cc != 90) {
     return fail(SNAPMLA_ERROR_UNSUPPORTED,
-                "%s: snapmla's kernels are built for sm_90a (Hopper); CUDA device %d is sm_%d",
-                op, device, cc);
+                "%s: snapmla's kernels are built for sm_90a (Hopper); CUDA device %d is sm_%d", op,
+                device, cc);
   }
   return SNAPMLA_SUCCESS;
 }
@@ -138,27 +138,27 @@ uint8_t* layer_base(const snapmla_cache* c, int32_t layer) {
 snapmla_status_t check_cache_layer(const char* op, const snapmla_cache* cache, int32_t layer) {
   SNAPMLA_REQUIRE(cache != nullptr, "%s: argument 'cache' is NULL", op);
   SNAPMLA_REQUIRE(layer >= 0 && layer < cache->num_layers,
-                  "%s: argument 'layer': expected 0 <= layer < %d, got %d", op,
-                  cache->num_layers, layer);
+                  "%s: argument 'layer': expected 0 <= layer < %d, got %d", op, cache->num_layers,
+                  layer);
   return SNAPMLA_SUCCESS;
 }
 
 snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config_t* in,
                                      snapmla_decode_config_t* c) {
-  snapmla_status_t st = read_sized(op, "config", in, c, offsetof(snapmla_decode_config_t,
-                                                                 num_sm_parts));
+  snapmla_status_t st =
+      read_sized(op, "config", in, c, offsetof(snapmla_decode_config_t, num_sm_parts));
   if (st != SNAPMLA_SUCCESS) return st;
   SNAPMLA_REQUIRE(c->batch_size >= 1 && c->batch_size <= kMaxBatch,
                   "%s: argument 'config.batch_size': expected 1 .. %d, got %d", op, kMaxBatch,
                   c->batch_size);
   SNAPMLA_REQUIRE(c->q_len >= 1 && c->q_len <= SNAPMLA_MAX_Q_LEN,
-                  "%s: argument 'config.q_len': expected 1 .. %d, got %d", op,
-                  SNAPMLA_MAX_Q_LEN, c->q_len);
+                  "%s: argument 'config.q_len': expected 1 .. %d, got %d", op, SNAPMLA_MAX_Q_LEN,
+                  c->q_len);
   SNAPMLA_REQUIRE(c->num_heads >= 1 && c->num_heads <= SNAPMLA_MAX_HEADS,
                   "%s: argument 'config.num_heads': expected 1 .. %d, got %d", op,
                   SNAPMLA_MAX_HEADS, c->num_heads);
-  SNAPMLA_REQUIRE(c->max_pages >= 1, "%s: argument 'config.max_pages': expected >= 1, got %d",
-                  op, c->max_pages);
+  SNAPMLA_REQUIRE(c->max_pages >= 1, "%s: argument 'config.max_pages': expected >= 1, got %d", op,
+                  c->max_pages);
   // The schedule's cost line is int32.
   const int64_t worst = int64_t{c->batch_size} * (int64_t{c->max_pages} + decode::kFixedCost);
   SNAPMLA_REQUIRE(worst < (int64_t{1} << 31) && int64_t{c->max_pages} * kPageSize < (1LL << 31),
@@ -207,12 +207,18 @@ extern "C" SNAPMLA_API int snapmla_version(void) { return SNAPMLA_VERSION; }
 
 extern "C" SNAPMLA_API const char* snapmla_status_string(snapmla_status_t status) {
   switch (status) {
-    case SNAPMLA_SUCCESS: return "SNAPMLA_SUCCESS";
-    case SNAPMLA_ERROR_INVALID_ARGUMENT: return "SNAPMLA_ERROR_INVALID_ARGUMENT";
-    case SNAPMLA_ERROR_UNSUPPORTED: return "SNAPMLA_ERROR_UNSUPPORTED";
-    case SNAPMLA_ERROR_CUDA: return "SNAPMLA_ERROR_CUDA";
-    case SNAPMLA_ERROR_OUT_OF_MEMORY: return "SNAPMLA_ERROR_OUT_OF_MEMORY";
-    case SNAPMLA_ERROR_INTERNAL: return "SNAPMLA_ERROR_INTERNAL";
+    case SNAPMLA_SUCCESS:
+      return "SNAPMLA_SUCCESS";
+    case SNAPMLA_ERROR_INVALID_ARGUMENT:
+      return "SNAPMLA_ERROR_INVALID_ARGUMENT";
+    case SNAPMLA_ERROR_UNSUPPORTED:
+      return "SNAPMLA_ERROR_UNSUPPORTED";
+    case SNAPMLA_ERROR_CUDA:
+      return "SNAPMLA_ERROR_CUDA";
+    case SNAPMLA_ERROR_OUT_OF_MEMORY:
+      return "SNAPMLA_ERROR_OUT_OF_MEMORY";
+    case SNAPMLA_ERROR_INTERNAL:
+      return "SNAPMLA_ERROR_INTERNAL";
   }
   return "SNAPMLA_UNKNOWN_STATUS";
 }
@@ -220,8 +226,8 @@ extern "C" SNAPMLA_API const char* snapmla_status_string(snapmla_status_t status
 extern "C" SNAPMLA_API const char* snapmla_last_error(void) { return t_last_error.c_str(); }
 
 // ------------------------------------------------------------------------------- cache
-extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers,
-                                                            int32_t num_pages, size_t* bytes) {
+extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages,
+                                                            size_t* bytes) {
   const char* op = "snapmla_cache_bytes";
   SNAPMLA_REQUIRE(bytes != nullptr, "%s: argument 'bytes' is NULL", op);
   SNAPMLA_REQUIRE(num_layers >= 1, "%s: argument 'num_layers': expected >= 1, got %d", op,
@@ -233,14 +239,13 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers,
   return SNAPMLA_SUCCESS;
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_create(
-    const snapmla_cache_config_t* config_in, snapmla_cache_t* cache_out) {
+extern "C" SNAPMLA_API snapmla_status_t
+snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* cache_out) {
   const char* op = "snapmla_cache_create";
   SNAPMLA_REQUIRE(cache_out != nullptr, "%s: argument 'cache' is NULL", op);
   snapmla_cache_config_t c;
-  snapmla_status_t st =
-      read_sized(op, "config", config_in, &c, offsetof(snapmla_cache_config_t, memory_bytes) +
-                                                  sizeof(size_t));
+  snapmla_status_t st = read_sized(op, "config", config_in, &c,
+                                   offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t));
   if (st != SNAPMLA_SUCCESS) return st;
   SNAPMLA_REQUIRE(c.page_size == 0 || c.page_size == SNAPMLA_PAGE_SIZE,
                   "%s: argument 'config.page_size': expected 0 or %d, got %d", op,
@@ -255,8 +260,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_create(
                   c.device);
   if (c.memory != nullptr) {
     SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(c.memory) % 256 == 0,
-                    "%s: argument 'config.memory': expected a 256-byte aligned pointer, got %p",
-                    op, c.memory);
+                    "%s: argument 'config.memory': expected a 256-byte aligned pointer, got %p", op,
+                    c.memory);
     SNAPMLA_REQUIRE(c.memory_bytes >= bytes,
                     "%s: argument 'config.memory_bytes': expected >= %zu for %d layers x %d "
                     "pages, got %zu",
@@ -281,8 +286,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_create(
     if (err != cudaSuccess) return cuda_fail(op, err);
     data = static_cast<uint8_t*>(p);
   }
-  snapmla_cache* cache = new (std::nothrow) snapmla_cache{data, device, c.num_layers,
-                                                          c.num_pages, c.memory == nullptr};
+  snapmla_cache* cache = new (std::nothrow)
+      snapmla_cache{data, device, c.num_layers, c.num_pages, c.memory == nullptr};
   if (cache == nullptr) {
     if (c.memory == nullptr) cudaFree(data);
     return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
@@ -306,8 +311,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache
   SNAPMLA_REQUIRE(cache != nullptr, "%s: argument 'cache' is NULL", op);
   SNAPMLA_REQUIRE(info != nullptr, "%s: argument 'info' is NULL", op);
   SNAPMLA_REQUIRE(info->struct_size >= sizeof(size_t) + sizeof(void*),
-                  "%s: argument 'info': struct_size must be set (got %zu)", op,
-                  info->struct_size);
+                  "%s: argument 'info': struct_size must be set (got %zu)", op, info->struct_size);
   snapmla_cache_info_t full;
   std::memset(&full, 0, sizeof(full));
   full.struct_size = sizeof(full);
@@ -336,8 +340,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache
 extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer,
                                                        const void* c_kv, int64_t c_kv_stride,
                                                        const void* k_pe, int64_t k_pe_stride,
-                                                       const int64_t* slots,
-                                                       int64_t num_tokens,
+                                                       const int64_t* slots, int64_t num_tokens,
                                                        snapmla_stream_t stream) {
   const char* op = "snapmla_append";
   snapmla_status_t st = check_cache_layer(op, cache, layer);
@@ -349,15 +352,20 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, in
   SNAPMLA_REQUIRE(k_pe != nullptr, "%s: argument 'k_pe' is NULL", op);
   SNAPMLA_REQUIRE(slots != nullptr, "%s: argument 'slots' is NULL", op);
   SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
-                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op,
-                  kContentDim, static_cast<long long>(c_kv_stride));
+                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
+                  static_cast<long long>(c_kv_stride));
   SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
                   "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
                   static_cast<long long>(k_pe_stride));
   st = check_device(op, cache);
   if (st != SNAPMLA_SUCCESS) return st;
-  AppendParams p{static_cast<const uint16_t*>(c_kv), static_cast<const uint16_t*>(k_pe),
-                 c_kv_stride, k_pe_stride, slots, num_tokens, layer_base(cache, layer),
+  AppendParams p{static_cast<const uint16_t*>(c_kv),
+                 static_cast<const uint16_t*>(k_pe),
+                 c_kv_stride,
+                 k_pe_stride,
+                 slots,
+                 num_tokens,
+                 layer_base(cache, layer),
                  int64_t{cache->num_pages} * kPageSize};
   SNAPMLA_CUDA(op, launch_append(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
@@ -377,8 +385,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
   SNAPMLA_REQUIRE(c_kv != nullptr, "%s: argument 'c_kv' is NULL", op);
   SNAPMLA_REQUIRE(k_pe != nullptr, "%s: argument 'k_pe' is NULL", op);
   SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
-                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op,
-                  kContentDim, static_cast<long long>(c_kv_stride));
+                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
+                  static_cast<long long>(c_kv_stride));
   SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
                   "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
                   static_cast<long long>(k_pe_stride));
@@ -398,23 +406,22 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
 
 // -------------------------------------------------------------------------- quantize q
 namespace {
-snapmla_status_t check_q(const char* op, const void* q, int64_t n, int32_t h,
-                         int64_t stride_token, int64_t stride_head) {
+snapmla_status_t check_q(const char* op, const void* q, int64_t n, int32_t h, int64_t stride_token,
+                         int64_t stride_head) {
   SNAPMLA_REQUIRE(q != nullptr, "%s: argument 'q' is NULL", op);
   SNAPMLA_REQUIRE(h == 1 || stride_head >= kHeadDim,
-                  "%s: argument 'q_stride_head': expected >= %d elements, got %lld", op,
-                  kHeadDim, static_cast<long long>(stride_head));
+                  "%s: argument 'q_stride_head': expected >= %d elements, got %lld", op, kHeadDim,
+                  static_cast<long long>(stride_head));
   SNAPMLA_REQUIRE(n == 1 || stride_token >= kHeadDim,
-                  "%s: argument 'q_stride_token': expected >= %d elements, got %lld", op,
-                  kHeadDim, static_cast<long long>(stride_token));
+                  "%s: argument 'q_stride_token': expected >= %d elements, got %lld", op, kHeadDim,
+                  static_cast<long long>(stride_token));
   return SNAPMLA_SUCCESS;
 }
 }  // namespace
 
 extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
     const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
-    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale,
-    snapmla_stream_t stream) {
+    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale, snapmla_stream_t stream) {
   const char* op = "snapmla_quantize_q";
   SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
                   static_cast<long long>(num_tokens));
@@ -433,9 +440,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                   "%s: arguments 'q_content' and 'q_rope' must be 16-byte aligned", op);
   st = check_device(op, nullptr);
   if (st != SNAPMLA_SUCCESS) return st;
-  QuantizeQParams p{static_cast<const uint16_t*>(q), q_stride_token, q_stride_token,
-                    q_stride_head, num_tokens, 1, num_heads, static_cast<uint8_t*>(q_content),
-                    static_cast<uint16_t*>(q_rope), q_scale};
+  QuantizeQParams p{static_cast<const uint16_t*>(q),
+                    q_stride_token,
+                    q_stride_token,
+                    q_stride_head,
+                    num_tokens,
+                    1,
+                    num_heads,
+                    static_cast<uint8_t*>(q_content),
+                    static_cast<uint16_t*>(q_rope),
+                    q_scale};
   SNAPMLA_CUDA(op, launch_quantize_q(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
@@ -459,9 +473,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(
   return SNAPMLA_SUCCESS;
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(
-    const snapmla_decode_config_t* config, const int32_t* cache_seqlens, void* plan,
-    snapmla_stream_t stream) {
+extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* config,
+                                                            const int32_t* cache_seqlens,
+                                                            void* plan, snapmla_stream_t stream) {
   const char* op = "snapmla_decode_plan";
   snapmla_decode_config_t c;
   snapmla_status_t st = check_decode_config(op, config, &c);
@@ -475,9 +489,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(
   int parts = 0;
   st = num_parts_of(op, c, &parts);
   if (st != SNAPMLA_SUCCESS) return st;
-  SNAPMLA_CUDA(op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads,
-                                       c.max_pages, parts, static_cast<int32_t*>(plan),
-                                       reinterpret_cast<cudaStream_t>(stream)));
+  SNAPMLA_CUDA(
+      op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
+                              static_cast<int32_t*>(plan), reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 

@@ -8,8 +8,8 @@
 
 namespace snapmla {
 
-constexpr float kFp8Max = 448.0f;                 // largest finite E4M3 value
-constexpr float kMinScale = 2.3283064365386963e-10f;   // 2^-32: floor of token / query scales
+constexpr float kFp8Max = 448.0f;                        // largest finite E4M3 value
+constexpr float kMinScale = 2.3283064365386963e-10f;     // 2^-32: floor of token / query scales
 constexpr float kMinProbScale = 5.421010862427522e-20f;  // 2^-64: floor of the P-block scale
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;

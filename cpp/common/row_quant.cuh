@@ -65,8 +65,8 @@ struct QuantizedRow {
 
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
-                                                      const Bf16x8& c1, const Bf16x8& r,
-                                                      float s, bool& ok) {
+                                                      const Bf16x8& c1, const Bf16x8& r, float s,
+                                                      bool& ok) {
   QuantizedRow q;
   q.scale = s;
   auto quant4 = [&](uint32_t a, uint32_t b) {
@@ -81,8 +81,8 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
 
 // content / rope: this row's inputs (element 0). Whole warp must call it.
 template <bool kAligned>
-__device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content,
-                                                     const uint16_t* rope, int lane) {
+__device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, const uint16_t* rope,
+                                                     int lane) {
   const Bf16x8 c0 = load_bf16x8<kAligned>(content + 8 * lane);
   const Bf16x8 c1 = load_bf16x8<kAligned>(content + kContentDim / 2 + 8 * lane);
   Bf16x8 r{};
@@ -100,8 +100,8 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content,
   // Fast path for the whole row; a row with a non-finite scale or quotient (rare: NaN/Inf
   // inputs, RoPE overflow) takes the IEEE division everywhere, warp-uniformly.
   bool ok = isfinite(s);
-  QuantizedRow q = ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, c0, c1, r, s, ok)
-                      : QuantizedRow{};
+  QuantizedRow q =
+      ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, c0, c1, r, s, ok) : QuantizedRow{};
   if (!__all_sync(0xffffffffu, ok)) q = quantize_with(IeeeDivider{s}, c0, c1, r, s, ok);
   return q;
 }

@@ -15,21 +15,21 @@
 namespace snapmla {
 namespace decode {
 
-constexpr int kBlockN = 64;       // tokens per KV block (= one page)
-constexpr int kTileRows = 64;     // query rows (s_q x heads, flattened) per CTA
-constexpr int kFixedCost = 2;     // schedule cost of a request beyond its blocks
+constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
+constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
+constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
 // Plan: int32 words in device memory.
 struct PlanLayout {
   static constexpr int kHeaderWords = 8;
   // header: magic, batch, num_parts, row_tiles, q_len, num_heads, max_pages, part_cost (T)
-  int64_t prefix;       // [batch + 1] exclusive prefix of request costs
-  int64_t nblocks;      // [batch] blocks per request; -1: invalid seqlen
-  int64_t first_part;   // [batch]
-  int64_t last_part;    // [batch]
-  int64_t part_begin;   // [num_parts] first request touching the part
-  int64_t part_end;     // [num_parts] last request touching the part (inclusive)
+  int64_t prefix;      // [batch + 1] exclusive prefix of request costs
+  int64_t nblocks;     // [batch] blocks per request; -1: invalid seqlen
+  int64_t first_part;  // [batch]
+  int64_t last_part;   // [batch]
+  int64_t part_begin;  // [num_parts] first request touching the part
+  int64_t part_end;    // [num_parts] last request touching the part (inclusive)
   int64_t total_words;
 
   __host__ __device__ static PlanLayout make(int batch, int num_parts) {
@@ -59,36 +59,36 @@ struct WorkspaceLayout {
 
 struct DecodeParams {
   // queries, quantized (workspace)
-  const uint8_t* q_content;   // e4m3 [b, s_q, h, 512]
-  const uint16_t* q_rope;     // bf16 [b, s_q, h, 64]
-  const float* q_scale;       // fp32 [b, s_q, h]
+  const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]
+  const uint16_t* q_rope;    // bf16 [b, s_q, h, 64]
+  const float* q_scale;      // fp32 [b, s_q, h]
   // cache
-  const uint8_t* layer_base;  // first page of the layer
-  int32_t num_pages;          // pages per layer
-  const int32_t* block_table; // [b, max_pages], row stride block_table_stride
+  const uint8_t* layer_base;   // first page of the layer
+  int32_t num_pages;           // pages per layer
+  const int32_t* block_table;  // [b, max_pages], row stride block_table_stride
   int64_t block_table_stride;
-  const int32_t* seqlens;     // [b]
-  const int32_t* plan;        // PlanLayout words
+  const int32_t* seqlens;  // [b]
+  const int32_t* plan;     // PlanLayout words
   // shape
   int32_t batch;
   int32_t q_len;
   int32_t num_heads;
   int32_t max_pages;
   int32_t num_parts;
-  int32_t row_tiles;          // ceil(q_len * num_heads / 64)
+  int32_t row_tiles;  // ceil(q_len * num_heads / 64)
   int32_t causal;
-  float scale_log2;           // softmax_scale * log2(e)
+  float scale_log2;  // softmax_scale * log2(e)
   // outputs
-  uint16_t* out;              // bf16 [b, s_q, h, 512]
-  float* lse;                 // fp32 [b, h, s_q]; may be null
-  float* partial_o;           // workspace
-  float* partial_lse;         // workspace
+  uint16_t* out;       // bf16 [b, s_q, h, 512]
+  float* lse;          // fp32 [b, h, s_q]; may be null
+  float* partial_o;    // workspace
+  float* partial_lse;  // workspace
 };
 
 int default_num_parts(int sm_count, int row_tiles);
 
-cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads,
-                        int max_pages, int num_parts, int32_t* plan, cudaStream_t stream);
+cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
+                        int num_parts, int32_t* plan, cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
 cudaError_t launch_fast_decode(const DecodeParams& params, cudaStream_t stream);
 size_t fast_decode_smem_bytes();

@@ -40,14 +40,14 @@ namespace {
 
 using namespace sm90;
 
-constexpr int kThreads = 256;   // two warpgroups
+constexpr int kThreads = 256;  // two warpgroups
 constexpr int kWgThreads = 128;
-constexpr int kStages = 3;      // pages in flight per CTA
-constexpr int kChunkBytes = 128;                      // one swizzle row of FP8 content
-constexpr int kChunks = kContentDim / kChunkBytes;    // 4 column chunks of content
-constexpr int kTileBytes = kBlockN * kChunkBytes;     // 8 KiB: 64 rows x 128 bytes
-constexpr int kVtRowBytes = kBlockN;                  // V^T row: 64 tokens (FP8), 64B swizzle
-constexpr int kVtCols = kContentDim / 2;              // latent columns per warpgroup
+constexpr int kStages = 3;                          // pages in flight per CTA
+constexpr int kChunkBytes = 128;                    // one swizzle row of FP8 content
+constexpr int kChunks = kContentDim / kChunkBytes;  // 4 column chunks of content
+constexpr int kTileBytes = kBlockN * kChunkBytes;   // 8 KiB: 64 rows x 128 bytes
+constexpr int kVtRowBytes = kBlockN;                // V^T row: 64 tokens (FP8), 64B swizzle
+constexpr int kVtCols = kContentDim / 2;            // latent columns per warpgroup
 constexpr uint32_t kStageTxBytes = kChunks * kTileBytes + kTileBytes + kBlockN * 4;
 constexpr uint32_t kQTxBytes = kChunks * kTileBytes + kTileBytes;
 static_assert(kTileRows == 64 && kBlockN == 64, "one wgmma M tile of rows, one page of tokens");
@@ -66,7 +66,7 @@ struct alignas(1024) FastSmem {
     float scale[kBlockN];
   } stage[kStages];
   alignas(1024) uint8_t vt[2][kVtCols * kVtRowBytes];  // per WG: [256 d][64 tok], 64B swizzle
-  uint32_t p_frag[2][kWgThreads][4];                    // P8 A fragments, per WG and thread
+  uint32_t p_frag[2][kWgThreads][4];                   // P8 A fragments, per WG and thread
   float q_scale[kTileRows];
   float red_max[2][kTileRows];
   float red_pmax[2][kTileRows];
@@ -100,8 +100,8 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 // V^T of warpgroup wg: vt[d][k] (d < 256 local columns, k the logical k of the two k-steps)
 // from the block's content tile. Output word q (bytes 4q .. 4q + 3 of a row) of k-step
 // ks = q / 8 holds tokens base + {0, 1, 8, 9}, base = 32 ks + 16 ((q / 4) % 2) + 2 (q % 4).
-__device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& st, int wg,
-                                            int tid, int valid_tokens) {
+__device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& st, int wg, int tid,
+                                            int valid_tokens) {
   constexpr int kJobs = (kVtCols / 4) * 16;  // (4-column group, word) pairs
 #pragma unroll 1
   for (int job = tid; job < kJobs; job += kWgThreads) {
@@ -113,8 +113,7 @@ __device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& 
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const uint32_t v =
-          *reinterpret_cast<const uint32_t*>(chunk + sw128(tok[i], d % kChunkBytes));
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(chunk + sw128(tok[i], d % kChunkBytes));
       w[i] = tok[i] < valid_tokens ? zero_nan_bytes(v) : 0u;
     }
     // 4x4 byte transpose: out[j] = byte j of w[0..3].
@@ -134,10 +133,10 @@ __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
-fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) {
+    fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  FastSmem& s = *reinterpret_cast<FastSmem*>(
-      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  FastSmem& s = *reinterpret_cast<FastSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~uintptr_t{1023});
 
   const int part = blockIdx.x, tile = blockIdx.y;
   const int tid = threadIdx.x, wg = tid / kWgThreads, wtid = tid % kWgThreads;
@@ -157,7 +156,7 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
   const int req_begin = p.plan[L.part_begin + part];
   const int req_end = p.plan[L.part_end + part];
-  uint32_t it = 0;       // blocks consumed by this CTA so far: stage and phase of the ring
+  uint32_t it = 0;  // blocks consumed by this CTA so far: stage and phase of the ring
   uint32_t q_phase = 0;
 
   // Issue the loads of block `blk` of request b into ring slot `slot` (thread 0 only). A page
@@ -233,11 +232,11 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const int c = c0 + j, off = 32 * k;
-            wgmma_m64n32k32_e4m3_ss(
-                part[j], make_desc(s.q_content[c] + off, Swizzle::k128B, kChunkBytes),
-                make_desc(stg.content[c] + 32 * wg * kChunkBytes + off, Swizzle::k128B,
-                          kChunkBytes),
-                k != 0);
+            wgmma_m64n32k32_e4m3_ss(part[j],
+                                    make_desc(s.q_content[c] + off, Swizzle::k128B, kChunkBytes),
+                                    make_desc(stg.content[c] + 32 * wg * kChunkBytes + off,
+                                              Swizzle::k128B, kChunkBytes),
+                                    k != 0);
           }
         }
         if (rope) {
@@ -267,7 +266,7 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
       for (int e = 0; e < 16; ++e) sacc[e] += part[0][e] + part[1][e];
 
       // ---- the contract's softmax step; sacc becomes P8
-      float(&sfrag)[4][4] = *reinterpret_cast<float(*)[4][4]>(sacc);
+      float (&sfrag)[4][4] = *reinterpret_cast<float (*)[4][4]>(sacc);
       float gamma[2];
       softmax_block(sfrag, stg.scale, s.q_scale, row_local, limit, tok0, wg, t4, p.scale_log2,
                     s.red_max, s.red_pmax, st, gamma, both_sync);
@@ -276,7 +275,8 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
       frag[1] = pack_e4m3x4(sacc[2], sacc[3], sacc[6], sacc[7]);
       frag[2] = pack_e4m3x4(sacc[8], sacc[9], sacc[12], sacc[13]);
       frag[3] = pack_e4m3x4(sacc[10], sacc[11], sacc[14], sacc[15]);
-      *reinterpret_cast<uint4*>(s.p_frag[wg][wtid]) = make_uint4(frag[0], frag[1], frag[2], frag[3]);
+      *reinterpret_cast<uint4*>(s.p_frag[wg][wtid]) =
+          make_uint4(frag[0], frag[1], frag[2], frag[3]);
       both_sync();  // fragments swapped; stage and V^T fully consumed / written
       if (tid == 0 && i + kStages < n_blocks) issue_block(it + kStages, b, blk + kStages);
       const uint4 other = *reinterpret_cast<const uint4*>(s.p_frag[wg ^ 1][wtid]);
@@ -291,8 +291,8 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
         frag0[k] = wg == 0 ? frag[k] : other_frag[k];
         frag1[k] = wg == 0 ? other_frag[k] : frag[k];
       }
-      constexpr int kPvParts = 4;                       // column quarters of 64
-      constexpr int kPvTiles = kColTiles / kPvParts;     // 8-column tiles per quarter
+      constexpr int kPvParts = 4;                     // column quarters of 64
+      constexpr int kPvTiles = kColTiles / kPvParts;  // 8-column tiles per quarter
 #pragma unroll
       for (int h = 0; h < kPvParts; ++h) {
         float pv[kPvTiles * 4];
@@ -318,7 +318,7 @@ fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) 
     // ---- epilogue
     float l[2];
     reduce_l(st, row_local, wg, t4, s.red_l, l, both_sync);
-    const float(&ofrag)[kColTiles][4] = *reinterpret_cast<const float(*)[kColTiles][4]>(o);
+    const float (&ofrag)[kColTiles][4] = *reinterpret_cast<const float (*)[kColTiles][4]>(o);
     write_row<0>(p, b, tile * kTileRows + row_local[0], kVtCols * wg, t4, ofrag, l[0], st.m[0],
                  st.sig[0], bad_page, seg, wg == 0 && t4 == 0);
     write_row<1>(p, b, tile * kTileRows + row_local[1], kVtCols * wg, t4, ofrag, l[1], st.m[1],
@@ -335,8 +335,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
     void* p = nullptr;
     cudaDriverEntryPointQueryResult q;
     if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) ==
-            cudaSuccess &&
+                                         &q) == cudaSuccess &&
         q == cudaDriverEntryPointSuccess) {
       fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
     }
@@ -370,8 +369,7 @@ cudaError_t launch_fast_decode(const DecodeParams& p, cudaStream_t stream) {
     const uint64_t strides[2] = {kContentDim, kPageBytes};
     const uint32_t box[3] = {kChunkBytes, kBlockN, 1};
     err = encode(&maps.k_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3,
-                 p.layer_base + kPageContentOffset, dims, strides, box,
-                 CU_TENSOR_MAP_SWIZZLE_128B);
+                 p.layer_base + kPageContentOffset, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
   }
   {
@@ -386,16 +384,16 @@ cudaError_t launch_fast_decode(const DecodeParams& p, cudaStream_t stream) {
     const uint64_t dims[2] = {kBlockN, pages};
     const uint64_t strides[1] = {kPageBytes};
     const uint32_t box[2] = {kBlockN, 1};
-    err = encode(&maps.k_scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2,
-                 p.layer_base + kPageScaleOffset, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
+    err = encode(&maps.k_scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, p.layer_base + kPageScaleOffset,
+                 dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
     if (err != cudaSuccess) return err;
   }
   {
     const uint64_t dims[2] = {kContentDim, rows};
     const uint64_t strides[1] = {kContentDim};
     const uint32_t box[2] = {kChunkBytes, kTileRows};
-    err = encode(&maps.q_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, p.q_content, dims, strides,
-                 box, CU_TENSOR_MAP_SWIZZLE_128B);
+    err = encode(&maps.q_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, p.q_content, dims, strides, box,
+                 CU_TENSOR_MAP_SWIZZLE_128B);
     if (err != cudaSuccess) return err;
   }
   {

@@ -15,14 +15,17 @@ __device__ int last_le(const int32_t* prefix, int n, int32_t value) {
   int lo = 0, hi = n;  // invariant: prefix[lo] <= value
   while (lo < hi) {
     const int mid = (lo + hi + 1) / 2;
-    if (prefix[mid] <= value) lo = mid; else hi = mid - 1;
+    if (prefix[mid] <= value)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   return lo;
 }
 
 __global__ void __launch_bounds__(kPlanThreads)
-plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
-            int max_pages, int num_parts, int32_t* __restrict__ plan) {
+    plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
+                int max_pages, int num_parts, int32_t* __restrict__ plan) {
   const PlanLayout L = PlanLayout::make(batch, num_parts);
   int32_t* prefix = plan + L.prefix;
   int32_t* nblocks = plan + L.nblocks;
@@ -124,10 +127,10 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
   return w;
 }
 
-cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads,
-                        int max_pages, int num_parts, int32_t* plan, cudaStream_t stream) {
+cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
+                        int num_parts, int32_t* plan, cudaStream_t stream) {
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, batch, q_len, num_heads, max_pages,
-                                               num_parts, plan);
+                                              num_parts, plan);
   return cudaGetLastError();
 }
 

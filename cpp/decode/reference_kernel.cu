@@ -24,16 +24,16 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kRowGroups = 4;                 // 16 rows each
-constexpr int kQStride = kContentDim + 16;    // bytes per FP8 row in smem (pad: no conflicts)
-constexpr int kRopeStride = kRopeDim * 2 + 16;   // bytes per BF16 RoPE row
-constexpr int kVStride = kContentDim * 2 + 16;   // bytes per BF16 V row
-constexpr int kPStride = kBlockN * 2 + 16;       // bytes per BF16 P row
-constexpr int kOTiles = kContentDim / 2 / 8;     // 32 n-tiles of 8 columns per warp
+constexpr int kRowGroups = 4;                   // 16 rows each
+constexpr int kQStride = kContentDim + 16;      // bytes per FP8 row in smem (pad: no conflicts)
+constexpr int kRopeStride = kRopeDim * 2 + 16;  // bytes per BF16 RoPE row
+constexpr int kVStride = kContentDim * 2 + 16;  // bytes per BF16 V row
+constexpr int kPStride = kBlockN * 2 + 16;      // bytes per BF16 P row
+constexpr int kOTiles = kContentDim / 2 / 8;    // 32 n-tiles of 8 columns per warp
 static_assert(kTileRows == kRowGroups * 16 && kWarps == 2 * kRowGroups, "warp layout");
 static_assert(kBlockN == 64, "a block is one page");
-static_assert((kQStride / 4) % 32 == 4 && (kRopeStride / 4) % 32 == 4 &&
-                  (kVStride / 4) % 32 == 4 && (kPStride / 4) % 32 == 4,
+static_assert((kQStride / 4) % 32 == 4 && (kRopeStride / 4) % 32 == 4 && (kVStride / 4) % 32 == 4 &&
+                  (kPStride / 4) % 32 == 4,
               "row strides shift 8 consecutive rows across all 32 banks for ldmatrix");
 
 struct KStage {
@@ -46,9 +46,9 @@ struct SharedStorage {
   alignas(16) uint8_t q_content[kTileRows * kQStride];  // [64 rows][512 e4m3]
   alignas(16) uint8_t q_rope[kTileRows * kRopeStride];  // [64 rows][64 bf16]
   alignas(16) float q_scale[kTileRows];
-  KStage k[2];                                          // double-buffered KV block
-  alignas(16) uint8_t v[kBlockN * kVStride];            // [64 tokens][512 bf16]
-  alignas(16) uint8_t p[kTileRows * kPStride];          // [64 rows][64 bf16] (P8 values)
+  KStage k[2];                                  // double-buffered KV block
+  alignas(16) uint8_t v[kBlockN * kVStride];    // [64 tokens][512 bf16]
+  alignas(16) uint8_t p[kTileRows * kPStride];  // [64 rows][64 bf16] (P8 values)
   float red_max[2][kTileRows];
   float red_pmax[2][kTileRows];
   float red_l[2][kTileRows];
@@ -121,8 +121,8 @@ __device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int 
     const int fr = tile * kTileRows + r;
     uint8_t* dst = s.q_rope + r * kRopeStride + col * 16;
     if (fr < rows) {
-      cp_async16(dst, reinterpret_cast<const uint8_t*>(p.q_rope + (row0 + fr) * kRopeDim) +
-                          col * 16);
+      cp_async16(dst,
+                 reinterpret_cast<const uint8_t*>(p.q_rope + (row0 + fr) * kRopeDim) + col * 16);
     } else {
       *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
     }
@@ -302,10 +302,10 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
     // ---- epilogue: l across the quad and the row group, then out (or a partial)
     float l[2];
     reduce_l(st, row_local, half, t4, s.red_l, l, pair_sync);
-    write_row<0>(p, b, tile * kTileRows + row_local[0], 256 * half, t4, o, l[0], st.m[0],
-                 st.sig[0], bad_page, seg, half == 0 && t4 == 0);
-    write_row<1>(p, b, tile * kTileRows + row_local[1], 256 * half, t4, o, l[1], st.m[1],
-                 st.sig[1], bad_page, seg, half == 0 && t4 == 0);
+    write_row<0>(p, b, tile * kTileRows + row_local[0], 256 * half, t4, o, l[0], st.m[0], st.sig[0],
+                 bad_page, seg, half == 0 && t4 == 0);
+    write_row<1>(p, b, tile * kTileRows + row_local[1], 256 * half, t4, o, l[1], st.m[1], st.sig[1],
+                 bad_page, seg, half == 0 && t4 == 0);
     __syncthreads();  // smem is reused by the next request of this part
   }
 }

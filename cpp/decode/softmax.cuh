@@ -105,9 +105,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
 
 // l of a thread's rows over the quad and both partners (after the last block).
 template <class Sync>
-__device__ __forceinline__ void reduce_l(RowState& st, const int (&row_local)[2], int half,
-                                         int t4, float (*red_l)[kTileRows], float (&l)[2],
-                                         Sync sync) {
+__device__ __forceinline__ void reduce_l(RowState& st, const int (&row_local)[2], int half, int t4,
+                                         float (*red_l)[kTileRows], float (&l)[2], Sync sync) {
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     st.l_part[i] += __shfl_xor_sync(0xffffffffu, st.l_part[i], 1);

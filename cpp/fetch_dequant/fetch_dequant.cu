@@ -12,7 +12,7 @@ constexpr int kWarpSize = 32;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 8;
 constexpr int kContentPerLane = kContentDim / kWarpSize;  // 16 E4M3 = one 16-byte load
-constexpr int kRopeLanes = kRopeDim / 8;                   // 8 bf16 = one 16-byte load
+constexpr int kRopeLanes = kRopeDim / 8;                  // 8 bf16 = one 16-byte load
 constexpr uint32_t kBf16NaNx2 = 0x7fc07fc0u;
 static_assert(kContentPerLane == 16, "one 16-byte load of content per lane");
 
@@ -45,8 +45,8 @@ __global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequ
       const uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
       const int row = static_cast<int>(slot % kPageSize);
       const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
-      const uint4 c = __ldg(reinterpret_cast<const uint4*>(page + kPageContentOffset +
-                                                           row * kContentDim) + lane);
+      const uint4 c = __ldg(
+          reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
       const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -56,8 +56,8 @@ __global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequ
         content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
       }
       if (lane < kRopeLanes) {
-        const uint4 r = __ldg(reinterpret_cast<const uint4*>(page + kPageRopeOffset +
-                                                             row * kRopeDim * 2) + lane);
+        const uint4 r = __ldg(
+            reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
         const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
         for (int k = 0; k < 4; ++k) {

@@ -38,9 +38,8 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int blocks = static_cast<int>(
       std::min<int64_t>(ceil_div(rows, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) &&
-                       (p.stride_batch % 8 == 0) && (p.stride_token % 8 == 0) &&
-                       (p.stride_head % 8 == 0);
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.stride_batch % 8 == 0) &&
+                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0);
   if (aligned) {
     quantize_q_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
   } else {

@@ -7,16 +7,16 @@
 namespace snapmla {
 
 struct QuantizeQParams {
-  const uint16_t* q;       // bf16 [n / q_len, q_len, h, 576], strides in elements
-  int64_t stride_batch;    // between groups of q_len tokens
-  int64_t stride_token;    // between tokens of a group
+  const uint16_t* q;     // bf16 [n / q_len, q_len, h, 576], strides in elements
+  int64_t stride_batch;  // between groups of q_len tokens
+  int64_t stride_token;  // between tokens of a group
   int64_t stride_head;
-  int64_t num_tokens;      // n (a multiple of q_len)
-  int32_t q_len;           // tokens per group (1 for a flat [n, h, 576])
-  int32_t num_heads;       // h
-  uint8_t* q_content;      // e4m3 [n, h, 512] contiguous
-  uint16_t* q_rope;        // bf16 [n, h, 64] contiguous
-  float* q_scale;          // fp32 [n, h] contiguous
+  int64_t num_tokens;  // n (a multiple of q_len)
+  int32_t q_len;       // tokens per group (1 for a flat [n, h, 576])
+  int32_t num_heads;   // h
+  uint8_t* q_content;  // e4m3 [n, h, 512] contiguous
+  uint16_t* q_rope;    // bf16 [n, h, 64] contiguous
+  float* q_scale;      // fp32 [n, h] contiguous
 };
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);

@@ -2,12 +2,11 @@
  * toolkit and a Hopper GPU, run with --gpu) append -> fetch-dequant -> decode.
  * Prints "N passed, M failed" and exits non-zero on any failure. */
 #include <math.h>
+#include <snapmla/snapmla.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <snapmla/snapmla.h>
 
 #ifdef SNAPMLA_EXAMPLE_WITH_CUDA
 #include <cuda_runtime.h>
@@ -15,16 +14,16 @@
 
 static int g_passed = 0, g_failed = 0;
 
-#define CHECK(cond, ...)                                         \
-  do {                                                           \
-    if (cond) {                                                  \
-      ++g_passed;                                                \
-    } else {                                                     \
-      ++g_failed;                                                \
-      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);       \
-      fprintf(stderr, __VA_ARGS__);                              \
+#define CHECK(cond, ...)                                            \
+  do {                                                              \
+    if (cond) {                                                     \
+      ++g_passed;                                                   \
+    } else {                                                        \
+      ++g_failed;                                                   \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);          \
+      fprintf(stderr, __VA_ARGS__);                                 \
       fprintf(stderr, " (last error: %s)\n", snapmla_last_error()); \
-    }                                                            \
+    }                                                               \
   } while (0)
 
 static void host_checks(void) {
@@ -35,10 +34,10 @@ static void host_checks(void) {
   snapmla_decode_config_t dc;
   size_t plan_bytes = 0, ws_bytes = 0;
 
-  CHECK(snapmla_version() / 10000 == SNAPMLA_VERSION_MAJOR, "major version %d",
-        snapmla_version());
+  CHECK(snapmla_version() / 10000 == SNAPMLA_VERSION_MAJOR, "major version %d", snapmla_version());
   CHECK(strcmp(snapmla_status_string(SNAPMLA_ERROR_INVALID_ARGUMENT),
-               "SNAPMLA_ERROR_INVALID_ARGUMENT") == 0, "status string");
+               "SNAPMLA_ERROR_INVALID_ARGUMENT") == 0,
+        "status string");
 
   CHECK(snapmla_cache_bytes(2, 3, &bytes) == SNAPMLA_SUCCESS && bytes == 6u * SNAPMLA_PAGE_BYTES,
         "cache_bytes = %zu", bytes);
@@ -83,10 +82,10 @@ static void host_checks(void) {
             plan_bytes > 0 && ws_bytes > 0,
         "decode buffer sizes");
   dc.q_len = 5;
-  CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) ==
-                SNAPMLA_ERROR_INVALID_ARGUMENT &&
-            strstr(snapmla_last_error(), "q_len") != NULL,
-        "q_len = 5 is refused by name");
+  CHECK(
+      snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+          strstr(snapmla_last_error(), "q_len") != NULL,
+      "q_len = 5 is refused by name");
 }
 
 #ifdef SNAPMLA_EXAMPLE_WITH_CUDA
@@ -146,10 +145,11 @@ static void gpu_checks(void) {
   cudaMemcpy(d_ckv, h_ckv, kTokens * 512 * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(d_kpe, h_kpe, kTokens * 64 * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(d_slots, h_slots, sizeof(h_slots), cudaMemcpyHostToDevice);
-  CHECK(snapmla_append(cache, 0, d_ckv, 512, d_kpe, 64, d_slots, kTokens, NULL) ==
-            SNAPMLA_SUCCESS, "append");
-  CHECK(snapmla_fetch_dequant(cache, 0, d_slots, kTokens, d_fetch_c, 512, d_fetch_r, 64,
-                              NULL) == SNAPMLA_SUCCESS, "fetch-dequant");
+  CHECK(snapmla_append(cache, 0, d_ckv, 512, d_kpe, 64, d_slots, kTokens, NULL) == SNAPMLA_SUCCESS,
+        "append");
+  CHECK(snapmla_fetch_dequant(cache, 0, d_slots, kTokens, d_fetch_c, 512, d_fetch_r, 64, NULL) ==
+            SNAPMLA_SUCCESS,
+        "fetch-dequant");
   {
     uint16_t* back = (uint16_t*)malloc(kTokens * 512 * 2);
     cudaMemcpy(back, d_fetch_c, kTokens * 512 * 2, cudaMemcpyDeviceToHost);
@@ -210,10 +210,22 @@ static void gpu_checks(void) {
             strstr(snapmla_last_error(), "softmax_scale") != NULL,
         "negative softmax_scale refused by name");
   CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy");
-  cudaFree(d_ckv); cudaFree(d_kpe); cudaFree(d_slots); cudaFree(d_fetch_c); cudaFree(d_fetch_r);
-  cudaFree(plan); cudaFree(ws); cudaFree(d_q); cudaFree(d_out); cudaFree(d_lse);
-  cudaFree(d_table); cudaFree(d_len);
-  free(h_ckv); free(h_kpe); free(h_q); free(h_out);
+  cudaFree(d_ckv);
+  cudaFree(d_kpe);
+  cudaFree(d_slots);
+  cudaFree(d_fetch_c);
+  cudaFree(d_fetch_r);
+  cudaFree(plan);
+  cudaFree(ws);
+  cudaFree(d_q);
+  cudaFree(d_out);
+  cudaFree(d_lse);
+  cudaFree(d_table);
+  cudaFree(d_len);
+  free(h_ckv);
+  free(h_kpe);
+  free(h_q);
+  free(h_out);
 }
 #endif
 

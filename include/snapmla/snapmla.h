@@ -110,16 +110,16 @@ extern "C" {
 #define SNAPMLA_VERSION \
   (SNAPMLA_VERSION_MAJOR * 10000 + SNAPMLA_VERSION_MINOR * 100 + SNAPMLA_VERSION_PATCH)
 
-#define SNAPMLA_PAGE_SIZE 64      /* token slots per page */
-#define SNAPMLA_CONTENT_DIM 512   /* latent c_kv width (also V width) */
-#define SNAPMLA_ROPE_DIM 64       /* decoupled RoPE key width */
-#define SNAPMLA_HEAD_DIM 576      /* query / key width: content + RoPE */
-#define SNAPMLA_PAGE_BYTES 41216  /* bytes per page */
+#define SNAPMLA_PAGE_SIZE 64     /* token slots per page */
+#define SNAPMLA_CONTENT_DIM 512  /* latent c_kv width (also V width) */
+#define SNAPMLA_ROPE_DIM 64      /* decoupled RoPE key width */
+#define SNAPMLA_HEAD_DIM 576     /* query / key width: content + RoPE */
+#define SNAPMLA_PAGE_BYTES 41216 /* bytes per page */
 #define SNAPMLA_PAGE_CONTENT_OFFSET 0
 #define SNAPMLA_PAGE_ROPE_OFFSET 32768
 #define SNAPMLA_PAGE_SCALE_OFFSET 40960
-#define SNAPMLA_MAX_HEADS 128     /* query heads per decode call: 1 .. 128 */
-#define SNAPMLA_MAX_Q_LEN 4       /* new tokens per request (MTP): 1 .. 4 */
+#define SNAPMLA_MAX_HEADS 128 /* query heads per decode call: 1 .. 128 */
+#define SNAPMLA_MAX_Q_LEN 4   /* new tokens per request (MTP): 1 .. 4 */
 
 /* CUDA stream, ABI-identical to cudaStream_t / CUstream. */
 typedef struct CUstream_st* snapmla_stream_t;
@@ -162,9 +162,9 @@ typedef struct snapmla_cache_config {
 } snapmla_cache_config_t;
 
 typedef struct snapmla_cache_info {
-  size_t struct_size;    /* set by the caller: sizeof(snapmla_cache_info_t) */
-  void* data;            /* device pointer of the first page */
-  int32_t device;        /* CUDA device ordinal */
+  size_t struct_size; /* set by the caller: sizeof(snapmla_cache_info_t) */
+  void* data;         /* device pointer of the first page */
+  int32_t device;     /* CUDA device ordinal */
   int32_t num_layers;
   int32_t num_pages;     /* per layer */
   int32_t page_size;     /* SNAPMLA_PAGE_SIZE */
@@ -174,9 +174,9 @@ typedef struct snapmla_cache_info {
   size_t content_offset; /* plane offsets inside a page */
   size_t rope_offset;
   size_t scale_offset;
-  size_t layer_bytes;    /* num_pages * page_bytes */
-  size_t total_bytes;    /* num_layers * layer_bytes */
-  int32_t owns_memory;   /* 1 if the library allocated `data` */
+  size_t layer_bytes;  /* num_pages * page_bytes */
+  size_t total_bytes;  /* num_layers * layer_bytes */
+  int32_t owns_memory; /* 1 if the library allocated `data` */
 } snapmla_cache_info_t;
 
 /* Bytes a cache of this shape needs. [host, any thread] */
@@ -193,8 +193,7 @@ SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* 
 SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 
 /* Sizes and plane offsets of a cache. [host, any thread] */
-SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache,
-                                                snapmla_cache_info_t* info);
+SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache, snapmla_cache_info_t* info);
 
 /* ----------------------------------------------------------------------------- append */
 
@@ -207,11 +206,10 @@ SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache,
  *             on the host without a synchronization); nothing outside the layer is written.
  *   Inputs must not alias the cache. Two tokens with the same slot race. n = 0 is a no-op.
  * [graph-safe] */
-SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer,
-                                            const void* c_kv, int64_t c_kv_stride,
-                                            const void* k_pe, int64_t k_pe_stride,
-                                            const int64_t* slots, int64_t num_tokens,
-                                            snapmla_stream_t stream);
+SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer, const void* c_kv,
+                                            int64_t c_kv_stride, const void* k_pe,
+                                            int64_t k_pe_stride, const int64_t* slots,
+                                            int64_t num_tokens, snapmla_stream_t stream);
 
 /* ------------------------------------------------------------------------ fetch-dequant */
 
@@ -225,8 +223,7 @@ SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer
 SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
                                                    const int64_t* slots, int64_t num_tokens,
                                                    void* c_kv, int64_t c_kv_stride, void* k_pe,
-                                                   int64_t k_pe_stride,
-                                                   snapmla_stream_t stream);
+                                                   int64_t k_pe_stride, snapmla_stream_t stream);
 
 /* --------------------------------------------------------------------------- quantize q */
 
@@ -246,12 +243,12 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
 
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */
 typedef struct snapmla_decode_config {
-  size_t struct_size;    /* sizeof(snapmla_decode_config_t) */
-  int32_t batch_size;    /* requests, 1 .. 65536 */
-  int32_t q_len;         /* s_q: new tokens per request, 1 .. SNAPMLA_MAX_Q_LEN */
-  int32_t num_heads;     /* h: query heads, 1 .. SNAPMLA_MAX_HEADS */
-  int32_t max_pages;     /* columns of the block table; contexts are at most max_pages * 64 */
-  int32_t num_sm_parts;  /* split-KV parallelism; 0 = derive from the device's SM count */
+  size_t struct_size;   /* sizeof(snapmla_decode_config_t) */
+  int32_t batch_size;   /* requests, 1 .. 65536 */
+  int32_t q_len;        /* s_q: new tokens per request, 1 .. SNAPMLA_MAX_Q_LEN */
+  int32_t num_heads;    /* h: query heads, 1 .. SNAPMLA_MAX_HEADS */
+  int32_t max_pages;    /* columns of the block table; contexts are at most max_pages * 64 */
+  int32_t num_sm_parts; /* split-KV parallelism; 0 = derive from the device's SM count */
 } snapmla_decode_config_t;
 
 /* Which kernel runs the attention. */
@@ -268,21 +265,21 @@ typedef enum snapmla_decode_kernel {
 } snapmla_decode_kernel_t;
 
 typedef struct snapmla_decode_args {
-  size_t struct_size;            /* sizeof(snapmla_decode_args_t) */
-  int32_t layer;                 /* cache layer to read */
-  int32_t causal;                /* nonzero: causal among the s_q new tokens */
-  float softmax_scale;           /* > 0 and finite, e.g. 192^-0.5 */
-  int32_t kernel;                /* snapmla_decode_kernel_t */
-  const void* q;                 /* BF16 [b, s_q, h, 576]: q_nope (absorbed) | q_pe */
-  int64_t q_stride_batch;        /* elements; the last dimension must be contiguous */
+  size_t struct_size;     /* sizeof(snapmla_decode_args_t) */
+  int32_t layer;          /* cache layer to read */
+  int32_t causal;         /* nonzero: causal among the s_q new tokens */
+  float softmax_scale;    /* > 0 and finite, e.g. 192^-0.5 */
+  int32_t kernel;         /* snapmla_decode_kernel_t */
+  const void* q;          /* BF16 [b, s_q, h, 576]: q_nope (absorbed) | q_pe */
+  int64_t q_stride_batch; /* elements; the last dimension must be contiguous */
   int64_t q_stride_token;
   int64_t q_stride_head;
-  const int32_t* block_table;    /* int32 [b, max_pages], row stride block_table_stride */
-  int64_t block_table_stride;    /* elements, >= max_pages */
-  const int32_t* cache_seqlens;  /* int32 [b]: context length per request INCLUDING the s_q
-                                    new tokens (already appended); 0 = empty */
-  void* out;                     /* BF16 [b, s_q, h, 512] out, contiguous */
-  float* lse;                    /* fp32 [b, h, s_q] out, contiguous; may be NULL */
+  const int32_t* block_table;   /* int32 [b, max_pages], row stride block_table_stride */
+  int64_t block_table_stride;   /* elements, >= max_pages */
+  const int32_t* cache_seqlens; /* int32 [b]: context length per request INCLUDING the s_q
+                                   new tokens (already appended); 0 = empty */
+  void* out;                    /* BF16 [b, s_q, h, 512] out, contiguous */
+  float* lse;                   /* fp32 [b, h, s_q] out, contiguous; may be NULL */
 } snapmla_decode_args_t;
 
 /* Device bytes for the plan and the workspace of a decode config (both 256-byte aligned by
@@ -308,9 +305,8 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * of an out-of-bounds read. out and lse must not alias any input. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                             const snapmla_decode_config_t* config,
-                                            const snapmla_decode_args_t* args,
-                                            const void* plan, void* workspace,
-                                            snapmla_stream_t stream);
+                                            const snapmla_decode_args_t* args, const void* plan,
+                                            void* workspace, snapmla_stream_t stream);
 
 #ifdef __cplusplus
 } /* extern "C" */
