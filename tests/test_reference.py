@@ -14,7 +14,7 @@ import pathlib
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 try:
@@ -134,6 +134,7 @@ def test_quantize_scale_is_fp32_amax_over_448() -> None:
 
 
 @settings(max_examples=15, deadline=None)
+@example(n=14, log_std=0.0, seed=345683)  # BF16 rounding of a near-subnormal value (was missed)
 @given(
     n=st.integers(1, 40),
     log_std=st.floats(-20, 20),
@@ -150,9 +151,12 @@ def test_quantize_round_trip_error_bounds(n: int, log_std: float, seed: int) -> 
     normal = np.abs(cf) * 448 >= amax * 2.0**-6  # c / s lands in FP8's normal range
     rel = np.abs(c2f - cf) / np.where(cf == 0, 1, np.abs(cf))
     assert rel[normal].max(initial=0) <= 2.0**-4, rel[normal].max()
-    # Below the normal range the absolute error is at most half the subnormal spacing.
+    # Below the normal range: half E4M3's subnormal spacing (2^-10 s) from the quantization, plus
+    # the BF16 rounding of the dequantized value (|c2| <= 2^-6 s, so at most 2^-6 * 2^-9 s), plus
+    # the fp32 roundings of s and c/s (relative 2^-24, covered by the last factor).
+    tiny_bound = amax / 448 * (2.0**-10 + 2.0**-15) * (1 + 2.0**-20)
     tiny_err = np.abs(c2f - cf)[~normal]
-    assert np.all(tiny_err <= np.broadcast_to(amax / 448 * 2.0**-10 * 1.01, cf.shape)[~normal])
+    assert np.all(tiny_err <= np.broadcast_to(tiny_bound, cf.shape)[~normal])
     kf, k2f = k.astype(np.float64), k2.astype(np.float64)
     finite_k = np.abs(kf) > 0
     assert np.all(np.abs(k2f - kf)[finite_k] <= np.abs(kf)[finite_k] * 2.0**-7)
