@@ -3,7 +3,7 @@
 # command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
 #
 #   bash bench/gpu_session.sh [tests] [ctest] [sanitize] [sass] [demo] [bench] [bench-quick]
-#                             [accuracy]
+#                             [bench-fast] [accuracy] [diag] [ncu]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -73,6 +73,30 @@ for stage in "$@"; do
       log "decode benchmark, the wgmma kernel (opt-in)"
       python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
         | tee "$OUT/bench-decode-fast.log" | tail -28
+      ;;
+    diag)  # writes straight to what comes back, in case the device time runs out mid-call
+      log "diagnostic: every kernel on logits that any accumulator holds exactly"
+      python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_decode.py -k exact_logits \
+        --tb=short >"$FINAL/diag.log" 2>&1 || status=1
+      tail -12 "$FINAL/diag.log"
+      ;;
+    ncu)  # the wgmma kernel under Nsight Compute, one launch per case; text reports come back
+      for c in 32x1x128x16384 128x1x16x16384; do
+        log "ncu fast kernel $c"
+        src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
+        ncu --clock-control none --target-processes all -k regex:fast_decode --launch-skip 2 \
+          --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
+          --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+          --section ComputeWorkloadAnalysis --section InstructionStats "${src[@]}" \
+          python3 bench/bench_decode.py --cases "$c" --kernel fast --no-flashinfer --no-graph \
+          --no-ref --timing-s 0.001 >"$FINAL/ncu-$c.txt" 2>&1 || status=1
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible" \
+          "$FINAL/ncu-$c.txt" | head -20
+        if [ -f "$OUT/ncu-$c.ncu-rep" ]; then  # per-SASS-instruction stall samples
+          ncu --import "$OUT/ncu-$c.ncu-rep" --page source --csv --print-source sass \
+            >"$OUT/src.csv" 2>&1 && gzip -c "$OUT/src.csv" >"$FINAL/ncu-sass-$c.csv.gz"
+        fi
+      done
       ;;
     demo)
       log "demo (the README's main job)"
