@@ -26,12 +26,21 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 python3 -c "import snapmla, sys; print('snapmla', snapmla.version(), snapmla.__file__)" \
   || exit 1
 
+# What comes back (at most 8 files): the result files and one archive of every log, refreshed
+# after each stage so that a call cut short by the device-time budget still returns them.
+publish() {
+  for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png; do
+    [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
+  done
+  tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt --exclude='*.ncu-rep' --exclude=src.csv .
+}
+
 status=0
 for stage in "$@"; do
   case "$stage" in
     tests)
       log "pytest (all tests, GPU included)"
-      python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
+      timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
         2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
       ;;
     ctest)
@@ -71,8 +80,9 @@ for stage in "$@"; do
       ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
-      python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
+      timeout 120 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
         | tee "$OUT/bench-decode-fast.log" | tail -28
+      python3 bench/roofline.py "$OUT/decode-fast.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
       ;;
     diag)  # writes straight to what comes back, in case the device time runs out mid-call
       log "diagnostic: every kernel on logits that any accumulator holds exactly"
@@ -109,10 +119,8 @@ for stage in "$@"; do
       ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
+  publish
 done
 log "done (status $status)"
-for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png; do
-  [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
-done
-tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt . && ls -la "$FINAL"
+publish && ls -la "$FINAL"
 exit $status
