@@ -39,26 +39,6 @@ __device__ __forceinline__ float row_scale(float amax) {
   return (s < kMinScale) ? kMinScale : s;
 }
 
-// x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
-// at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
-// of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
-// quotient (Markstein). It holds for finite results; `ok` turns false on a non-finite one
-// (overflow: the RoPE of a zero-content token), and the caller then redoes the row with the
-// IEEE division.
-struct FastDivider {
-  float s, r;
-  __device__ __forceinline__ float operator()(float x, bool& ok) const {
-    const float q0 = x * r;
-    const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
-    ok &= isfinite(q1);
-    return q1;
-  }
-};
-struct IeeeDivider {
-  float s;
-  __device__ __forceinline__ float operator()(float x, bool&) const { return __fdiv_rn(x, s); }
-};
-
 // fp32 -> E4M3, round to nearest even, saturating to +-448, NaN -> NaN.
 __device__ __forceinline__ uint8_t to_e4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));

@@ -37,6 +37,26 @@ __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
+// x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
+// at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
+// of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
+// quotient (Markstein). It holds for finite results; `ok` turns false on a non-finite one
+// (overflow: the RoPE of a zero-content token), and the caller then redoes the row with the
+// IEEE division.
+struct FastDivider {
+  float s, r;
+  __device__ __forceinline__ float operator()(float x, bool& ok) const {
+    const float q0 = x * r;
+    const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
+    ok &= isfinite(q1);
+    return q1;
+  }
+};
+struct IeeeDivider {
+  float s;
+  __device__ __forceinline__ float operator()(float x, bool&) const { return __fdiv_rn(x, s); }
+};
+
 struct QuantizedRow {
   uint2 content[2];  // 8 E4M3 each: elements [8l, 8l+8) and [256+8l, 256+8l+8)
   uint4 rope;        // 8 bf16 (lanes < 8 only)

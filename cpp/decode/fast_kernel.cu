@@ -8,8 +8,8 @@
 //            content and 4 BF16 wgmma (k = 16) over the pre-scaled RoPE, one fp32 accumulator.
 //   V^T      meanwhile WG w transposes its V half (latent columns 256w..256w+255) from the
 //            content tile into a K-major, 64-byte-swizzled tile (SMEM -> RF -> SMEM), with the
-//            tokens permuted so that P needs no register shuffle (below); in a block that some
-//            row does not see whole, tokens past the context and NaN codes are zeroed.
+//            tokens permuted so that P needs no register shuffle (below), tokens past the
+//            context and NaN codes zeroed.
 //   softmax  the contract's block step; the two WGs exchange row maxima through shared memory
 //            and so hold identical m and sigma.
 //   P        each thread's P8 values already sit in the wgmma A-fragment layout of its WG's
@@ -100,69 +100,43 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 // V^T of warpgroup wg: vt[d][k] (d < 256 local columns, k the logical k of the two k-steps)
 // from the block's content tile. Output word q (bytes 4q .. 4q + 3 of a row) of k-step
 // ks = q / 8 holds tokens base + {0, 1, 8, 9}, base = 32 ks + 16 ((q / 4) % 2) + 2 (q % 4).
-//
-// Thread wtid owns word q = wtid % 16 of the rows d = 4 (wtid / 16) + 32 j + {0..3}, j = 0..7:
-// it reads its four token rows at columns 4 (wtid / 16) + 32 j and writes four V^T rows. Both
-// swizzles reduce to per-thread offsets fixed for the whole kernel: a read's 128B-swizzle
-// term is the thread's own XOR'ed with 2 (j % 4) in the 16-byte unit (bits 5-6 of the
-// offset), and a write moves 32 rows (2048 bytes) per j with an unchanged 64B-swizzle term.
-//
-// kSanitize (a block some row does not see whole): tokens at or past `valid_tokens` become 0
-// and E4M3 NaN codes 0, so that P = 0 never meets a NaN in V. Blocks every row sees whole
-// need neither: a NaN there reaches every row through its logit anyway.
-template <bool kSanitize>
-__device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& st, int wg, int wtid,
+__device__ __forceinline__ void transpose_v(uint8_t* vt, const FastSmem::Stage& st, int wg, int tid,
                                             int valid_tokens) {
-  const int q = wtid % 16, r4 = wtid / 16;
-  const int base = 32 * (q / 8) + 16 * ((q / 4) % 2) + 2 * (q % 4);
-  const int tok[4] = {base, base + 1, base + 8, base + 9};
-  const uint8_t* content = st.content[2 * wg];  // this WG's two 128-byte column chunks
-  int rd[4];  // read offset of token i at j = 0: sw128(tok[i], 4 r4)
-  bool keep[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    rd[i] = sw128(tok[i], 4 * r4);
-    keep[i] = !kSanitize || tok[i] < valid_tokens;
-  }
-  int wr[4];  // write offset of row 4 r4 + i at j = 0: sw64(4 r4 + i, 4 q)
-#pragma unroll
-  for (int i = 0; i < 4; ++i) wr[i] = sw64(4 * r4 + i, 4 * q);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    // sw128(t, 4 r4 + 32 j') = sw128(t, 4 r4) ^ (32 j') for j' = j % 4 < 4: the 16-byte unit
-    // index (r4 / 4) | 2 j' is XOR'ed with t, and r4 / 4 and 2 j' occupy different bits.
-    const uint8_t* chunk = content + (j / 4) * kTileBytes;
+  constexpr int kJobs = (kVtCols / 4) * 16;  // (4-column group, word) pairs
+#pragma unroll 1
+  for (int job = tid; job < kJobs; job += kWgThreads) {
+    const int q = job % 16, d0 = (job / 16) * 4;
+    const int base = 32 * (q / 8) + 16 * ((q / 4) % 2) + 2 * (q % 4);
+    const int d = kVtCols * wg + d0;  // latent column in the content tile
+    const uint8_t* chunk = st.content[d / kChunkBytes];
+    const int tok[4] = {base, base + 1, base + 8, base + 9};
     uint32_t w[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      w[i] = *reinterpret_cast<const uint32_t*>(chunk + (rd[i] ^ (32 * (j % 4))));
-      if constexpr (kSanitize) w[i] = keep[i] ? zero_nan_bytes(w[i]) : 0u;
+      const uint32_t v = *reinterpret_cast<const uint32_t*>(chunk + sw128(tok[i], d % kChunkBytes));
+      w[i] = tok[i] < valid_tokens ? zero_nan_bytes(v) : 0u;
     }
-    // 4x4 byte transpose: out[i] = byte i of w[0..3].
+    // 4x4 byte transpose: out[j] = byte j of w[0..3].
     const uint32_t lo01 = __byte_perm(w[0], w[1], 0x5140), lo23 = __byte_perm(w[2], w[3], 0x5140);
     const uint32_t hi01 = __byte_perm(w[0], w[1], 0x7362), hi23 = __byte_perm(w[2], w[3], 0x7362);
     const uint32_t out[4] = {__byte_perm(lo01, lo23, 0x5410), __byte_perm(lo01, lo23, 0x7632),
                              __byte_perm(hi01, hi23, 0x5410), __byte_perm(hi01, hi23, 0x7632)};
-    // sw64(4 r4 + i + 32 j, 4 q) = sw64(4 r4 + i, 4 q) + 2048 j: (row / 2) % 4 is unchanged.
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      *reinterpret_cast<uint32_t*>(vt + wr[i] + 32 * kVtRowBytes * j) = out[i];
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<uint32_t*>(vt + sw64(d0 + j, 4 * q)) = out[j];
     }
   }
 }
 
-// P8 fragment word from four quotients P'/sigma: the contract's E4M3 rounding (RNE, saturating).
 __device__ __forceinline__ uint32_t pack_e4m3x4(float a, float b, float c, float d) {
-  return to_e4m3x4(a, b, c, d);
+  return to_e4m3x4(a, b, c, d);  // exact: the values already are E4M3 values
 }
 
 __global__ void __launch_bounds__(kThreads, 1)
     fast_decode_kernel(const DecodeParams p, const __grid_constant__ FastMaps maps) {
   extern __shared__ __align__(1024) uint8_t smem_raw[];
-  // Aligned by pointer arithmetic on smem_raw (not through an integer), so that the compiler
-  // still knows every access below is to shared memory (LDS/STS, 32-bit addresses).
-  FastSmem& s = *reinterpret_cast<FastSmem*>(
-      smem_raw + ((1024 - (reinterpret_cast<uintptr_t>(smem_raw) & 1023)) & 1023));
+  FastSmem& s = *reinterpret_cast<FastSmem*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                             ~uintptr_t{1023});
 
   const int part = blockIdx.x, tile = blockIdx.y;
   const int tid = threadIdx.x, wg = tid / kWgThreads, wtid = tid % kWgThreads;
@@ -277,13 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();
       };
       issue_chunks(0, false);
-      // Every row sees every token of the block: no masking, no V sanitizing.
-      const bool all_visible = tok0 + kBlockN <= min_visibility_limit(p, seqlen);
-      if (all_visible) {
-        transpose_v<false>(s.vt[wg], stg, wg, wtid, kBlockN);
-      } else {
-        transpose_v<true>(s.vt[wg], stg, wg, wtid, seqlen - tok0);
-      }
+      transpose_v(s.vt[wg], stg, wg, wtid, seqlen - tok0);
       fence_proxy_async();  // V^T (generic writes) is read next by wgmma (async proxy)
       wgmma_wait<0>();
       fence_regs(part[0]);
@@ -300,8 +268,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       // ---- the contract's softmax step; sacc becomes P8
       float (&sfrag)[4][4] = *reinterpret_cast<float (*)[4][4]>(sacc);
       float gamma[2];
-      softmax_block<true>(sfrag, stg.scale, s.q_scale, row_local, limit, tok0, wg, t4,
-                          p.scale_log2, s.red_max, s.red_pmax, st, gamma, both_sync, all_visible);
+      softmax_block(sfrag, stg.scale, s.q_scale, row_local, limit, tok0, wg, t4, p.scale_log2,
+                    s.red_max, s.red_pmax, st, gamma, both_sync);
       uint32_t frag[4];
       frag[0] = pack_e4m3x4(sacc[0], sacc[1], sacc[4], sacc[5]);
       frag[1] = pack_e4m3x4(sacc[2], sacc[3], sacc[6], sacc[7]);

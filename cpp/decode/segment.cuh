@@ -70,12 +70,6 @@ __device__ __forceinline__ int visibility_limit(const DecodeParams& p, int fr, i
   return p.causal ? seqlen - p.q_len + 1 + qt : seqlen;
 }
 
-// The smallest visibility_limit over the rows of a request (its first new token's): tokens
-// below it are visible to every row.
-__device__ __forceinline__ int min_visibility_limit(const DecodeParams& p, int seqlen) {
-  return p.causal ? seqlen - p.q_len + 1 : seqlen;
-}
-
 // Epilogue of row I (0: fragment row g, 1: g + 8): out = O / l (or the partial O / l),
 // lse = m ln2 + ln(sigma l). o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4
 // and + 1.

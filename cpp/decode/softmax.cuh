@@ -18,38 +18,19 @@ struct RowState {
   float l_part[2] = {0.f, 0.f};
 };
 
-// 2^x on the SFU, subnormal results flushed to zero (one MUFU.EX2). Where the flush matters,
-// e = 2^(z - m) < 2^-126, P'/sigma lies far below E4M3's smallest subnormal and l changes by
-// less than 2^-100 of itself.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // s[n][c]: QK accumulators of tokens half * 32 + 8 n + 2 t4 + (c & 1), rows row_local[c / 2].
-// On return gamma[i] is the factor g_k by which the caller rescales O of row i, st is advanced
-// to this block, and s holds P8: exact E4M3 values as floats, or with kFast the quotients
-// P'/sigma that the caller's round-to-nearest-even E4M3 conversion turns into P8.
-//
-// kFast (the wgmma kernel) computes the same function in fewer instructions: the row's
-// s_q * softmax_scale * log2(e) folded into one factor (logits may differ from the reference
-// kernel's by an fp32 ulp), exp2 without the subnormal range, the correctly rounded division
-// by sigma as a reciprocal and two FMAs, and no masking where the caller says every token of
-// the block is visible to every row (`all_visible`).
-template <bool kFast = false, class Sync>
+// On return s holds P8 (exact E4M3 values as floats) and gamma[i] the factor g_k by which the
+// caller rescales O of row i; st advanced to this block.
+template <class Sync>
 __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_scale,
                                               const float* q_scale, const int (&row_local)[2],
                                               const int (&limit)[2], int tok0, int half, int t4,
                                               float scale_log2, float (*red_max)[kTileRows],
                                               float (*red_pmax)[kTileRows], RowState& st,
-                                              float (&gamma)[2], Sync sync,
-                                              bool all_visible = false) {
+                                              float (&gamma)[2], Sync sync) {
   // ---- logits (log2 domain) and the block's row maxima
   float ks[4][2];
   float row_max[2] = {-INFINITY, -INFINITY};
-  const float row_factor[2] = {q_scale[row_local[0]] * scale_log2,
-                               q_scale[row_local[1]] * scale_log2};  // kFast only
 #pragma unroll
   for (int n = 0; n < 4; ++n) {
 #pragma unroll
@@ -57,11 +38,10 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
       const int tok = 32 * half + 8 * n + 2 * t4 + (c & 1);
       const int i = c / 2;
       ks[n][c & 1] = k_scale[tok];
-      const bool visible = (kFast && all_visible) || tok0 + tok < limit[i];
+      const bool visible = tok0 + tok < limit[i];
       // z * log2(e) = S * s_q * s_k * softmax_scale * log2(e); invisible tokens are -inf
-      const float z = !visible ? -INFINITY
-                      : kFast  ? s[n][c] * row_factor[i] * ks[n][c & 1]
-                               : s[n][c] * q_scale[row_local[i]] * ks[n][c & 1] * scale_log2;
+      const float z =
+          visible ? s[n][c] * q_scale[row_local[i]] * ks[n][c & 1] * scale_log2 : -INFINITY;
       s[n][c] = z;
       row_max[i] = fmaxf(row_max[i], z);
     }
@@ -87,10 +67,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int i = c / 2;
-      const bool visible = (kFast && all_visible) || s[n][c] != -INFINITY;
-      const float e = !visible ? 0.f
-                      : kFast  ? exp2_ftz(s[n][c] - m_use[i])
-                               : exp2f(s[n][c] - m_use[i]);
+      const bool visible = s[n][c] != -INFINITY;
+      const float e = visible ? exp2f(s[n][c] - m_use[i]) : 0.f;
       e_sum[i] += e;
       const float pp = visible ? e * ks[n][c & 1] : 0.f;  // a select: never 0 * NaN
       s[n][c] = pp;
@@ -116,22 +94,11 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
     st.m[i] = m_new[i];
     st.sig[i] = sig_new;
   }
-  if constexpr (kFast) {
-    const FastDivider div[2] = {{st.sig[0], __frcp_rn(st.sig[0])},
-                                {st.sig[1], __frcp_rn(st.sig[1])}};
-    bool finite = true;  // unused: quotients are at most ~448, or NaN from a NaN logit
 #pragma unroll
-    for (int n = 0; n < 4; ++n) {
+  for (int n = 0; n < 4; ++n) {
 #pragma unroll
-      for (int c = 0; c < 4; ++c) s[n][c] = div[c / 2](s[n][c], finite);
-    }
-  } else {
-#pragma unroll
-    for (int n = 0; n < 4; ++n) {
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        s[n][c] = static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(s[n][c], st.sig[c / 2])));
-      }
+    for (int c = 0; c < 4; ++c) {
+      s[n][c] = static_cast<float>(__nv_fp8_e4m3(__fdiv_rn(s[n][c], st.sig[c / 2])));
     }
   }
 }
