@@ -1,0 +1,169 @@
+"""What Hopper's FP8 wgmma accumulation does to the contract's decode (CPU emulation).
+
+The fast kernel agrees with the contract's model to 2e-3 .. 7.5e-3 on random data but to
+~5e-4 when every logit is exact (``test_decode_with_exact_logits``). This script emulates the
+FP8 tensor cores' accumulation as public measurements describe it (DeepSeek-V3 technical
+report, section 3.5.2; the SageAttention2 paper): in each k = 32 step the 32 products and the
+incoming accumulator are aligned to the largest exponent and only the top ``bits`` bits of each
+are kept (a sign-filling right shift, i.e. rounding toward -inf), the incoming accumulator is
+cut to ``bits`` mantissa bits (toward zero), and so is the result. ``bits`` is 13 or 14 in
+those reports. It then runs the contract's softmax on the emulated logits (and, separately,
+on an emulated PV) and reports the relative L2 distance of the BF16 output from the model.
+
+QK schemes: ``v2`` is the fast kernel (four QGMMA chained per 128-channel chunk, chunks and the
+RoPE term summed in fp32); ``k32`` promotes after every QGMMA (a zeroed accumulator per k = 32
+step); ``chain16`` chains all sixteen (no promotion). RoPE (BF16 HGMMA) is taken as exact.
+PV: per 64-token block, two chained k = 32 QGMMA from zero, added to O in fp32 (the fast
+kernel's scheme), on exact logits (the diagnostic's inputs).
+
+Run: ``python3 bench/qgmma_precision.py [--bits 13 14]``; a minute or two on a CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import ml_dtypes
+import numpy as np
+
+from snapmla import reference as ref
+
+BF16 = ml_dtypes.bfloat16
+SM_SCALE = 192**-0.5
+
+
+def _exponent(x: np.ndarray) -> np.ndarray:
+    """floor(log2 |x|); a very negative number for 0."""
+    _, e = np.frexp(np.abs(x))
+    return np.where(x == 0, -(10**6), e - 1)
+
+
+def _truncate(x: np.ndarray, bits: int) -> np.ndarray:
+    """x toward zero to `bits` bits after the leading one."""
+    ulp = np.exp2(np.maximum(_exponent(x), -1000) - bits)
+    return np.where(x == 0, 0.0, np.sign(x) * np.floor(np.abs(x) / ulp) * ulp)
+
+
+def qgmma_step(d: np.ndarray, a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """One emulated k = 32 step: d [...] + a [..., 32] . b [..., 32] (exact FP8 values)."""
+    p = a * b  # exact in float64
+    e = np.maximum(_exponent(p).max(axis=-1), _exponent(d))
+    grid = np.exp2(np.maximum(e, -1000) - bits)[..., None]
+    return _truncate(_truncate(d, bits) + (np.floor(p / grid) * grid).sum(axis=-1), bits)
+
+
+def logits(q8, c8, qr, kr, scheme: str, bits: int) -> np.ndarray:
+    """S [R, T] of FP8 query codes q8 [R, 512] and key codes c8 [T, 512] (+ exact RoPE)."""
+    rope = qr @ kr.T
+    if scheme == "exact":
+        return q8 @ c8.T + rope
+    r, t = q8.shape[0], c8.shape[0]
+    a = np.broadcast_to(q8[:, None, :], (r, t, 512)).reshape(r, t, 16, 32)
+    b = np.broadcast_to(c8[None, :, :], (r, t, 512)).reshape(r, t, 16, 32)
+
+    def chain(steps):
+        d = np.zeros((r, t))
+        for g in steps:
+            d = qgmma_step(d, a[:, :, g], b[:, :, g], bits)
+        return d
+
+    if scheme == "v2":
+        parts = [chain(range(4 * c, 4 * c + 4)) for c in range(4)]
+        return (parts[0] + parts[1]) + (parts[2] + parts[3]) + rope
+    if scheme == "k32":
+        return sum(chain([g]) for g in range(16)) + rope
+    if scheme == "chain16":
+        return chain(range(16)) + rope
+    raise ValueError(scheme)
+
+
+def random_case(rng, n: int, h: int, std: float = 0.5, spread: float = 1.0):
+    """The GPU tests' random data (randn * std, rows scaled by 2^U(-spread, spread)), quantized
+    by the contract: (q8, qr, q_scale, c8, kr, k_scale) as float64."""
+
+    def sample(shape):
+        x = rng.standard_normal(shape).astype(np.float32) * np.float32(std)
+        x *= np.exp2(rng.uniform(-spread, spread, shape[:-1] + (1,))).astype(np.float32)
+        return x.astype(BF16)
+
+    content, rope, scale = ref.quantize_kv(sample((n, 512)), sample((n, 64)))
+    q8, qr, sq = ref.quantize_q(sample((1, 1, h, 576)))
+    f64 = lambda x: np.asarray(x).astype(np.float32).astype(np.float64)  # noqa: E731
+    return (f64(q8[0, 0]), f64(qr[0, 0]), f64(sq[0]).reshape(h), f64(content), f64(rope),
+            f64(scale))
+
+
+def decode(case, scheme: str, bits: int, segments=None) -> np.ndarray:
+    q8, qr, sq, c8, kr, s = case
+    z = logits(q8, qr=qr, c8=c8, kr=kr, scheme=scheme, bits=bits)
+    z = z * (sq * np.float32(SM_SCALE))[:, None] * s[None, :]
+    if segments is None:
+        return ref.attend_logits(z, s, c8)[0]
+    parts = [ref.attend_logits(z[:, a:b], s[a:b], c8[a:b]) for a, b in segments]
+    return ref.merge_lse([p[0] for p in parts], [p[1] for p in parts])[0]
+
+
+def attend_emulated_pv(z, s, c8, bits: int) -> np.ndarray:
+    """The contract's softmax with each block's P8 V as two chained emulated QGMMA from zero."""
+    rows = z.shape[0]
+    m, sig, l, o = np.full(rows, -np.inf), np.ones(rows), np.zeros(rows), np.zeros((rows, 512))
+    for j0 in range(0, z.shape[1], 64):
+        zb, sb, vb = z[:, j0 : j0 + 64], s[j0 : j0 + 64], c8[j0 : j0 + 64]
+        m_new = np.maximum(m, zb.max(axis=1))
+        e = np.exp(zb - m_new[:, None])
+        p = e * sb[None, :]
+        sig_new = np.maximum(p.max(axis=1) / ref.E4M3_MAX, ref.MIN_PROB_SCALE)
+        p8 = ref.e4m3_round(p / sig_new[:, None])
+        g = np.where(np.isneginf(m), 0.0, np.exp(m - m_new) * sig / sig_new)
+        pad = (-p8.shape[1]) % 32
+        pp, vv = np.pad(p8, ((0, 0), (0, pad))), np.pad(vb, ((0, pad), (0, 0)))
+        k = pp.shape[1]
+        a = np.broadcast_to(pp[:, None, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
+        b = np.broadcast_to(vv.T[None, :, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
+        d = np.zeros((rows, 512))
+        for step in range(a.shape[2]):
+            d = qgmma_step(d, a[:, :, step], b[:, :, step], bits)
+        o, l, m, sig = o * g[:, None] + d, l * g + e.sum(axis=1) / sig_new, m_new, sig_new
+    return o / l[:, None]
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return x.astype(BF16).astype(np.float64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bits", type=int, nargs="+", default=[13, 14])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    shapes = [(64, 1, False), (64, 16, False), (1024, 16, False), (1024, 16, True),
+              (1024, 128, False), (4096, 16, False)]
+    np.seterr(all="ignore")
+    for bits in args.bits:
+        print(f"accumulation kept to {bits} bits: relative L2 of out against the model")
+        rng = np.random.default_rng(args.seed)
+        for n, h, split in shapes:
+            case = random_case(rng, n, h)
+            segs = [(i, min(i + 64, n)) for i in range(0, n, 64)] if split else None
+            want = _bf16(decode(case, "exact", bits, segs))
+            got = {s: ref.rel_l2(_bf16(decode(case, s, bits, segs)), want)
+                   for s in ("v2", "k32", "chain16")}
+            label = f"QK, random, {n} tokens, h={h}" + (", one-block segments" if split else "")
+            print(f"  {label:52s}" + "  ".join(f"{k} {v:.1e}" for k, v in got.items()), flush=True)
+        rng = np.random.default_rng(args.seed + 1)
+        for n, h in [(64, 1), (1024, 16), (2000, 16), (1024, 128)]:
+            content = rng.integers(-2, 3, (n, 512)).astype(np.float64)
+            content[:, 0] = 0
+            rope = rng.integers(-2, 3, (n, 64)).astype(np.float64)
+            scale = np.exp2(rng.uniform(-1, 1, n)).astype(np.float32).astype(np.float64)
+            q = rng.integers(-2, 3, (h, 576)).astype(np.float64)
+            q[:, 0] = 448
+            z = (q[:, :512] @ content.T + q[:, 512:] @ rope.T) * np.float32(SM_SCALE) * scale
+            want = _bf16(ref.attend_logits(z, scale, content)[0])
+            got = _bf16(attend_emulated_pv(z, scale, content, bits))
+            label = f"PV, exact logits, {n} tokens, h={h}"
+            print(f"  {label:52s}fast-kernel PV {ref.rel_l2(got, want):.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
