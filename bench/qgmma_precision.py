@@ -131,10 +131,38 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return x.astype(BF16).astype(np.float64)
 
 
+def workload_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[tuple]:
+    """Per layer of snapmla.workload: relative L2 against exact attention of the contract's
+    model (exact S) and of the emulated QK schemes, all with the contract's FP8 P and PV."""
+    from snapmla import workload as wl
+
+    rows = []
+    for w in wl.generate(context, heads, seed=seed):
+        content, rope, scale = ref.quantize_kv(w.c_kv, w.k_pe)
+        q8, qr, sq = ref.quantize_q(w.q)
+        f64 = lambda x: np.asarray(x).astype(np.float32).astype(np.float64)  # noqa: E731
+        case = (f64(q8[0, 0]), f64(qr[0, 0]), f64(sq[0, 0]).reshape(heads), f64(content),
+                f64(rope), f64(scale))
+        exact, _ = ref.exact_attention(w.q, [w.c_kv], [w.k_pe], [context], w.softmax_scale, True)
+        want = exact[0, 0]
+        errs = []
+        for scheme in ("exact", "v2", "k32"):
+            q8_, qr_, sq_, c8, kr, s = case
+            z = np.concatenate(  # token chunks bound the emulation's memory
+                [logits(q8_, c8[t : t + 512], qr_, kr[t : t + 512], scheme, bits)
+                 for t in range(0, context, 512)], axis=1)
+            z = z * (sq_ * np.float32(w.softmax_scale))[:, None] * s[None, :]
+            errs.append(ref.rel_l2(_bf16(ref.attend_logits(z, s, c8)[0]), want))
+        rows.append((w.profile.name, *errs))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, nargs="+", default=[13, 14])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workload-context", type=int, default=2048,
+                    help="context of the snapmla.workload comparison (0: skip it)")
     args = ap.parse_args()
     shapes = [(64, 1, False), (64, 16, False), (1024, 16, False), (1024, 16, True),
               (1024, 128, False), (4096, 16, False)]
@@ -163,6 +191,12 @@ def main() -> None:
             got = _bf16(attend_emulated_pv(z, scale, content, bits))
             label = f"PV, exact logits, {n} tokens, h={h}"
             print(f"  {label:52s}fast-kernel PV {ref.rel_l2(got, want):.1e}", flush=True)
+        if args.workload_context:
+            n = args.workload_context
+            print(f"  snapmla.workload, {n} tokens, 16 heads: relative L2 against exact attention")
+            for name, e_model, e_v2, e_k32 in workload_errors(n, 16, bits, args.seed):
+                print(f"    {name:22s} model (exact S) {e_model:.2e}  v2 {e_v2:.2e}  k32 {e_k32:.2e}",
+                      flush=True)
 
 
 if __name__ == "__main__":
