@@ -4,9 +4,11 @@ sm_90a machine code."""
 
 from __future__ import annotations
 
+import collections
 import re
 import shutil
 import subprocess
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -46,3 +48,59 @@ def test_needs_no_cuda_runtime_or_cxx_runtime() -> None:
 def test_carries_sm90a_code() -> None:
     data = _library().read_bytes()
     assert b"sm_90a" in data
+
+
+def _cuobjdump() -> str:
+    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
+    found = shutil.which("cuobjdump") or shutil.which("cuobjdump", path="/usr/local/cuda/bin")
+    if found:
+        return found
+    for tool in Path(sysconfig.get_paths()["purelib"], "nvidia").glob("*/bin/cuobjdump"):
+        return str(tool)
+    pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump)")
+
+
+def _sass_by_kernel() -> dict[str, list[str]]:
+    out = subprocess.run(
+        [_cuobjdump(), "--dump-sass", str(_library())], check=True, capture_output=True, text=True
+    ).stdout
+    kernels: dict[str, list[str]] = {}
+    name = None
+    for line in out.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            kernels[name] = []
+        elif name and re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+            kernels[name].append(line)
+    return kernels
+
+
+def _kernel(kernels: dict[str, list[str]], part: str) -> list[str]:
+    names = [k for k in kernels if part in k]
+    assert len(names) == 1, f"expected one kernel named *{part}*, found {names}"
+    return kernels[names[0]]
+
+
+def test_fast_kernel_sass_is_the_kernel_we_think_it_is() -> None:
+    """The wgmma decode kernel as its GPU validation saw it: per 64-token block 16 FP8 QGMMA
+    m64n32k32 (QK) and 4 BF16 HGMMA m64n32k16 (RoPE), 8 FP8 QGMMA m64n64k32 (PV), nothing
+    else on the tensor cores, no local memory. ptxas has silently dropped a whole QK round
+    before (a rewrite that never reached main): this catches that without a GPU."""
+    sass = _kernel(_sass_by_kernel(), "fast_decode_kernel")
+    gmma = collections.Counter(
+        m.group(1) for line in sass if (m := re.search(r"\b([QH]GMMA\.[0-9x]+)", line))
+    )
+    assert gmma == {"QGMMA.64x32x32": 16, "HGMMA.64x32x16": 4, "QGMMA.64x64x32": 8}, gmma
+    assert not [line for line in sass if re.search(r"\b(LDL|STL)\b", line)], "local memory"
+
+
+def test_reference_kernel_sass_uses_tensor_cores() -> None:
+    """The reference kernel's FP8 mma.sync becomes FP16 HMMA with fp32 accumulation (which is
+    why it matches the model to ~1e-5), and its BF16 PV is BF16 HMMA."""
+    sass = _kernel(_sass_by_kernel(), "reference_decode_kernel")
+    hmma = collections.Counter(
+        m.group(1) for line in sass if (m := re.search(r"\b(HMMA\.16816\.F32(?:\.BF16)?)", line))
+    )
+    assert hmma["HMMA.16816.F32"] > 0 and hmma["HMMA.16816.F32.BF16"] > 0, hmma
+    assert not [line for line in sass if re.search(r"\b[QH]GMMA\b", line)]
