@@ -71,7 +71,7 @@ def _sass_by_kernel() -> dict[str, list[str]]:
         if m:
             name = m.group(1)
             kernels[name] = []
-        elif name and re.match(r"\s+/\*[0-9a-f]{4}\*/", line):
+        elif name and re.match(r"\s+/\*[0-9a-f]{4,}\*/", line):  # addresses pass 0xffff
             kernels[name].append(line)
     return kernels
 
