@@ -102,7 +102,9 @@ for stage in "$@"; do
           --no-ref --timing-s 0.001 >"$FINAL/ncu-$c.txt" 2>&1 || status=1
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible" \
           "$FINAL/ncu-$c.txt" | head -20
-        if [ -f "$OUT/ncu-$c.ncu-rep" ]; then  # per-SASS-instruction stall samples
+        if [ -f "$OUT/ncu-$c.ncu-rep" ]; then  # an exported report prints nothing: read it back
+          ncu --import "$OUT/ncu-$c.ncu-rep" --page details --print-details all \
+            >>"$FINAL/ncu-$c.txt" 2>&1
           ncu --import "$OUT/ncu-$c.ncu-rep" --page source --csv --print-source sass \
             >"$OUT/src.csv" 2>&1 && gzip -c "$OUT/src.csv" >"$FINAL/ncu-sass-$c.csv.gz"
         fi
