@@ -77,6 +77,15 @@ def logits(q8, c8, qr, kr, scheme: str, bits: int) -> np.ndarray:
     raise ValueError(scheme)
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return x.astype(BF16).astype(np.float64)
+
+
+def _f64(x) -> np.ndarray:
+    """FP8 / BF16 / fp32 values as float64 (exact)."""
+    return np.asarray(x).astype(np.float32).astype(np.float64)
+
+
 def random_case(rng, n: int, h: int, std: float = 0.5, spread: float = 1.0):
     """The GPU tests' random data (randn * std, rows scaled by 2^U(-spread, spread)), quantized
     by the contract: (q8, qr, q_scale, c8, kr, k_scale) as float64."""
@@ -88,9 +97,8 @@ def random_case(rng, n: int, h: int, std: float = 0.5, spread: float = 1.0):
 
     content, rope, scale = ref.quantize_kv(sample((n, 512)), sample((n, 64)))
     q8, qr, sq = ref.quantize_q(sample((1, 1, h, 576)))
-    f64 = lambda x: np.asarray(x).astype(np.float32).astype(np.float64)  # noqa: E731
-    return (f64(q8[0, 0]), f64(qr[0, 0]), f64(sq[0]).reshape(h), f64(content), f64(rope),
-            f64(scale))
+    return (_f64(q8[0, 0]), _f64(qr[0, 0]), _f64(sq[0]).reshape(h), _f64(content), _f64(rope),
+            _f64(scale))
 
 
 def decode(case, scheme: str, bits: int, segments=None) -> np.ndarray:
@@ -103,32 +111,18 @@ def decode(case, scheme: str, bits: int, segments=None) -> np.ndarray:
     return ref.merge_lse([p[0] for p in parts], [p[1] for p in parts])[0]
 
 
-def attend_emulated_pv(z, s, c8, bits: int) -> np.ndarray:
-    """The contract's softmax with each block's P8 V as two chained emulated QGMMA from zero."""
-    rows = z.shape[0]
-    m, sig, l, o = np.full(rows, -np.inf), np.ones(rows), np.zeros(rows), np.zeros((rows, 512))
-    for j0 in range(0, z.shape[1], 64):
-        zb, sb, vb = z[:, j0 : j0 + 64], s[j0 : j0 + 64], c8[j0 : j0 + 64]
-        m_new = np.maximum(m, zb.max(axis=1))
-        e = np.exp(zb - m_new[:, None])
-        p = e * sb[None, :]
-        sig_new = np.maximum(p.max(axis=1) / ref.E4M3_MAX, ref.MIN_PROB_SCALE)
-        p8 = ref.e4m3_round(p / sig_new[:, None])
-        g = np.where(np.isneginf(m), 0.0, np.exp(m - m_new) * sig / sig_new)
-        pad = (-p8.shape[1]) % 32
-        pp, vv = np.pad(p8, ((0, 0), (0, pad))), np.pad(vb, ((0, pad), (0, 0)))
-        k = pp.shape[1]
-        a = np.broadcast_to(pp[:, None, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
-        b = np.broadcast_to(vv.T[None, :, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
-        d = np.zeros((rows, 512))
-        for step in range(a.shape[2]):
-            d = qgmma_step(d, a[:, :, step], b[:, :, step], bits)
-        o, l, m, sig = o * g[:, None] + d, l * g + e.sum(axis=1) / sig_new, m_new, sig_new
-    return o / l[:, None]
-
-
-def _bf16(x: np.ndarray) -> np.ndarray:
-    return x.astype(BF16).astype(np.float64)
+def emulated_pv(p8: np.ndarray, values: np.ndarray, bits: int) -> np.ndarray:
+    """One block's P8 [R, k] V [k, 512] as the fast kernel issues it: chained emulated k = 32
+    QGMMA steps from zero (tokens padded to a multiple of 32)."""
+    rows, pad = p8.shape[0], (-p8.shape[1]) % 32
+    pp, vv = np.pad(p8, ((0, 0), (0, pad))), np.pad(values, ((0, pad), (0, 0)))
+    k = pp.shape[1]
+    a = np.broadcast_to(pp[:, None, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
+    b = np.broadcast_to(vv.T[None, :, :], (rows, 512, k)).reshape(rows, 512, -1, 32)
+    d = np.zeros((rows, 512))
+    for step in range(a.shape[2]):
+        d = qgmma_step(d, a[:, :, step], b[:, :, step], bits)
+    return d
 
 
 def workload_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[tuple]:
@@ -140,9 +134,8 @@ def workload_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[
     for w in wl.generate(context, heads, seed=seed):
         content, rope, scale = ref.quantize_kv(w.c_kv, w.k_pe)
         q8, qr, sq = ref.quantize_q(w.q)
-        f64 = lambda x: np.asarray(x).astype(np.float32).astype(np.float64)  # noqa: E731
-        case = (f64(q8[0, 0]), f64(qr[0, 0]), f64(sq[0, 0]).reshape(heads), f64(content),
-                f64(rope), f64(scale))
+        case = (_f64(q8[0, 0]), _f64(qr[0, 0]), _f64(sq[0, 0]).reshape(heads), _f64(content),
+                _f64(rope), _f64(scale))
         exact, _ = ref.exact_attention(w.q, [w.c_kv], [w.k_pe], [context], w.softmax_scale, True)
         want = exact[0, 0]
         errs = []
@@ -188,7 +181,8 @@ def main() -> None:
             q[:, 0] = 448
             z = (q[:, :512] @ content.T + q[:, 512:] @ rope.T) * np.float32(SM_SCALE) * scale
             want = _bf16(ref.attend_logits(z, scale, content)[0])
-            got = _bf16(attend_emulated_pv(z, scale, content, bits))
+            pv = lambda p8, v: emulated_pv(p8, v, bits)  # noqa: E731
+            got = _bf16(ref.attend_logits(z, scale, content, pv=pv)[0])
             label = f"PV, exact logits, {n} tokens, h={h}"
             print(f"  {label:52s}fast-kernel PV {ref.rel_l2(got, want):.1e}", flush=True)
         if args.workload_context:

@@ -22,7 +22,7 @@ Three layers:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -418,9 +418,11 @@ class _SoftmaxState:
         scale: np.ndarray,
         values: np.ndarray,
         quantize_p: bool,
+        pv: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
     ) -> None:
         """Consumes one block: logits ``z [R, k]``, mask ``[R, k]``, token scales ``[k]``,
-        values ``[k, dim]`` (FP8 content as float64, or any V)."""
+        values ``[k, dim]`` (FP8 content as float64, or any V). ``pv(P, values)`` computes the
+        block's product (default exact, ``P @ values``; a kernel's emulation may stand in)."""
         active = visible.any(axis=1)
         if not active.any():
             return
@@ -439,7 +441,7 @@ class _SoftmaxState:
             if not np.isfinite(values).all():  # invisible NaN slots must add exactly nothing
                 values = np.where(np.isfinite(values), values, 0.0)
             l_new = self.l * g + e.sum(axis=1) / sig_new  # eq. 12
-            o_new = self.o * g[:, None] + p @ values  # eq. 13
+            o_new = self.o * g[:, None] + (p @ values if pv is None else pv(p, values))  # eq. 13
         # A row that sees nothing in this block keeps its state (the contract's update would
         # rescale by sigma_{k-1} / 2^-64, which cancels exactly in O / l and sigma * l).
         self.m = np.where(active, m_new, self.m)
@@ -466,6 +468,7 @@ def attend_logits(
     *,
     quantize_p: bool = True,
     block: int = _BLOCK,
+    pv: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The softmax / PV half of the contract on given logits, in float64.
 
@@ -476,6 +479,8 @@ def attend_logits(
       visible: bool ``[R, n]``; None = all visible.
       quantize_p: round P'/sigma to FP8 (the contract) or keep it exact.
       block: tokens per softmax block (64 in the contract).
+      pv: ``pv(P [R, k], values [k, dim])``, each block's P V; None is the exact product (an
+        emulation of a kernel's tensor-core accumulation may stand in, bench/qgmma_precision.py).
 
     Returns:
       ``(out [R, dim], lse [R])``, ``out = sum_j softmax(z)_j * s_j * values_j``; rows with no
@@ -489,7 +494,7 @@ def attend_logits(
     state = _SoftmaxState(z.shape[0], values.shape[1])
     for j0 in range(0, z.shape[1], block):
         j1 = min(j0 + block, z.shape[1])
-        state.update(z[:, j0:j1], visible[:, j0:j1], scale[j0:j1], values[j0:j1], quantize_p)
+        state.update(z[:, j0:j1], visible[:, j0:j1], scale[j0:j1], values[j0:j1], quantize_p, pv)
     return state.result()
 
 
