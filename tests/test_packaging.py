@@ -5,6 +5,7 @@ sm_90a machine code."""
 from __future__ import annotations
 
 import collections
+import functools
 import re
 import shutil
 import subprocess
@@ -60,6 +61,7 @@ def _cuobjdump() -> str:
     pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump)")
 
 
+@functools.lru_cache(maxsize=1)  # one cuobjdump run serves every SASS test
 def _sass_by_kernel() -> dict[str, list[str]]:
     out = subprocess.run(
         [_cuobjdump(), "--dump-sass", str(_library())], check=True, capture_output=True, text=True
