@@ -1,4 +1,4 @@
-"""Writes cpp/decode/wgmma_ops.cuh: the wgmma.mma_async wrappers the fast decode kernel uses.
+"""Writes cpp/decode/wgmma_ops.cuh: the wgmma.mma_async wrappers the seesaw decode kernel uses.
 
 The accumulator of an m64nN wgmma is N/2 fp32 registers per thread; spelling 128 operands by
 hand is error-prone, so they are generated. Run: python3 tools/gen_wgmma.py
@@ -11,8 +11,10 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "wgmma_ops.cuh"
 
 
-def ss(name: str, n: int, k_type: str, k: int, trans: bool) -> str:
-    """D (+)= A(smem desc) * B(smem desc)."""
+def ss(name: str, n: int, k_type: str, k: int, trans: bool, init: bool = False) -> str:
+    """D (+)= A(smem desc) * B(smem desc); with init, D = A * B and D is write-only."""
+    if init:
+        return ss_init(name, n, k_type, k, trans)
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     extra = ", 0, 0" if trans else ""
@@ -27,6 +29,51 @@ def ss(name: str, n: int, k_type: str, k: int, trans: bool) -> str:
         f'      "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{extra};\\n}}\\n"',
         "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
         '      : "l"(desc_a), "l"(desc_b), "r"(accumulate));',
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def ss_init(name: str, n: int, k_type: str, k: int, trans: bool) -> str:
+    """D = A(smem desc) * B(smem desc). D is an output only, so the compiler does not keep the
+    accumulator registers alive before the first product of a chain."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    extra = ", 0, 0" if trans else ""
+    lines = [
+        f"// D[64 x {n}] = A[64 x {k}] * B[{n} x {k}]^T, {k_type}, both K-major in shared memory.",
+        (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t desc_a, "
+        "uint64_t desc_b) {"),
+        "  asm volatile(",
+        '      "{\\n.reg .pred p;\\n"',
+        '      "setp.ne.b32 p, 0, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
+        f'      "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{extra};\\n}}\\n"',
+        "      : " + ", ".join(f'"=f"(d[{i}])' for i in range(regs)),
+        '      : "l"(desc_a), "l"(desc_b));',
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def rs_init(name: str, n: int, k_type: str, k: int) -> str:
+    """D = A(registers) * B(smem desc), D an output only."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    a = ", ".join(f"%{regs + i}" for i in range(4))
+    lines = [
+        f"// D[64 x {n}] = A[64 x {k}] (registers, {k_type}) * B[{n} x {k}]^T (K-major smem).",
+        (
+            f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], "
+            "uint64_t desc_b) {"
+        ),
+        "  asm volatile(",
+        '      "{\\n.reg .pred p;\\n"',
+        '      "setp.ne.b32 p, 0, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
+        f'      "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"',
+        "      : " + ", ".join(f'"=f"(d[{i}])' for i in range(regs)),
+        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));',
         "}",
     ]
     return "\n".join(lines)
@@ -66,11 +113,25 @@ def main() -> None:
         "namespace snapmla {",
         "namespace sm90 {",
         "",
-        ss("wgmma_m64n32k32_e4m3_ss", 32, "e4m3", 32, trans=False),
+        # QK: S[64 rows x 64 tokens], content (FP8) and RoPE (BF16)
+        ss("wgmma_m64n64k32_e4m3_ss", 64, "e4m3", 32, trans=False),
         "",
-        ss("wgmma_m64n32k16_bf16_ss", 32, "bf16", 16, trans=True),
+        ss("wgmma_m64n64k32_e4m3_ss_init", 64, "e4m3", 32, trans=False, init=True),
+        "",
+        ss("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, trans=True),
+        "",
+        # PV: O^T[64 latent x N rows] = V^T (registers) P^T (shared memory), N = query rows
+        rs("wgmma_m64n16k32_e4m3_rs", 16, "e4m3", 32),
+        "",
+        rs_init("wgmma_m64n16k32_e4m3_rs_init", 16, "e4m3", 32),
+        "",
+        rs("wgmma_m64n32k32_e4m3_rs", 32, "e4m3", 32),
+        "",
+        rs_init("wgmma_m64n32k32_e4m3_rs_init", 32, "e4m3", 32),
         "",
         rs("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32),
+        "",
+        rs_init("wgmma_m64n64k32_e4m3_rs_init", 64, "e4m3", 32),
         "",
         "}  // namespace sm90",
         "}  // namespace snapmla",

@@ -581,7 +581,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
   // AUTO runs the kernel that meets the contract's agreement bound (the mma.sync one); the
   // wgmma kernel is opt-in until its QGMMA logits match the model as closely.
   if (a.kernel == SNAPMLA_DECODE_KERNEL_FAST) {
-    SNAPMLA_CUDA(op, decode::launch_fast_decode(p, s));
+    SNAPMLA_CUDA(op, decode::launch_seesaw_decode(p, s));
   } else {
     SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
   }

@@ -90,8 +90,8 @@ int default_num_parts(int sm_count, int row_tiles);
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
                         int num_parts, int32_t* plan, cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
-cudaError_t launch_fast_decode(const DecodeParams& params, cudaStream_t stream);
-size_t fast_decode_smem_bytes();
+// The tensor-core kernel (seesaw/): FP8 wgmma QK and transposed PV, two warpgroups.
+cudaError_t launch_seesaw_decode(const DecodeParams& params, cudaStream_t stream);
 cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace decode

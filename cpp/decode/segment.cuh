@@ -70,11 +70,32 @@ __device__ __forceinline__ int visibility_limit(const DecodeParams& p, int fr, i
   return p.causal ? seqlen - p.q_len + 1 + qt : seqlen;
 }
 
-// Epilogue of row I (0: fragment row g, 1: g + 8): out = O / l (or the partial O / l),
-// lse = m ln2 + ln(sigma l). o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4
-// and + 1.
-// m is in the log2 domain. A bad page makes the row NaN; a row that saw no token is out 0
-// with lse +inf (or -inf in a partial, so the combine gives it no weight).
+// What a row's (l, m, sigma) turn into: 1 / l, and lse = m ln2 + ln(sigma l) (m is in the log2
+// domain). A bad page makes the row NaN; a row that saw no token is out 0 with lse +inf (or
+// -inf in a split partial, so the combine gives it no weight).
+struct RowResult {
+  float inv_l, lse;
+};
+__device__ __forceinline__ RowResult row_result(float l, float m, float sig, bool bad_page,
+                                                bool split) {
+  if (bad_page) return {__int_as_float(0x7fffffff), __int_as_float(0x7fffffff)};
+  const bool empty = !(l > 0.f) && l == l;
+  if (empty) return {0.f, split ? -INFINITY : INFINITY};
+  return {1.f / l, m * kLn2 + logf(sig * l)};
+}
+
+// Where row fr of request b puts its lse: the final [b, h, s_q] array or a split partial.
+__device__ __forceinline__ void store_lse(const DecodeParams& p, int b, int fr, const Segment& seg,
+                                          float lse) {
+  if (seg.split) {
+    p.partial_lse[int64_t{seg.slot} * p.row_tiles * kTileRows + fr] = lse;
+  } else if (p.lse != nullptr) {
+    p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = lse;
+  }
+}
+
+// Epilogue of row I (0: fragment row g, 1: g + 8): out = O / l (or the partial O / l) and lse.
+// o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4 and + 1.
 template <int I>
 __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, int col0, int t4,
                                           const float (&o)[kColTiles][4], float l, float m,
@@ -82,17 +103,8 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
                                           bool writes_lse) {
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
-  const bool empty = !(l > 0.f) && l == l;
-  float inv_l, lse;
-  if (bad_page) {  // a page outside the layer: refuse to guess, show NaN
-    inv_l = lse = __int_as_float(0x7fffffff);
-  } else if (empty) {
-    inv_l = 0.f;
-    lse = seg.split ? -INFINITY : INFINITY;
-  } else {
-    inv_l = 1.f / l;
-    lse = m * kLn2 + logf(sig * l);
-  }
+  const RowResult res = row_result(l, m, sig, bad_page, seg.split);
+  const float inv_l = res.inv_l;
   if (seg.split) {
     const int rows_pad = p.row_tiles * kTileRows;
     float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
@@ -101,7 +113,6 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
       *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) =
           make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
-    if (writes_lse) p.partial_lse[int64_t{seg.slot} * rows_pad + fr] = lse;
   } else {
     uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + col0;
 #pragma unroll
@@ -109,10 +120,8 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
       *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t4) =
           pack_bf16x2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
-    if (writes_lse && p.lse != nullptr) {
-      p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = lse;
-    }
   }
+  if (writes_lse) store_lse(p, b, fr, seg, res.lse);
 }
 
 }  // namespace decode

@@ -92,8 +92,32 @@ __device__ __forceinline__ uint64_t make_desc(const void* start, Swizzle swizzle
   return addr | (lbo << 16) | (sbo << 32) | (static_cast<uint64_t>(swizzle) << 62);
 }
 
+// Named barriers: `threads` threads take part; bar.sync waits, bar.arrive only signals (a
+// producer arrives, a consumer syncs: 128 + 128 for a one-way handoff between warpgroups).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ------------------------------------------------------------------------- ldmatrix
+// Four 8x8 matrices of 16-bit elements, transposed: lanes 8i..8i+7 give the row addresses
+// (16 bytes each) of matrix i; thread (g = lane / 4, t = lane % 4) receives in r[i] the
+// elements [row 2t][col g] (low half) and [row 2t + 1][col g] (high half) of matrix i.
+__device__ __forceinline__ void ldsm_t_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+// Four 8x8 matrices of 16-bit elements stored: lanes 8i..8i+7 give the row addresses of
+// matrix i; thread (g, t) provides in r[i] the elements [row g][cols 2t, 2t + 1] of matrix i.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                        uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
 }
 
 }  // namespace sm90

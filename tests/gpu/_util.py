@@ -23,10 +23,13 @@ SM_SCALE = 192**-0.5
 POISON_BYTE = 0xFF  # FP8 0xFF, BF16 0xFFFF and fp32 0xFFFFFFFF are all NaN
 OUT_RTOL = 2e-3  # relative L2 of out against decode_reference
 LSE_ATOL = 1e-3  # absolute error of finite lse
-# The wgmma kernel (kernel="fast", opt-in): measured up to 7.5e-3 / 2.1e-3 on the H200
-# (FP8 QGMMA accumulation flips E4M3 roundings of P); see test_decode.tolerances.
-FAST_OUT_RTOL = 1.5e-2
+# The tensor-core tier of the contract (v2; kernel="fast"): FP8 wgmma does not accumulate in
+# fp32, and the logit differences flip E4M3 roundings of P. On random inputs: 2e-2 relative L2
+# and 5e-3 on lse against the model; on inputs whose logits every accumulator holds exactly:
+# 1e-3. See test_decode.tolerances.
+FAST_OUT_RTOL = 2e-2
 FAST_LSE_ATOL = 5e-3
+FAST_EXACT_RTOL = 1e-3
 FRAMEWORKS = ("torch", "cupy", "jax")
 
 

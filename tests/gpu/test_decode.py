@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from _util import (
     BF16,
+    FAST_EXACT_RTOL,
     FAST_LSE_ATOL,
     FAST_OUT_RTOL,
     FRAMEWORKS,
@@ -48,12 +49,16 @@ GRID_LENS = [0, 1, 63, 64, 65, 1000, 16384]
 KERNELS = ("reference", "fast", "auto")
 
 
-def tolerances(kernel: str) -> dict:
-    """Agreement bounds with the contract's model. The reference kernel (and AUTO, which runs
-    it) meets the contract's 2e-3; the wgmma kernel computes S with FP8 QGMMA, whose internal
-    accumulation is not fp32, and the resulting logit differences flip E4M3 roundings of P:
-    it is held to a documented, looser bound until it computes S exactly like the model."""
-    return {"rtol": FAST_OUT_RTOL, "lse_atol": FAST_LSE_ATOL} if kernel == "fast" else {}
+def tolerances(kernel: str, exact_logits: bool = False) -> dict:
+    """Agreement bounds with the contract's model (v2). The reference kernel (and AUTO, which
+    runs it) meets 2e-3 everywhere; the tensor-core kernel computes S with FP8 wgmma, whose
+    internal accumulation is not fp32: it meets 1e-3 on inputs whose logits every accumulator
+    holds exactly (layout and logic), and 2e-2 / 5e-3 on lse on random inputs (agreement)."""
+    if kernel != "fast":
+        return {}
+    if exact_logits:
+        return {"rtol": FAST_EXACT_RTOL, "lse_atol": FAST_LSE_ATOL}
+    return {"rtol": FAST_OUT_RTOL, "lse_atol": FAST_LSE_ATOL}
 
 
 # ---------------------------------------------------------------------------- the grid
@@ -280,7 +285,7 @@ def test_decode_with_exact_logits(
     for kernel in KERNELS:
         out, lse = run_decode(cache, case, kernel=kernel, num_sm_parts=num_sm_parts)
         label = f"exact logits h={h} s_q={s_q} lens={lens} parts={num_sm_parts} kernel={kernel}"
-        errs[kernel] = check_decode(out, lse, *want, label=label)
+        errs[kernel] = check_decode(out, lse, *want, **tolerances(kernel, True), label=label)
     print(f"\nexact logits h={h} s_q={s_q} lens={lens}: out rel L2 vs model {errs}")
 
 

@@ -1,0 +1,110 @@
+// The seesaw decode kernel: every tile constant, the shared-memory plan and the named barriers.
+//
+// One CTA = 64 query rows (s_q x heads, flattened, heads fastest) of one part of the split-KV
+// schedule; two consumer warpgroups and no producer warpgroup. Per 64-token block (one page):
+//   QK       S[64 rows x 64 tokens] = Q K^T: 16 FP8 wgmma m64n64k32 over the content and 4 BF16
+//            wgmma m64n64k16 over the pre-scaled RoPE, in two fp32 halves (content 0-255 and
+//            256-511 + RoPE) that the CUDA cores add: FP8 wgmma does not accumulate in fp32.
+//            Blocks alternate between the warpgroups: WG w owns blocks i = w, w + 2, ...
+//   softmax  the owner runs the contract's block step on its S and publishes P8 (to shared
+//            memory, the B operand of PV) and the row statistics m, sigma, l, gamma.
+//   PV       transposed: O^T[512 latent x N rows] = V^T P^T. WG w owns latent half
+//            [256 w, 256 w + 256) for every block: 4 m-tiles of 64 latent rows x 2 k-steps of
+//            32 tokens. V^T is built straight into wgmma A registers from the TMA'd content
+//            tile (ldmatrix.trans + one byte permute per register): no transpose pass, no V^T
+//            buffer. Each block's product lands in a zeroed fp32 temporary that the CUDA cores
+//            add into O = gamma O + T (the rescale every online softmax pays anyway).
+//   TMA      a ring of kStages pages; each stage is refilled in three parts by the threads that
+//            last read them: each warpgroup its content half after its PV, the owner the RoPE
+//            tile and the scales after its softmax. full[stage] counts those three arrivals.
+//
+// Fragment bindings (derived in ../../../bench/NOTES.md, "Seesaw: fragment mapping"):
+//   V^T A fragment of warp v, m-tile m, k-step ks: M-row 16 v + g <-> latent d = base + 2 g,
+//   M-row 16 v + g + 8 <-> d = base + 2 g + 1 (base = 256 w + 64 m + 16 v); logical
+//   k = 16 h + 4 t + j <-> token 32 ks + 16 h + 8 (j / 2) + 2 t + (j % 2).
+//   P8 in shared memory: row r, byte 16 h + 4 t + j <-> token 16 h + 8 (j / 2) + 2 t + (j % 2),
+//   which is what the S accumulator gives thread (g, t): no shuffles.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/numerics.cuh"
+#include "decode/decode.h"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+constexpr int kThreads = 256;  // two consumer warpgroups
+constexpr int kWgThreads = 128;
+constexpr int kRowsM = 64;                          // QK's M: query rows per CTA
+constexpr int kStages = 4;                          // pages in flight
+constexpr int kChunkBytes = 128;                    // one 128-byte swizzle row of FP8 content
+constexpr int kChunks = kContentDim / kChunkBytes;  // 4 content chunks per token
+constexpr int kTileBytes = kBlockN * kChunkBytes;   // 8 KiB: 64 rows x 128 bytes
+constexpr int kHalfDim = kContentDim / 2;           // latent columns per warpgroup (PV)
+constexpr int kMTiles = kHalfDim / 64;              // PV m-tiles of 64 latent rows per warpgroup
+constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byte swizzle
+constexpr int kQkChunkSteps = kChunkBytes / 32;     // k32 FP8 steps per content chunk
+constexpr int kRopeSteps = kRopeDim / 16;           // k16 BF16 steps over the RoPE
+constexpr uint32_t kContentHalfTx = 2 * kTileBytes;  // one warpgroup's refill
+constexpr uint32_t kRopeScaleTx = kTileBytes + kBlockN * 4;
+constexpr uint32_t kStageTx = 2 * kContentHalfTx + kRopeScaleTx;
+constexpr uint32_t kQTx = kChunks * kTileBytes + kTileBytes;
+constexpr uint32_t kFullArrivals = 3;  // content half x 2, RoPE + scales
+
+static_assert(kTileRows == kRowsM && kBlockN == 64, "one wgmma M tile of rows, one page");
+static_assert(kRopeDim * 2 == kChunkBytes, "a RoPE row is one 128-byte swizzle row");
+static_assert(kStages >= 2, "QK of block i + 2 needs the ring to hold two blocks ahead");
+
+// Named barrier ids (0 is __syncthreads).
+enum Barrier : int {
+  kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics
+  kBarPfree = 3,   // + (i & 1): the other warpgroup finished its PV of block i
+  kBarWg = 5,      // + wg: one warpgroup, its own P8 and statistics written
+};
+
+// Row statistics of one block, published by its owner (log2-domain m).
+struct RowStats {
+  float m[kRowsM];
+  float sig[kRowsM];
+  float l[kRowsM];
+  float gamma[kRowsM];
+};
+
+struct alignas(1024) SharedStorage {
+  uint8_t q_content[kChunks][kTileBytes];  // [64 rows][128 B] x 4, 128B swizzle (TMA)
+  uint8_t q_rope[kTileBytes];              // [64 rows][64 bf16], 128B swizzle
+  struct alignas(1024) Stage {
+    uint8_t content[kChunks][kTileBytes];  // [64 tokens][128 B] x 4, 128B swizzle
+    uint8_t rope[kTileBytes];              // [64 tokens][64 bf16], 128B swizzle
+    float scale[kBlockN];
+  } stage[kStages];
+  alignas(512) uint8_t p8[2][kRowsM * kPRowBytes];  // by block parity: [rows][64 B], 64B swz
+  RowStats stats[2];                                // by block parity
+  float q_scale[kRowsM];
+  uint64_t full_bar[kStages];
+  uint64_t q_bar;
+};
+
+struct TensorMaps {
+  CUtensorMap k_content;  // uint8  {512, 64, pages}: box {128, 64, 1}, 128B swizzle
+  CUtensorMap k_rope;     // uint16 {64, 64, pages}:  box {64, 64, 1}, 128B swizzle
+  CUtensorMap k_scale;    // fp32   {64, pages}:      box {64, 1}
+  CUtensorMap q_content;  // uint8  {512, rows}:      box {128, 64}, 128B swizzle
+  CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
+};
+
+// Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
+constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
+static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
+
+// Launches the kernel of PV width kN (instantiations/n<kN>.cu).
+template <int kN>
+cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla

@@ -1,0 +1,418 @@
+// The seesaw decode kernel (definition). Tile constants, the shared-memory plan and the
+// schedule's outline are in config.h; instantiations/ compiles one variant per PV width.
+#pragma once
+
+#include <cuda.h>
+
+#include <type_traits>
+
+#include "decode/seesaw/config.h"
+#include "decode/seesaw/fragments.cuh"
+#include "decode/segment.cuh"
+#include "decode/sm90.cuh"
+#include "decode/wgmma_ops.cuh"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+using namespace sm90;
+
+
+// O^T[64 latent x N rows] (+)= V^T[64 x 32 tokens] (registers) P8^T (shared memory).
+// kInit: D = product (D write-only), else D += product.
+template <int N, bool kInit>
+__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (N == 64) {
+    kInit ? wgmma_m64n64k32_e4m3_rs_init(d, a, desc) : wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
+  } else if constexpr (N == 32) {
+    kInit ? wgmma_m64n32k32_e4m3_rs_init(d, a, desc) : wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
+  } else {
+    kInit ? wgmma_m64n16k32_e4m3_rs_init(d, a, desc) : wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
+  }
+}
+
+// Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
+__device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
+  return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
+         (tb + 8 < valid ? 0xff0000u : 0u) | (tb + 9 < valid ? 0xff000000u : 0u);
+}
+
+// Zero the E4M3 NaN codes (0x7f, 0xff) of four packed bytes.
+__device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
+  return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
+}
+
+// kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
+// the rows past kN are discarded.
+template <int kN>
+__global__ void __launch_bounds__(kThreads, 1)
+    seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
+  static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
+  constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
+  constexpr int kNTiles = kN / 8;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  // 1024-byte alignment (128B swizzle atoms) by pointer arithmetic, keeping the address space.
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
+      smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+
+  const int part = blockIdx.x, tile = blockIdx.y;
+  // Warpgroup and warp indices through a shuffle: the compiler then knows them warp-uniform,
+  // and branches on them do not serialize the wgmma pipeline (ptxas C7518).
+  const int tid = threadIdx.x, wtid = tid % kWgThreads, lane = tid % 32;
+  const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
+  const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
+  const int g = lane / 4, t = lane % 4;
+  const int rows_total = p.q_len * p.num_heads;
+  const int r0 = 16 * warp + g;             // S rows of this thread: r0 and r0 + 8
+  const bool softmax_warp = 16 * warp < kN;  // a warp whose S rows reach PV
+
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
+    mbar_init(&s.q_bar, 1);
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
+  // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
+  const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+  const uint32_t stsm_off = p8_lane_offset(lane, warp);
+
+  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  const int req_begin = p.plan[L.part_begin + part];
+  const int req_end = p.plan[L.part_end + part];
+  uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
+  uint32_t q_phase = 0;
+
+  for (int b = req_begin; b <= req_end; ++b) {
+    Segment seg;
+    if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
+    const int seqlen = p.seqlens[b];
+    const int n = seg.blk_hi - seg.blk_lo;
+    const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
+    const int32_t* pages = p.block_table + int64_t{b} * p.block_table_stride + seg.blk_lo;
+    // Tokens every row of the tile sees: blocks below this need no masking or V sanitizing.
+    const int min_limit = p.causal ? seqlen - p.q_len + 1 : seqlen;
+    const uint32_t it0 = it;
+    auto stage_of = [&](int i) -> SharedStorage::Stage& { return s.stage[(it0 + i) % kStages]; };
+    auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
+    auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
+    auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
+
+    // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
+    // come out NaN.
+    auto load_content_half = [&](int i, int half) {
+      const int32_t page = pages[i];
+      uint64_t* bar = full_of(i);
+      if (!page_ok(page)) return mbar_arrive(bar);
+      mbar_arrive_expect_tx(bar, kContentHalfTx);
+#pragma unroll
+      for (int c = 2 * half; c < 2 * half + 2; ++c) {
+        tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
+      }
+    };
+    auto load_rope_scale = [&](int i) {
+      const int32_t page = pages[i];
+      uint64_t* bar = full_of(i);
+      if (!page_ok(page)) return mbar_arrive(bar);
+      mbar_arrive_expect_tx(bar, kRopeScaleTx);
+      tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
+      tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
+    };
+    if (tid == 0) {
+      mbar_arrive_expect_tx(&s.q_bar, kQTx);
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                    static_cast<int32_t>(row0));
+      }
+      tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+      for (int i = 0; i < min(kStages, n); ++i) {
+        load_content_half(i, 0);
+        load_content_half(i, 1);
+        load_rope_scale(i);
+      }
+    }
+    if (tid < kRowsM) {
+      const int fr = tile * kRowsM + tid;
+      s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
+    }
+    __syncthreads();  // q_scale
+    mbar_wait(&s.q_bar, q_phase);
+    q_phase ^= 1;
+
+    float o[kMTiles][kNRegs];  // O^T of latent half wg
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
+    }
+    bool bad_page = false;
+
+    // ---- QK of block i (the owner; asynchronous): two fp32 halves
+    float sa[32], sb[32];
+    auto issue_qk = [&](int i) {
+      SharedStorage::Stage& st = stage_of(i);
+      mbar_wait(full_of(i), phase_of(i));
+      wgmma_fence();
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int k = 0; k < kQkChunkSteps; ++k) {
+          const uint64_t da = make_desc(s.q_content[c] + 32 * k, Swizzle::k128B, kChunkBytes);
+          const uint64_t db = make_desc(st.content[c] + 32 * k, Swizzle::k128B, kChunkBytes);
+          float (&acc)[32] = c < 2 ? sa : sb;
+          if (c % 2 == 0 && k == 0) {
+            wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
+          } else {
+            wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
+          }
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kRopeSteps; ++k) {
+        wgmma_m64n64k16_bf16_ss(sb, make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
+                                make_desc(st.rope + 32 * k, Swizzle::k128B, kChunkBytes), 1);
+      }
+      wgmma_commit();
+    };
+
+    // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
+    // statistics published for both warpgroups' PV.
+    auto softmax_publish = [&](int i) {
+      wgmma_wait<0>();
+      fence_regs(sa);
+      fence_regs(sb);
+      const SharedStorage::Stage& st = stage_of(i);
+      const int tok0 = (seg.blk_lo + i) * kBlockN;
+      const bool full = tok0 + kBlockN <= min_limit;
+      float m_new[2], sig[2], l[2], gamma[2];
+      uint32_t w[2][4];  // P8 of rows r0 and r0 + 8, 16 tokens per word group
+      // S fragment, in place: z[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2.
+      float (&z)[32] = sa;
+      auto k_scale = [&](int e) { return st.scale[8 * (e / 4) + 2 * t + (e & 1)]; };
+      float mx[2] = {-INFINITY, -INFINITY};
+      if (softmax_warp) {
+        // Per-row constants, re-read each block rather than held in registers across PV.
+        const int limit[2] = {visibility_limit(p, tile * kRowsM + r0, seqlen),
+                              visibility_limit(p, tile * kRowsM + r0 + 8, seqlen)};
+        const float row_factor[2] = {s.q_scale[r0] * p.scale_log2,
+                                     s.q_scale[r0 + 8] * p.scale_log2};
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+          const int nn = e / 4, c = e % 4, ri = c / 2;
+          float zz = (sa[e] + sb[e]) * k_scale(e) * row_factor[ri];
+          if (!full && tok0 + 8 * nn + 2 * t + (c & 1) >= limit[ri]) zz = -INFINITY;
+          z[e] = zz;
+          mx[ri] = fmaxf(mx[ri], zz);
+        }
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+          mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+        }
+      }
+      // The previous block's statistics (its owner is the other warpgroup).
+      float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+      if (i > 0) {
+        named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+        if (softmax_warp) {
+          const RowStats& ps = s.stats[(i - 1) & 1];
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_prev[ri] = ps.m[r0 + 8 * ri];
+            sig_prev[ri] = ps.sig[r0 + 8 * ri];
+            l_prev[ri] = ps.l[r0 + 8 * ri];
+          }
+        }
+      }
+      if (softmax_warp) {
+        float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+          m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
+        }
+        // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0
+        // (a select: their scale may be NaN).
+#pragma unroll
+        for (int e = 0; e < 32; ++e) {
+          const int ri = (e % 4) / 2;
+          const float ex = exp2f(z[e] - m_use[ri]);
+          e_sum[ri] += ex;
+          float pp = ex * k_scale(e);
+          if (!full && z[e] == -INFINITY) pp = 0.f;
+          z[e] = pp;
+          p_max[ri] = fmaxf(p_max[ri], pp);
+        }
+#pragma unroll
+        for (int ri = 0; ri < 2; ++ri) {
+          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
+          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
+          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
+          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+          // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k (paper eq. 12)
+          sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
+          gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
+          l[ri] = l_prev[ri] * gamma[ri] + __fdiv_rn(e_sum[ri], sig[ri]);
+        }
+        // P8 = e4m3(P' / sigma), by the reciprocal (the tensor-core tier's tolerance covers
+        // the rare last-ulp flip).
+        const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
+        p8_words(z, inv_sig, w);
+      }
+      if (i >= 2) named_barrier(kBarPfree + (i & 1), kThreads);  // PV(i - 2) read P8[i & 1]
+      if (softmax_warp) {
+        store_p8(smem_u32(s.p8[i & 1]) + stsm_off, w);
+        if (t == 0) {
+          RowStats& ps = s.stats[i & 1];
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            ps.m[r0 + 8 * ri] = m_new[ri];
+            ps.sig[r0 + 8 * ri] = sig[ri];
+            ps.l[r0 + 8 * ri] = l[ri];
+            ps.gamma[r0 + 8 * ri] = gamma[ri];
+          }
+        }
+      }
+      fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+      named_barrier_arrive(kBarPready + (i & 1), kThreads);
+      named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
+      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages);
+    };
+
+    // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
+    // kEdge: a block some row does not see whole (branching inside would stall the wgmma
+    // pipeline, so the caller picks the variant).
+    auto pv_block = [&](int i, auto edge_tag) {
+      constexpr bool kEdge = decltype(edge_tag)::value;
+      SharedStorage::Stage& st = stage_of(i);
+      mbar_wait(full_of(i), phase_of(i));
+      bad_page |= !page_ok(pages[i]);
+      const int tok0 = (seg.blk_lo + i) * kBlockN;
+      const RowStats& ps = s.stats[i & 1];
+      // Past-context tokens and NaN codes zeroed in blocks some row does not see whole (a NaN
+      // there must not reach rows whose P8 is 0); elsewhere a NaN in V reaches every row
+      // through its logit anyway.
+      uint32_t vmask[2][2];
+      if constexpr (kEdge) {
+        const int valid = min(max(seqlen - tok0, 0), kBlockN);
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+        }
+      }
+      const uint64_t pdesc[2] = {make_desc(s.p8[i & 1], Swizzle::k64B, kPRowBytes),
+                                 make_desc(s.p8[i & 1] + 32, Swizzle::k64B, kPRowBytes)};
+      // One m-tile at a time into a zeroed temporary: while this warpgroup waits and promotes,
+      // the other warpgroup's QK keeps the tensor cores busy.
+      float tmp[kNRegs];
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        const uint32_t chunk = smem_u32(st.content[2 * wg + m / 2]) + ldsm_off[m & 1];
+        uint32_t a[2][4];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
+          if constexpr (kEdge) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+          }
+        }
+        wgmma_fence();
+        wgmma_pv<kN, true>(tmp, a[0], pdesc[0]);
+        wgmma_pv<kN, false>(tmp, a[1], pdesc[1]);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(tmp);
+#pragma unroll
+        for (int nn = 0; nn < kNTiles; ++nn) {
+          // gamma of the O^T columns (query rows 8 nn + 2 t, + 1), read where it is used
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * nn + 2 * t]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * nn + c] = fmaf(o[m][4 * nn + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
+          }
+        }
+      }
+    };
+    auto pv = [&](int i) {
+      if ((seg.blk_lo + i + 1) * kBlockN > min_limit) {
+        pv_block(i, std::true_type{});
+      } else {
+        pv_block(i, std::false_type{});
+      }
+    };
+    auto refill_content = [&](int i) {  // this warpgroup's half of the stage is free
+      if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, wg);
+    };
+
+    // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
+    // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
+    // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
+    for (int i = wg; i < n; i += 2) {
+      issue_qk(i);
+      softmax_publish(i);
+      if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
+        pv(i - 1);
+        if (i + 1 < n) named_barrier_arrive(kBarPfree + ((i - 1) & 1), kThreads);
+        refill_content(i - 1);
+      }
+      pv(i);
+      refill_content(i);
+    }
+    if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
+      named_barrier(kBarPready + ((n - 1) & 1), kThreads);
+      pv(n - 1);
+    }
+    __syncthreads();  // every PV done; the last block's statistics visible
+
+    // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
+    // 8 nn + 2 t + (c & 1).
+    const RowStats& fin = s.stats[(n - 1) & 1];
+#pragma unroll
+    for (int nn = 0; nn < kNTiles; ++nn) {
+#pragma unroll
+      for (int c1 = 0; c1 < 2; ++c1) {
+        const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+        if (fr >= rows_total) continue;
+        const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], bad_page, seg.split);
+        const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
+        if (seg.split) {
+          float* dst = p.partial_o +
+                       (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            *reinterpret_cast<float2*>(dst + 64 * m) =
+                make_float2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+          }
+        } else {
+          uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            *reinterpret_cast<uint32_t*>(dst + 64 * m) =
+                pack_bf16x2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+          }
+        }
+        if (wg == 0 && warp == 0 && g == 0) store_lse(p, b, fr, seg, res.lse);
+      }
+    }
+    it += n;
+    __syncthreads();  // Q, the ring, P8 and the statistics are reused by the next request
+  }
+}
+
+template <int kN>
+cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
+  const cudaError_t err = cudaFuncSetAttribute(
+      seesaw_decode_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
+  if (err != cudaSuccess) return err;
+  seesaw_decode_kernel<kN><<<dim3(p.num_parts, p.row_tiles), kThreads, kSmemBytes, stream>>>(p, maps);
+  return cudaGetLastError();
+}
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla

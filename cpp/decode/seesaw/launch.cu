@@ -1,0 +1,79 @@
+// The seesaw kernel's host side: tensor maps over the layer and the quantized queries, and the
+// choice of PV width from the query rows per request.
+#include <cudaTypedefs.h>
+
+#include <mutex>
+
+#include "decode/decode.h"
+#include "decode/seesaw/config.h"
+
+namespace snapmla {
+namespace decode {
+namespace {
+
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+    }
+  });
+  return fn;
+}
+
+template <int kRank>
+cudaError_t encode(CUtensorMap* map, CUtensorMapDataType type, const void* base,
+                   const uint64_t (&dims)[kRank], const uint64_t (&strides_bytes)[kRank - 1],
+                   const uint32_t (&box)[kRank], CUtensorMapSwizzle swizzle) {
+  auto fn = encode_fn();
+  if (fn == nullptr) return cudaErrorNotSupported;
+  uint32_t ones[kRank];  // element strides: dense
+  for (int i = 0; i < kRank; ++i) ones[i] = 1;
+  const CUresult r = fn(map, type, kRank, const_cast<void*>(base), dims, strides_bytes, box, ones,
+                        CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
+  const uint64_t pages = static_cast<uint64_t>(p.num_pages);
+  const uint64_t rows = static_cast<uint64_t>(p.batch) * p.q_len * p.num_heads;
+  cudaError_t err = encode<3>(&maps->k_content, CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                              p.layer_base + kPageContentOffset, {kContentDim, kBlockN, pages},
+                              {kContentDim, kPageBytes}, {seesaw::kChunkBytes, kBlockN, 1},
+                              CU_TENSOR_MAP_SWIZZLE_128B);
+  if (err != cudaSuccess) return err;
+  err = encode<3>(&maps->k_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.layer_base + kPageRopeOffset,
+                  {kRopeDim, kBlockN, pages}, {kRopeDim * 2, kPageBytes}, {kRopeDim, kBlockN, 1},
+                  CU_TENSOR_MAP_SWIZZLE_128B);
+  if (err != cudaSuccess) return err;
+  err = encode<2>(&maps->k_scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.layer_base + kPageScaleOffset,
+                  {kBlockN, pages}, {kPageBytes}, {kBlockN, 1}, CU_TENSOR_MAP_SWIZZLE_NONE);
+  if (err != cudaSuccess) return err;
+  err = encode<2>(&maps->q_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q_content, {kContentDim, rows},
+                  {kContentDim}, {seesaw::kChunkBytes, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (err != cudaSuccess) return err;
+  return encode<2>(&maps->q_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.q_rope, {kRopeDim, rows},
+                   {kRopeDim * 2}, {kRopeDim, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+}  // namespace
+
+cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
+  seesaw::TensorMaps maps;
+  const cudaError_t err = make_maps(p, &maps);
+  if (err != cudaSuccess) return err;
+  // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
+  const int rows = p.q_len * p.num_heads;
+  if (rows <= 16) return seesaw::run<16>(p, maps, stream);
+  if (rows <= 32) return seesaw::run<32>(p, maps, stream);
+  return seesaw::run<64>(p, maps, stream);
+}
+
+}  // namespace decode
+}  // namespace snapmla
