@@ -2,8 +2,8 @@
 # One call on the lent GPU machine: install the carried wheels, then run the stages named on the
 # command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
 #
-#   bash bench/gpu_session.sh [tests] [ctest] [sanitize] [sass] [demo] [bench] [bench-quick]
-#                             [bench-fast] [accuracy] [diag] [ncu]
+#   bash bench/gpu_session.sh [tests] [tests-decode] [frag] [ctest] [sanitize] [sass] [demo]
+#                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -42,6 +42,16 @@ for stage in "$@"; do
       log "pytest (all tests, GPU included)"
       timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
         2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
+      ;;
+    tests-decode)
+      log "pytest tests/gpu/test_decode.py (every kernel)"
+      timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_decode.py --tb=line \
+        2>&1 | tee "$OUT/pytest-decode.log" | tail -40 || status=1
+      ;;
+    frag)
+      log "seesaw fragment mapping (tests/cuda/seesaw_fragments.cu)"
+      timeout 120 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_seesaw_fragments.py \
+        --tb=short 2>&1 | tee "$OUT/frag.log" | tail -12 || status=1
       ;;
     ctest)
       log "C example against the installed CMake package"
@@ -94,7 +104,7 @@ for stage in "$@"; do
       for c in 32x1x128x16384 128x1x16x16384; do
         log "ncu fast kernel $c"
         src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
-        ncu --clock-control none --target-processes all -k regex:fast_decode --launch-skip 2 \
+        ncu --clock-control none --target-processes all -k regex:seesaw_decode --launch-skip 2 \
           --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
           --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
           --section ComputeWorkloadAnalysis --section InstructionStats "${src[@]}" \

@@ -59,6 +59,16 @@ static_assert(kTileRows == kRowsM && kBlockN == 64, "one wgmma M tile of rows, o
 static_assert(kRopeDim * 2 == kChunkBytes, "a RoPE row is one 128-byte swizzle row");
 static_assert(kStages >= 2, "QK of block i + 2 needs the ring to hold two blocks ahead");
 
+// Schedule experiment (bench/NOTES.md): 0 issues a block's QK at the top of its iteration; 1
+// issues the next owned block's first QK half before this iteration's PVs; 2 all of it.
+#ifndef SNAPMLA_SEESAW_EARLY_QK
+#define SNAPMLA_SEESAW_EARLY_QK 0
+#endif
+// PV temporaries in flight: 1 (wait per m-tile) or 2 (the next m-tile runs during the add).
+#ifndef SNAPMLA_SEESAW_PV_BUFFERS
+#define SNAPMLA_SEESAW_PV_BUFFERS 2
+#endif
+
 // Named barrier ids (0 is __syncthreads).
 enum Barrier : int {
   kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics

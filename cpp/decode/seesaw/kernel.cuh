@@ -152,12 +152,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- QK of block i (the owner; asynchronous): two fp32 halves
     float sa[32], sb[32];
-    auto issue_qk = [&](int i) {
+    // Content halves 0-1 into sa, 2-3 and the RoPE into sb; `half` 0 issues the first, 1 the
+    // second, 2 both (one commit group per call).
+    auto issue_qk = [&](int i, int half) {
       SharedStorage::Stage& st = stage_of(i);
-      mbar_wait(full_of(i), phase_of(i));
+      if (half != 1) mbar_wait(full_of(i), phase_of(i));
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
+        if ((c < 2 && half == 1) || (c >= 2 && half == 0)) continue;
 #pragma unroll
         for (int k = 0; k < kQkChunkSteps; ++k) {
           const uint64_t da = make_desc(s.q_content[c] + 32 * k, Swizzle::k128B, kChunkBytes);
@@ -170,10 +173,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      if (half != 0) {
 #pragma unroll
-      for (int k = 0; k < kRopeSteps; ++k) {
-        wgmma_m64n64k16_bf16_ss(sb, make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
-                                make_desc(st.rope + 32 * k, Swizzle::k128B, kChunkBytes), 1);
+        for (int k = 0; k < kRopeSteps; ++k) {
+          wgmma_m64n64k16_bf16_ss(sb, make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
+                                  make_desc(st.rope + 32 * k, Swizzle::k128B, kChunkBytes), 1);
+        }
       }
       wgmma_commit();
     };
@@ -306,9 +311,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       const uint64_t pdesc[2] = {make_desc(s.p8[i & 1], Swizzle::k64B, kPRowBytes),
                                  make_desc(s.p8[i & 1] + 32, Swizzle::k64B, kPRowBytes)};
-      // One m-tile at a time into a zeroed temporary: while this warpgroup waits and promotes,
-      // the other warpgroup's QK keeps the tensor cores busy.
-      float tmp[kNRegs];
+      // Each m-tile into a zeroed temporary, two in flight: the tensor cores run m-tile m + 1
+      // while the CUDA cores add m-tile m into O = gamma O + T.
+      constexpr int kBuf = SNAPMLA_SEESAW_PV_BUFFERS;
+      float tmp[kBuf][kNRegs];
+      auto promote = [&](int m) {
+        fence_regs(tmp[m % kBuf]);
+#pragma unroll
+        for (int nn = 0; nn < kNTiles; ++nn) {
+          // gamma of the O^T columns (query rows 8 nn + 2 t, + 1), read where it is used
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * nn + 2 * t]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * nn + c] = fmaf(o[m][4 * nn + c], c & 1 ? gm.y : gm.x, tmp[m % kBuf][4 * nn + c]);
+          }
+        }
+      };
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
         const uint32_t chunk = smem_u32(st.content[2 * wg + m / 2]) + ldsm_off[m & 1];
@@ -322,20 +340,20 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
         wgmma_fence();
-        wgmma_pv<kN, true>(tmp, a[0], pdesc[0]);
-        wgmma_pv<kN, false>(tmp, a[1], pdesc[1]);
+        wgmma_pv<kN, true>(tmp[m % kBuf], a[0], pdesc[0]);
+        wgmma_pv<kN, false>(tmp[m % kBuf], a[1], pdesc[1]);
         wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(tmp);
-#pragma unroll
-        for (int nn = 0; nn < kNTiles; ++nn) {
-          // gamma of the O^T columns (query rows 8 nn + 2 t, + 1), read where it is used
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * nn + 2 * t]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            o[m][4 * nn + c] = fmaf(o[m][4 * nn + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
-          }
+        if constexpr (kBuf == 1) {
+          wgmma_wait<0>();
+          promote(m);
+        } else if (m > 0) {
+          wgmma_wait<1>();
+          promote(m - 1);
         }
+      }
+      if constexpr (kBuf == 2) {
+        wgmma_wait<0>();
+        promote(kMTiles - 1);
       }
     };
     auto pv = [&](int i) {
@@ -352,8 +370,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
     // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
     // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
+#if SNAPMLA_SEESAW_EARLY_QK == 0
     for (int i = wg; i < n; i += 2) {
-      issue_qk(i);
+      issue_qk(i, 2);
       softmax_publish(i);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(i - 1);
@@ -363,6 +382,24 @@ __global__ void __launch_bounds__(kThreads, 1)
       pv(i);
       refill_content(i);
     }
+#else
+    // QK of the next owned block goes to the tensor cores before this warpgroup's PVs (its
+    // first half, or all of it), so that it is done when the softmax needs it.
+    if (wg < n) issue_qk(wg, 2);
+    for (int i = wg; i < n; i += 2) {
+      softmax_publish(i);
+      const bool next = i + 2 < n;
+      if (next) issue_qk(i + 2, SNAPMLA_SEESAW_EARLY_QK == 1 ? 0 : 2);
+      if (i > 0) {
+        pv(i - 1);
+        if (i + 1 < n) named_barrier_arrive(kBarPfree + ((i - 1) & 1), kThreads);
+        refill_content(i - 1);
+      }
+      pv(i);
+      refill_content(i);
+      if (SNAPMLA_SEESAW_EARLY_QK == 1 && next) issue_qk(i + 2, 1);
+    }
+#endif
     if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
       named_barrier(kBarPready + ((n - 1) & 1), kThreads);
       pv(n - 1);
