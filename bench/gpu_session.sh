@@ -61,7 +61,7 @@ for stage in "$@"; do
         /tmp/build-c/snapmla_c_example --gpu 2>&1 | tee -a "$OUT/ctest.log" || status=1
       ;;
     sanitize)
-      for tool in memcheck racecheck; do
+      for tool in memcheck racecheck synccheck; do
         log "compute-sanitizer $tool"
         compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
           python3 tests/gpu/smoke.py >"$OUT/sanitize-$tool.log" 2>&1
