@@ -121,6 +121,10 @@ def main() -> None:
         ss("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, trans=True),
         "",
         # PV: O^T[64 latent x N rows] = V^T (registers) P^T (shared memory), N = query rows
+        rs("wgmma_m64n8k32_e4m3_rs", 8, "e4m3", 32),
+        "",
+        rs_init("wgmma_m64n8k32_e4m3_rs_init", 8, "e4m3", 32),
+        "",
         rs("wgmma_m64n16k32_e4m3_rs", 16, "e4m3", 32),
         "",
         rs_init("wgmma_m64n16k32_e4m3_rs_init", 16, "e4m3", 32),

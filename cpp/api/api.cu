@@ -491,6 +491,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   if (st != SNAPMLA_SUCCESS) return st;
   SNAPMLA_CUDA(
       op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
+                              c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
                               static_cast<int32_t*>(plan), reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }

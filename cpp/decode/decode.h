@@ -18,12 +18,27 @@ namespace decode {
 constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
 constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
+// With the default split count, a part covers at least this much cost: a split writes and the
+// combine reads a 64 x 512 fp32 partial (128 KiB, about three pages' worth of bytes), so
+// splitting a short request finer than this costs more than it saves (batch 1 above all).
+constexpr int kMinPartCost = 8 + kFixedCost;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
-// Plan: int32 words in device memory.
+// The plan's first words: what it was built for, and the schedule's part cost T.
+struct PlanHeader {
+  int32_t magic;  // kPlanMagic
+  int32_t batch;
+  int32_t num_parts;
+  int32_t row_tiles;
+  int32_t q_len;
+  int32_t num_heads;
+  int32_t max_pages;
+  int32_t part_cost;  // T: part p owns the cost range [p T, (p + 1) T)
+};
+
+// Plan: int32 words in device memory, the header then the arrays below.
 struct PlanLayout {
-  static constexpr int kHeaderWords = 8;
-  // header: magic, batch, num_parts, row_tiles, q_len, num_heads, max_pages, part_cost (T)
+  static constexpr int kHeaderWords = sizeof(PlanHeader) / sizeof(int32_t);
   int64_t prefix;      // [batch + 1] exclusive prefix of request costs
   int64_t nblocks;     // [batch] blocks per request; -1: invalid seqlen
   int64_t first_part;  // [batch]
@@ -87,8 +102,9 @@ struct DecodeParams {
 
 int default_num_parts(int sm_count, int row_tiles);
 
+// min_part_cost: the least cost a part covers (1: split as finely as num_parts allows).
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int32_t* plan, cudaStream_t stream);
+                        int num_parts, int min_part_cost, int32_t* plan, cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
 // The tensor-core kernel (seesaw/): FP8 wgmma QK and transposed PV, two warpgroups.
 cudaError_t launch_seesaw_decode(const DecodeParams& params, cudaStream_t stream);

@@ -25,7 +25,7 @@ __device__ int last_le(const int32_t* prefix, int n, int32_t value) {
 
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
-                int max_pages, int num_parts, int32_t* __restrict__ plan) {
+                int max_pages, int num_parts, int min_part_cost, int32_t* __restrict__ plan) {
   const PlanLayout L = PlanLayout::make(batch, num_parts);
   int32_t* prefix = plan + L.prefix;
   int32_t* nblocks = plan + L.nblocks;
@@ -71,17 +71,18 @@ __global__ void __launch_bounds__(kPlanThreads)
     __syncthreads();
   }
   const int32_t total = carry;
-  const int32_t T = (total + num_parts - 1) / num_parts;
+  const int32_t T = max((total + num_parts - 1) / num_parts, min_part_cost);
   if (threadIdx.x == 0) {
     prefix[batch] = total;
-    plan[0] = kPlanMagic;
-    plan[1] = batch;
-    plan[2] = num_parts;
-    plan[3] = (q_len * num_heads + kTileRows - 1) / kTileRows;
-    plan[4] = q_len;
-    plan[5] = num_heads;
-    plan[6] = max_pages;
-    plan[7] = T;
+    PlanHeader& h = *reinterpret_cast<PlanHeader*>(plan);
+    h.magic = kPlanMagic;
+    h.batch = batch;
+    h.num_parts = num_parts;
+    h.row_tiles = (q_len * num_heads + kTileRows - 1) / kTileRows;
+    h.q_len = q_len;
+    h.num_heads = num_heads;
+    h.max_pages = max_pages;
+    h.part_cost = T;
   }
   __syncthreads();
 
@@ -128,9 +129,9 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
 }
 
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int32_t* plan, cudaStream_t stream) {
+                        int num_parts, int min_part_cost, int32_t* plan, cudaStream_t stream) {
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, batch, q_len, num_heads, max_pages,
-                                              num_parts, plan);
+                                              num_parts, min_part_cost, plan);
   return cudaGetLastError();
 }
 

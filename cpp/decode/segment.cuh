@@ -54,7 +54,7 @@ __device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayo
     write_empty_request(p, b, tile, nb < 0);
     return SegmentKind::kEmptyWritten;
   }
-  const int32_t T = p.plan[7];
+  const int32_t T = reinterpret_cast<const PlanHeader*>(p.plan)->part_cost;
   const int32_t start = p.plan[L.prefix + b] + kFixedCost;
   seg->blk_lo = max(0, static_cast<int>(int64_t{part} * T - start));
   seg->blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - start));

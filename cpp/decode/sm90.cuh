@@ -92,6 +92,20 @@ __device__ __forceinline__ uint64_t make_desc(const void* start, Swizzle swizzle
   return addr | (lbo << 16) | (sbo << 32) | (static_cast<uint64_t>(swizzle) << 62);
 }
 
+// The same descriptor in two 32-bit halves: the start address lives in the low half, so
+// moving a descriptor along its tile (k-steps, chunks) is one 32-bit add, not a rebuild.
+struct SmemDesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
+    return (static_cast<uint64_t>(hi) << 32) | (lo + (byte_offset >> 4));
+  }
+};
+__device__ __forceinline__ SmemDesc make_desc_base(const void* start, Swizzle swizzle,
+                                                   uint32_t row_bytes) {
+  const uint64_t d = make_desc(start, swizzle, row_bytes);
+  return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
+}
+
 // Named barriers: `threads` threads take part; bar.sync waits, bar.arrive only signals (a
 // producer arrives, a consumer syncs: 128 + 128 for a one-way handoff between warpgroups).
 __device__ __forceinline__ void named_barrier(int id, int threads) {

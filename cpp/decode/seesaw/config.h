@@ -64,10 +64,6 @@ static_assert(kStages >= 2, "QK of block i + 2 needs the ring to hold two blocks
 #ifndef SNAPMLA_SEESAW_EARLY_QK
 #define SNAPMLA_SEESAW_EARLY_QK 0
 #endif
-// PV temporaries in flight: 1 (wait per m-tile) or 2 (the next m-tile runs during the add).
-#ifndef SNAPMLA_SEESAW_PV_BUFFERS
-#define SNAPMLA_SEESAW_PV_BUFFERS 2
-#endif
 
 // Named barrier ids (0 is __syncthreads).
 enum Barrier : int {

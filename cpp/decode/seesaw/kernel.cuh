@@ -27,10 +27,23 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[
     kInit ? wgmma_m64n64k32_e4m3_rs_init(d, a, desc) : wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
   } else if constexpr (N == 32) {
     kInit ? wgmma_m64n32k32_e4m3_rs_init(d, a, desc) : wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
-  } else {
+  } else if constexpr (N == 16) {
     kInit ? wgmma_m64n16k32_e4m3_rs_init(d, a, desc) : wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
+  } else {
+    kInit ? wgmma_m64n8k32_e4m3_rs_init(d, a, desc) : wgmma_m64n8k32_e4m3_rs(d, a, desc, 1);
   }
 }
+
+// 2^x, flushing results below 2^-126 to zero (MUFU.EX2 as it is).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// The softmax evaluates e = 2^(z - m) <= 1 as 2^(z - m + 24) 2^-24: results down to 2^-150
+// (below which fp32 holds nothing) stay above the flush threshold.
+constexpr float kExpShift = 24.f;
+constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
 
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
@@ -151,20 +164,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     bool bad_page = false;
 
     // ---- QK of block i (the owner; asynchronous): two fp32 halves
+    const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
+    const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
     float sa[32], sb[32];
     // Content halves 0-1 into sa, 2-3 and the RoPE into sb; `half` 0 issues the first, 1 the
     // second, 2 both (one commit group per call).
     auto issue_qk = [&](int i, int half) {
       SharedStorage::Stage& st = stage_of(i);
       if (half != 1) mbar_wait(full_of(i), phase_of(i));
+      // Descriptors once per block; each wgmma moves its start by an immediate.
+      const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
+      const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         if ((c < 2 && half == 1) || (c >= 2 && half == 0)) continue;
 #pragma unroll
         for (int k = 0; k < kQkChunkSteps; ++k) {
-          const uint64_t da = make_desc(s.q_content[c] + 32 * k, Swizzle::k128B, kChunkBytes);
-          const uint64_t db = make_desc(st.content[c] + 32 * k, Swizzle::k128B, kChunkBytes);
+          const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
+          const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
           float (&acc)[32] = c < 2 ? sa : sb;
           if (c % 2 == 0 && k == 0) {
             wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
@@ -176,8 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (half != 0) {
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
-          wgmma_m64n64k16_bf16_ss(sb, make_desc(s.q_rope + 32 * k, Swizzle::k128B, kChunkBytes),
-                                  make_desc(st.rope + 32 * k, Swizzle::k128B, kChunkBytes), 1);
+          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
         }
       }
       wgmma_commit();
@@ -194,28 +211,50 @@ __global__ void __launch_bounds__(kThreads, 1)
       const bool full = tok0 + kBlockN <= min_limit;
       float m_new[2], sig[2], l[2], gamma[2];
       uint32_t w[2][4];  // P8 of rows r0 and r0 + 8, 16 tokens per word group
-      // S fragment, in place: z[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2.
+      // u = S s_k in place: u[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2. The row
+      // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
+      // row maximum of z is max(u) rf, exactly.
       float (&z)[32] = sa;
-      auto k_scale = [&](int e) { return st.scale[8 * (e / 4) + 2 * t + (e & 1)]; };
+      auto k_scales = [&](int nn) {  // s_k of tokens 8 nn + 2 t, + 1
+        return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
+      };
       float mx[2] = {-INFINITY, -INFINITY};
+      float row_factor[2];
       if (softmax_warp) {
         // Per-row constants, re-read each block rather than held in registers across PV.
-        const int limit[2] = {visibility_limit(p, tile * kRowsM + r0, seqlen),
-                              visibility_limit(p, tile * kRowsM + r0 + 8, seqlen)};
-        const float row_factor[2] = {s.q_scale[r0] * p.scale_log2,
-                                     s.q_scale[r0 + 8] * p.scale_log2};
+        row_factor[0] = s.q_scale[r0] * p.scale_log2;
+        row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
+        if (full) {
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-          const int nn = e / 4, c = e % 4, ri = c / 2;
-          float zz = (sa[e] + sb[e]) * k_scale(e) * row_factor[ri];
-          if (!full && tok0 + 8 * nn + 2 * t + (c & 1) >= limit[ri]) zz = -INFINITY;
-          z[e] = zz;
-          mx[ri] = fmaxf(mx[ri], zz);
+          for (int nn = 0; nn < 8; ++nn) {
+            const float2 k2 = k_scales(nn);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int e = 4 * nn + c;
+              z[e] = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
+              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+            }
+          }
+        } else {
+          const int limit[2] = {visibility_limit(p, tile * kRowsM + r0, seqlen),
+                                visibility_limit(p, tile * kRowsM + r0 + 8, seqlen)};
+#pragma unroll
+          for (int nn = 0; nn < 8; ++nn) {
+            const float2 k2 = k_scales(nn);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int e = 4 * nn + c;
+              const bool visible = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2];
+              z[e] = visible ? (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x) : -INFINITY;
+              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+            }
+          }
         }
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
           mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
           mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+          mx[ri] *= row_factor[ri];
         }
       }
       // The previous block's statistics (its owner is the other warpgroup).
@@ -240,17 +279,34 @@ __global__ void __launch_bounds__(kThreads, 1)
           m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
         }
         // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0
-        // (a select: their scale may be NaN).
+        // (a select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so
+        // that the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's
+        // 2^-24 scale it back exactly.
+        const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+        auto p_prime = [&](auto full_tag) {
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-          const int ri = (e % 4) / 2;
-          const float ex = exp2f(z[e] - m_use[ri]);
-          e_sum[ri] += ex;
-          float pp = ex * k_scale(e);
-          if (!full && z[e] == -INFINITY) pp = 0.f;
-          z[e] = pp;
-          p_max[ri] = fmaxf(p_max[ri], pp);
+          for (int nn = 0; nn < 8; ++nn) {
+            const float2 k2 = k_scales(nn);
+            const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int e = 4 * nn + c, ri = c / 2;
+              const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+              e_sum[ri] += ex;
+              float pp = ex * ks[c & 1];
+              if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
+              z[e] = pp;
+              p_max[ri] = fmaxf(p_max[ri], pp);
+            }
+          }
+        };
+        if (full) {
+          p_prime(std::true_type{});
+        } else {
+          p_prime(std::false_type{});
         }
+        e_sum[0] *= kExpUnshift;
+        e_sum[1] *= kExpUnshift;
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
           e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
@@ -309,21 +365,23 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
         }
       }
-      const uint64_t pdesc[2] = {make_desc(s.p8[i & 1], Swizzle::k64B, kPRowBytes),
-                                 make_desc(s.p8[i & 1] + 32, Swizzle::k64B, kPRowBytes)};
-      // Each m-tile into a zeroed temporary, two in flight: the tensor cores run m-tile m + 1
-      // while the CUDA cores add m-tile m into O = gamma O + T.
-      constexpr int kBuf = SNAPMLA_SEESAW_PV_BUFFERS;
-      float tmp[kBuf][kNRegs];
-      auto promote = [&](int m) {
-        fence_regs(tmp[m % kBuf]);
+      // The block's product in groups of (m-tile, half of the N query rows), each into a zeroed
+      // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
+      // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
+      constexpr int kHalfN = kN / 2;
+      const SmemDesc p_desc = make_desc_base(s.p8[i & 1], Swizzle::k64B, kPRowBytes);
+      float tmp[2][kHalfN / 2];
+      auto promote = [&](int q) {
+        const int m = q / 2, h = q % 2;
+        fence_regs(tmp[q % 2]);
 #pragma unroll
-        for (int nn = 0; nn < kNTiles; ++nn) {
-          // gamma of the O^T columns (query rows 8 nn + 2 t, + 1), read where it is used
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * nn + 2 * t]);
+        for (int nn = 0; nn < kHalfN / 8; ++nn) {
+          const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
+          // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            o[m][4 * nn + c] = fmaf(o[m][4 * nn + c], c & 1 ? gm.y : gm.x, tmp[m % kBuf][4 * nn + c]);
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q % 2][4 * nn + c]);
           }
         }
       };
@@ -339,22 +397,22 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
           }
         }
-        wgmma_fence();
-        wgmma_pv<kN, true>(tmp[m % kBuf], a[0], pdesc[0]);
-        wgmma_pv<kN, false>(tmp[m % kBuf], a[1], pdesc[1]);
-        wgmma_commit();
-        if constexpr (kBuf == 1) {
-          wgmma_wait<0>();
-          promote(m);
-        } else if (m > 0) {
-          wgmma_wait<1>();
-          promote(m - 1);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = 2 * m + h;
+          const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
+          wgmma_fence();
+          wgmma_pv<kHalfN, true>(tmp[q % 2], a[0], p_desc.at(rows));
+          wgmma_pv<kHalfN, false>(tmp[q % 2], a[1], p_desc.at(rows + 32));
+          wgmma_commit();
+          if (q > 0) {
+            wgmma_wait<1>();
+            promote(q - 1);
+          }
         }
       }
-      if constexpr (kBuf == 2) {
-        wgmma_wait<0>();
-        promote(kMTiles - 1);
-      }
+      wgmma_wait<0>();
+      promote(2 * kMTiles - 1);
     };
     auto pv = [&](int i) {
       if ((seg.blk_lo + i + 1) * kBlockN > min_limit) {
