@@ -90,7 +90,7 @@ for stage in "$@"; do
       ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
-      timeout 120 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
+      timeout 240 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
         | tee "$OUT/bench-decode-fast.log" | tail -28
       python3 bench/roofline.py "$OUT/decode-fast.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
       ;;
