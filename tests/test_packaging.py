@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import re
 import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -24,10 +26,21 @@ def _library() -> Path:
     return path
 
 
-def _run(*cmd: str) -> str:
-    if shutil.which(cmd[0]) is None:
-        pytest.skip(f"needs {cmd[0]} (binutils)")
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def _missing(what: str) -> NoReturn:
+    """Skips for want of a tool, except under CI (CI=true), where every tool the test extra and
+    the machine provide must be there: a skip there would hide a missing install step."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"needs {what}, which CI must provide")
+    pytest.skip(f"needs {what}")
+
+
+def _run(*cmd: str, env: dict[str, str] | None = None, hint: str = "binutils") -> str:
+    if shutil.which(cmd[0], path=(env or os.environ).get("PATH")) is None:
+        _missing(f"{cmd[0]} ({hint})")
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def test_exports_only_snapmla_symbols() -> None:
@@ -51,21 +64,37 @@ def test_carries_sm90a_code() -> None:
     assert b"sm_90a" in data
 
 
-def _cuobjdump() -> str:
-    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
-    found = shutil.which("cuobjdump") or shutil.which("cuobjdump", path="/usr/local/cuda/bin")
+def _cuda_tool(name: str) -> Path | None:
+    """A CUDA binary tool from PATH, the CUDA toolkit, or an nvidia-cuda-* wheel (test extra),
+    whose files sit in site-packages/nvidia/cu13/bin, not on PATH."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/local/cuda/bin")
     if found:
-        return found
-    for tool in Path(sysconfig.get_paths()["purelib"], "nvidia").glob("*/bin/cuobjdump"):
-        return str(tool)
-    pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump)")
+        return Path(found)
+    for key in ("purelib", "platlib"):
+        for tool in sorted(Path(sysconfig.get_paths()[key], "nvidia").glob(f"*/bin/{name}")):
+            return tool
+    return None
+
+
+def _sass_command() -> tuple[list[str], dict[str, str]]:
+    """``cuobjdump --dump-sass`` of the library, with an environment whose PATH leads to the
+    nvdisasm it runs: the one beside it, else any other (nvidia-cuda-nvdisasm, test extra)."""
+    cuobjdump = _cuda_tool("cuobjdump")
+    if cuobjdump is None:
+        _missing("cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    nvdisasm = cuobjdump.with_name("nvdisasm")
+    if not nvdisasm.is_file():
+        nvdisasm = _cuda_tool("nvdisasm")
+    if nvdisasm is None:
+        _missing("nvdisasm, which cuobjdump --dump-sass runs (pip install nvidia-cuda-nvdisasm)")
+    path = os.pathsep.join([str(nvdisasm.parent), os.environ.get("PATH", "")])
+    return [str(cuobjdump), "--dump-sass", str(_library())], dict(os.environ, PATH=path)
 
 
 @functools.lru_cache(maxsize=1)  # one cuobjdump run serves every SASS test
 def _sass_by_kernel() -> dict[str, list[str]]:
-    out = subprocess.run(
-        [_cuobjdump(), "--dump-sass", str(_library())], check=True, capture_output=True, text=True
-    ).stdout
+    cmd, env = _sass_command()
+    out = _run(*cmd, env=env)
     kernels: dict[str, list[str]] = {}
     name = None
     for line in out.splitlines():
