@@ -1,6 +1,6 @@
 """Decode latency: snapmla's FP8 MLA decode against FlashInfer's FA3 BF16 MLA path.
 
-Every case of the two tables in the project's anchors (batch x q_len x heads x context, with
+Every case of the two tables in ``bench/ANCHORS.md`` (batch x q_len x heads x context, with
 ``R32768`` = lengths uniform in 1..32768 from a fixed seed) runs on the same random data
 (``normal(0, 0.5)``, never zeros) in both kernels: the BF16 pages FlashInfer reads are appended
 to snapmla's FP8 cache through ``KVCache.append``; page size 64, ``softmax_scale = 192**-0.5``,
@@ -49,7 +49,7 @@ OUR_BYTES_PER_TOKEN = 644  # FP8 content 512 + BF16 RoPE 128 + fp32 scale 4
 BF16_BYTES_PER_TOKEN = 1152  # BF16 c_kv 1024 + k_pe 128
 FLOP_PER_ROW_TOKEN = 2 * (HEAD_DIM + CONTENT_DIM)  # QK over 576 + PV over 512
 
-# The machine's ceilings (ANCHORS.md).
+# The machine's ceilings (bench/ANCHORS.md).
 HBM_TBPS = 4.2  # HBM read ceiling quoted as the target's reference
 FLOOR_HBM_TBPS = 4.3  # bandwidth the anchors' FP8 memory floors are computed with
 FP8_TFLOPS = 1351.0
@@ -71,7 +71,7 @@ R_SEED = 32768  # base seed of the R (random length) cases
 
 @dataclass(frozen=True)
 class Anchor:
-    """What ANCHORS.md says about a case (times in microseconds; None where it says nothing)."""
+    """What bench/ANCHORS.md says about a case (microseconds; None where it says nothing)."""
 
     flashmla_us: float | None
     flashinfer_us: float | None

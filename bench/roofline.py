@@ -2,7 +2,7 @@
 
 x = arithmetic intensity (the case's FLOPs, ``2 * b * s_q * h * S * (576 + 512)``, per KV byte
 read: 644 per token for snapmla's FP8 cache, 1152 for FlashInfer's BF16 cache); y = achieved
-TFLOPS. Ceilings from ANCHORS.md: HBM 4.2 TB/s, FP8 1351 TFLOPS, BF16 765 TFLOPS.
+TFLOPS. Ceilings from bench/ANCHORS.md: HBM 4.2 TB/s, FP8 1351 TFLOPS, BF16 765 TFLOPS.
 
     python3 bench/roofline.py results.json [--out roofline.png]
 """

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import re
 import shutil
 import subprocess
 import sysconfig
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -24,10 +26,21 @@ def _library() -> Path:
     return path
 
 
-def _run(*cmd: str) -> str:
-    if shutil.which(cmd[0]) is None:
-        pytest.skip(f"needs {cmd[0]} (binutils)")
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+def _missing(what: str) -> NoReturn:
+    """Skips for want of a tool, except under CI (CI=true), where every tool the test extra and
+    the machine provide must be there: a skip there would hide a missing install step."""
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        pytest.fail(f"needs {what}, which CI must provide")
+    pytest.skip(f"needs {what}")
+
+
+def _run(*cmd: str, env: dict[str, str] | None = None, hint: str = "binutils") -> str:
+    if shutil.which(cmd[0], path=(env or os.environ).get("PATH")) is None:
+        _missing(f"{cmd[0]} ({hint})")
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def test_exports_only_snapmla_symbols() -> None:
@@ -51,21 +64,37 @@ def test_carries_sm90a_code() -> None:
     assert b"sm_90a" in data
 
 
-def _cuobjdump() -> str:
-    """cuobjdump from PATH, the CUDA toolkit, or the nvidia-cuda-cuobjdump wheel (test extra)."""
-    found = shutil.which("cuobjdump") or shutil.which("cuobjdump", path="/usr/local/cuda/bin")
+def _cuda_tool(name: str) -> Path | None:
+    """A CUDA binary tool from PATH, the CUDA toolkit, or an nvidia-cuda-* wheel (test extra),
+    whose files sit in site-packages/nvidia/cu13/bin, not on PATH."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/local/cuda/bin")
     if found:
-        return found
-    for tool in Path(sysconfig.get_paths()["purelib"], "nvidia").glob("*/bin/cuobjdump"):
-        return str(tool)
-    pytest.skip("needs cuobjdump (pip install nvidia-cuda-cuobjdump)")
+        return Path(found)
+    for key in ("purelib", "platlib"):
+        for tool in sorted(Path(sysconfig.get_paths()[key], "nvidia").glob(f"*/bin/{name}")):
+            return tool
+    return None
+
+
+def _sass_command() -> tuple[list[str], dict[str, str]]:
+    """``cuobjdump --dump-sass`` of the library, with an environment whose PATH leads to the
+    nvdisasm it runs: the one beside it, else any other (nvidia-cuda-nvdisasm, test extra)."""
+    cuobjdump = _cuda_tool("cuobjdump")
+    if cuobjdump is None:
+        _missing("cuobjdump (pip install nvidia-cuda-cuobjdump)")
+    nvdisasm = cuobjdump.with_name("nvdisasm")
+    if not nvdisasm.is_file():
+        nvdisasm = _cuda_tool("nvdisasm")
+    if nvdisasm is None:
+        _missing("nvdisasm, which cuobjdump --dump-sass runs (pip install nvidia-cuda-nvdisasm)")
+    path = os.pathsep.join([str(nvdisasm.parent), os.environ.get("PATH", "")])
+    return [str(cuobjdump), "--dump-sass", str(_library())], dict(os.environ, PATH=path)
 
 
 @functools.lru_cache(maxsize=1)  # one cuobjdump run serves every SASS test
 def _sass_by_kernel() -> dict[str, list[str]]:
-    out = subprocess.run(
-        [_cuobjdump(), "--dump-sass", str(_library())], check=True, capture_output=True, text=True
-    ).stdout
+    cmd, env = _sass_command()
+    out = _run(*cmd, env=env)
     kernels: dict[str, list[str]] = {}
     name = None
     for line in out.splitlines():
@@ -84,17 +113,48 @@ def _kernel(kernels: dict[str, list[str]], part: str) -> list[str]:
     return kernels[names[0]]
 
 
-def test_fast_kernel_sass_is_the_kernel_we_think_it_is() -> None:
-    """The wgmma decode kernel as its GPU validation saw it: per 64-token block 16 FP8 QGMMA
-    m64n32k32 (QK) and 4 BF16 HGMMA m64n32k16 (RoPE), 8 FP8 QGMMA m64n64k32 (PV), nothing
-    else on the tensor cores, no local memory. ptxas has silently dropped a whole QK round
-    before (a rewrite that never reached main): this catches that without a GPU."""
-    sass = _kernel(_sass_by_kernel(), "fast_decode_kernel")
-    gmma = collections.Counter(
-        m.group(1) for line in sass if (m := re.search(r"\b([QH]GMMA\.[0-9x]+)", line))
-    )
-    assert gmma == {"QGMMA.64x32x32": 16, "HGMMA.64x32x16": 4, "QGMMA.64x64x32": 8}, gmma
-    assert not [line for line in sass if re.search(r"\b(LDL|STL)\b", line)], "local memory"
+SEESAW_WIDTHS = (16, 32, 64)  # PV's wgmma N, one instantiation each (cpp/decode/seesaw)
+
+
+def _seesaw(n: int) -> list[str]:
+    return _kernel(_sass_by_kernel(), f"seesaw_decode_kernelILi{n}E")
+
+
+def _wgmma(sass: list[str]) -> collections.Counter[tuple[str, str]]:
+    """(shape, where its A operand comes from: "smem" or "reg") of each wgmma instruction."""
+    found: collections.Counter[tuple[str, str]] = collections.Counter()
+    for line in sass:
+        m = re.search(r"\b([QH]GMMA\.[0-9x]+)\S*\s+R\d+,\s+(\S+)", line)
+        if m:
+            found[(m.group(1), "reg" if m.group(2).startswith("R") else "smem")] += 1
+    return found
+
+
+@pytest.mark.parametrize("n", SEESAW_WIDTHS)
+def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int) -> None:
+    """The seesaw kernel (kernel="fast") as cpp/decode/seesaw/config.h lays it out: QK from
+    shared memory, 16 FP8 QGMMA m64n64k32 over the content and 4 BF16 HGMMA m64n64k16 over the
+    RoPE, emitted once; PV with V^T in registers, FP8 QGMMA m64nNk32 in whole blocks of 4
+    m-tiles x 2 k-steps (each copy the compiler inlines is a whole block); nothing else on the
+    tensor cores. ptxas has silently dropped a whole QK round before (a rewrite that never
+    reached main): this catches that without a GPU."""
+    gmma = _wgmma(_seesaw(n))
+    pv = gmma.pop((f"QGMMA.64x{n}x32", "reg"), 0)
+    assert pv > 0 and pv % 8 == 0, (pv, gmma)
+    assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
+
+
+# As committed (efb4267) the N = 64 instantiation spills; strict: passing fails, drop the mark.
+_N64_SPILLS = pytest.mark.xfail(strict=True, reason="N = 64 spills: 38 LDL/STL at efb4267")
+
+
+@pytest.mark.parametrize("n", [16, 32, pytest.param(64, marks=_N64_SPILLS)])
+def test_fast_kernel_uses_no_local_memory(n: int) -> None:
+    """No local memory (spills or local arrays) in the fast kernel. The N = 64 instantiation
+    has 38 LDL/STL as committed (efb4267): an expected failure, marked strict so that this
+    test fails once the spills are gone, as a reminder to drop the mark."""
+    local = [line for line in _seesaw(n) if re.search(r"\b(LDL|STL)\b", line)]
+    assert not local, f"{len(local)} local memory instructions"
 
 
 def test_reference_kernel_sass_uses_tensor_cores() -> None:

@@ -18,11 +18,12 @@ from typing import Any
 from . import paths
 from ._errors import SnapMLAError
 from ._lib import CONTENT_DIM, HEAD_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
+from ._version import package_version as _package_version
 from .cache import KVCache
 from .decode import DecodePlan, decode
 from .quantize import quantize_q
 
-__version__ = "0.1.0"
+__version__ = _package_version()  # from the header's SNAPMLA_VERSION_* macros
 
 __all__ = [
     "CONTENT_DIM",

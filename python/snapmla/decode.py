@@ -366,8 +366,11 @@ def decode(
         causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
         out: Output BF16 ``[b, s_q, h, 512]``, contiguous, or ``None`` for a new CuPy array.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
-        kernel: ``"auto"`` (fastest available), ``"reference"`` (the simple kernel that states
-            the contract) or ``"fast"`` (the wgmma pipeline).
+        kernel: ``"auto"`` (the kernel that meets the numerics contract's agreement bound,
+            not chosen for speed: in 0.1 the reference kernel), ``"reference"`` (the simple
+            kernel that states the contract) or ``"fast"`` (the experimental wgmma kernel,
+            opt-in, held to the contract's looser tensor-core tolerance; measured speeds:
+            README).
         stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
             ``.ptr`` or ``.cuda_stream``).
 

@@ -1,0 +1,103 @@
+"""bench/ANCHORS.md and the numbers bench/ holds are the same: the cases, FlashMLA's and
+FlashInfer's times, the targets, the FP8 floors (as bench_decode.py computes them) and the
+machine's ceilings. No GPU, torch or FlashInfer needed: bench_decode.py imports those lazily."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+ANCHORS_MD = BENCH / "ANCHORS.md"
+
+
+def _module(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench_decode() -> ModuleType:
+    return _module("bench_decode")
+
+
+def _table(heading: str) -> list[list[str]]:
+    """Body rows (cells stripped) of the first table after the heading that starts so."""
+    lines = ANCHORS_MD.read_text(encoding="utf-8").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(heading))
+    rows: list[list[str]] = []
+    for line in lines[start + 1 :]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|") and not line.startswith("|---"):
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+        elif rows and not line.startswith("|"):
+            break
+    assert rows, heading
+    return rows[1:]  # without the header row
+
+
+def _us(cell: str) -> float | None:
+    """The first number of a cell ("233.6 (625 TFLOPS)", "<= 130 us", "~2 us; ..."), or None."""
+    m = re.search(r"\d+(?:\.\d+)?", cell)
+    return float(m.group()) if m else None
+
+
+def test_every_anchor_case_is_in_the_tables(bench_decode: ModuleType) -> None:
+    t1 = [r[0] for r in _table("## What the field offers today")]
+    t2 = [r[0] for r in _table("### Short contexts, MTP and mixed lengths")]
+    assert list(bench_decode.ANCHORS) == t1 + t2
+
+
+def test_field_table(bench_decode: ModuleType) -> None:
+    for case, flashmla, flashinfer, _fp8 in _table("## What the field offers today"):
+        anchor = bench_decode.ANCHORS[case]
+        assert (anchor.flashmla_us, anchor.flashinfer_us) == (_us(flashmla), _us(flashinfer))
+        assert anchor.table == "field"
+
+
+def test_short_mtp_mixed_table(bench_decode: ModuleType) -> None:
+    for case, flashmla, flashinfer, target in _table("### Short contexts, MTP and mixed"):
+        anchor = bench_decode.ANCHORS[case]
+        assert (anchor.flashmla_us, anchor.flashinfer_us) == (_us(flashmla), _us(flashinfer))
+        # "no slower than FlashMLA" is FlashMLA's time as the target.
+        expected = _us(flashmla) if target == "no slower than FlashMLA" else _us(target)
+        assert anchor.target_us == expected, case
+        assert anchor.floor_us is None
+
+
+def test_floors_and_targets(bench_decode: ModuleType) -> None:
+    for case, floor, target in _table("## Floors for our FP8 kernel"):
+        anchor = bench_decode.ANCHORS[case]
+        assert (anchor.floor_us, anchor.target_us) == (_us(floor), _us(target)), case
+        parts = re.search(r"\((\d+) / (\d+)\)", floor)  # "(memory / compute)"
+        if parts is None:
+            assert "latency-bound" in floor
+            continue
+        c = bench_decode.Case.parse(case)
+        f = bench_decode.figures(c, c.seqlens(0))["floor"]
+        assert round(f["memory_us"]) == pytest.approx(int(parts.group(1)), abs=1), case
+        assert round(f["compute_us"]) == pytest.approx(int(parts.group(2)), abs=1), case
+
+
+def test_ceilings(bench_decode: ModuleType) -> None:
+    text = ANCHORS_MD.read_text(encoding="utf-8")
+    ceilings = text[text.index("## The machine's ceilings") :]
+    assert f"BF16 {bench_decode.BF16_TFLOPS:g} TFLOPS" in ceilings
+    assert f"FP8 E4M3 (`torch._scaled_mm`) {bench_decode.FP8_TFLOPS:g} TFLOPS" in ceilings
+    assert f"{bench_decode.HBM_TBPS}-{bench_decode.FLOOR_HBM_TBPS} TB/s" in ceilings
+    roofline = _module("roofline")
+    assert (roofline.HBM_TBPS, roofline.FP8_TFLOPS, roofline.BF16_TFLOPS) == (
+        bench_decode.HBM_TBPS,
+        bench_decode.FP8_TFLOPS,
+        bench_decode.BF16_TFLOPS,
+    )
