@@ -163,12 +163,14 @@ struct Dim {
 };
 
 // The bytes an argument at `p` spans: the elements at offsets sum((count - 1) * stride) +
-// [0, inner) of `elem` bytes each, in checked int64 arithmetic; refused naming the stride whose
-// term overflows, or naming the argument when the span runs past the end of the address space.
-// Strides of dimensions with count > 1 are non-negative here (checked before).
+// [0, inner) of `elem` bytes each, in checked int64 arithmetic. Refused naming the stride (or
+// count) whose term overflows int64, or whose term is the largest when the span in bytes does;
+// naming the argument when the span runs past the end of the address space. Strides of
+// dimensions with count > 1 are non-negative here (checked before).
 snapmla_status_t check_span(const char* op, const char* name, const void* p, int64_t elem,
                             int64_t inner, std::initializer_list<Dim> dims) {
-  int64_t elems = inner;
+  int64_t elems = inner, largest = -1;
+  const char* blame = name;
   for (const Dim& d : dims) {
     if (d.count <= 1) continue;
     int64_t term = 0;
@@ -178,13 +180,16 @@ snapmla_status_t check_span(const char* op, const char* name, const void* p, int
                     "argument '%s'",
                     op, d.name, static_cast<long long>(d.count - 1),
                     static_cast<long long>(d.stride), name);
+    if (term > largest) {
+      largest = term;
+      blame = d.name;
+    }
   }
   int64_t bytes = 0;
-  const char* last = dims.size() > 0 ? (dims.end() - 1)->name : name;
   SNAPMLA_REQUIRE(!__builtin_mul_overflow(elems, elem, &bytes),
                   "%s: argument '%s': argument '%s' would span %lld elements of %lld bytes, over "
                   "2^63 - 1 bytes",
-                  op, last, name, static_cast<long long>(elems), static_cast<long long>(elem));
+                  op, blame, name, static_cast<long long>(elems), static_cast<long long>(elem));
   uintptr_t end = 0;
   SNAPMLA_REQUIRE(!__builtin_add_overflow(reinterpret_cast<uintptr_t>(p),
                                           static_cast<uintptr_t>(bytes - 1), &end),
@@ -723,6 +728,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                   "%s: argument 'num_heads': expected 1 .. %d, got %d", op, kMaxQuantizeHeads,
                   num_heads);
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
+  int64_t rows = 0;
+  SNAPMLA_REQUIRE(!__builtin_mul_overflow(num_tokens, int64_t{num_heads}, &rows),
+                  "%s: argument 'num_tokens': %lld tokens x %d heads overflows int64", op,
+                  static_cast<long long>(num_tokens), num_heads);
   SNAPMLA_TRY(check_q(op, "q", q, {1, 0, "num_tokens"},
                       {num_tokens, q_stride_token, "q_stride_token"},
                       {num_heads, q_stride_head, "q_stride_head"}));
@@ -730,10 +739,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
       check_pointer(op, "q_content", q_content, kAlignQContent, "8-byte stores of E4M3 codes"));
   SNAPMLA_TRY(check_pointer(op, "q_rope", q_rope, kAlignQRope, "16-byte stores of BF16"));
   SNAPMLA_TRY(check_pointer(op, "q_scale", q_scale, kAlignInt32, "fp32 elements"));
-  int64_t rows = 0;
-  SNAPMLA_REQUIRE(!__builtin_mul_overflow(num_tokens, int64_t{num_heads}, &rows),
-                  "%s: argument 'num_tokens': %lld tokens x %d heads overflows int64", op,
-                  static_cast<long long>(num_tokens), num_heads);
   SNAPMLA_TRY(
       check_span(op, "q_content", q_content, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
   SNAPMLA_TRY(check_span(op, "q_rope", q_rope, 2, kRopeDim, {{rows, kRopeDim, "num_tokens"}}));
