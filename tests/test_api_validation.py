@@ -67,11 +67,16 @@ _HOST_FUNCTIONS = {
 }
 
 
+# The library functions the current test looked up (cleared by _no_cuda for each test).
+LIBRARY_CALLS: list[str] = []
+
+
 class _HostOnlyLibrary:
     def __init__(self, lib: Any) -> None:
         self._lib = lib
 
     def __getattr__(self, name: str) -> Any:
+        LIBRARY_CALLS.append(name)
         if name not in _HOST_FUNCTIONS:
             raise AssertionError(f"a test reached the GPU function {name}")
         return getattr(self._lib, name)
@@ -88,6 +93,7 @@ def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         for name in ("cupy_module", "empty", "on_device"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, reached)
+    LIBRARY_CALLS.clear()
     if not isinstance(LIBRARY, SnapMLAError):
         monkeypatch.setattr(_lib, "lib", lambda: _HostOnlyLibrary(LIBRARY))
 
@@ -203,7 +209,7 @@ for call in (
 # ========================================================================= small helpers
 
 
-def test_streams() -> None:
+def test_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     class CupyLike:
         ptr = 77
 
@@ -214,10 +220,35 @@ def test_streams() -> None:
     assert Stream(CupyLike(), "op").handle(0) == 77
     assert Stream(TorchLike(), "op").handle(0) == 88
     assert Stream(np.int64(9), "op").handle(0) == 9
-    Stream(None, "op")  # resolved only when used
-    for bad in (-1, True, 1.5, "s", object()):
+    for bad in (-1, True, 1.5, "s", object(), 2**64):
         with refused("stream", "expected None, a CUDA stream handle"):
             Stream(bad, "op")
+
+    # None is CuPy's current stream of the operation's device, resolved on first use only
+    # (constructing it here would fail the test through _no_cuda otherwise), then kept.
+    lazy = Stream(None, "op")
+    devices: list[int] = []
+
+    class FakeCupy:
+        class cuda:  # mirrors cupy.cuda
+            class Device:
+                def __init__(self, device: int) -> None:
+                    devices.append(device)
+
+                def __enter__(self) -> None:
+                    return None
+
+                def __exit__(self, *exc_info: object) -> None:
+                    return None
+
+            @staticmethod
+            def get_current_stream() -> Any:
+                return CupyLike() if devices[-1] == 3 else None
+
+    monkeypatch.setattr(_tensor, "cupy_module", lambda op: FakeCupy)
+    assert lazy.handle(3) == 77 and devices == [3]
+    assert lazy.handle(5) == 77 and devices == [3]  # resolved once
+    assert Stream(None, "op").c(3) == _lib.stream_t(77)
 
 
 def test_check_int() -> None:
@@ -616,7 +647,9 @@ def test_append_refuses(
     with refused(argument, pattern) as e:
         _append(via, cache, {**_append_defaults(), **make()})
     assert e.value.argument == argument.replace("\\", "")
-    assert pattern and e.value.status is None
+    assert e.value.status is None  # refused by Python: no status from the C library
+    assert str(e.value).startswith("KVCache.append: argument")
+    assert "snapmla_append" not in LIBRARY_CALLS
 
 
 def test_append_accepts_row_strides_and_empty_input() -> None:
@@ -640,8 +673,17 @@ def test_append_accepts_row_strides_and_empty_input() -> None:
 
 
 def test_append_empty_is_a_no_op(fake_cache: KVCache) -> None:
-    # n = 0: checked, then nothing reaches the library (the fixture would fail the test).
-    fake_cache.append(0, bf16(0, 512), bf16(0, 64), i64(0), stream=STREAM)
+    # n = 0: checked, then nothing reaches the library.
+    LIBRARY_CALLS.clear()
+    c_kv = bf16(0, 512)
+    assert fake_cache.append(0, c_kv, bf16(0, 64), i64(0), stream=STREAM) is None
+    assert LIBRARY_CALLS == []
+    assert c_kv.stream_seen == STREAM  # the tensors were read (and checked)
+    with refused("k_pe", r"expected shape \[0, 64\], got \[0, 65\]"):
+        fake_cache.append(0, bf16(0, 512), bf16(0, 65), i64(0), stream=STREAM)
+    with refused("layer", "got 2"):
+        fake_cache.append(2, bf16(0, 512), bf16(0, 64), i64(0), stream=STREAM)
+    assert LIBRARY_CALLS == []
 
 
 def test_append_passes_the_stream(fake_cache: KVCache) -> None:
