@@ -53,7 +53,7 @@
  * Validation-only mode (tests, argument checks on machines without a GPU)
  *   snapmla_set_validate_only(1) makes the calling thread's calls check their arguments as
  *   usual and, where a call would make its first CUDA call, return SNAPMLA_VALIDATED instead,
- *   having touched neither CUDA nor any memory. Off by default.
+ *   having called no CUDA function and written no argument. Off by default.
  *
  * Streams, graphs, threads
  *   snapmla_stream_t is ABI-identical to cudaStream_t and CUstream (NULL = legacy default
@@ -250,8 +250,9 @@ SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* 
                                                   snapmla_cache_t* cache);
 
 /* Destroy the handle, freeing memory the library allocated (after synchronizing the device
- * if it did). NULL is accepted; a handle already destroyed is refused. No call on the cache
- * may be running in another thread. [host: not graph-safe] */
+ * if it did). NULL is accepted; a handle already destroyed is refused. Calls on the cache in
+ * other threads must have returned: the handle lookup is thread-safe, but memory freed here
+ * may still be in use by them. [host: not graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 
 /* Sizes and plane offsets of a cache. [host, any thread] */
@@ -377,9 +378,8 @@ SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_co
 
 /* Build the split-KV schedule on the device from cache_seqlens (int32 [b], device, 4-byte
  * aligned), into `plan` (device, plan_bytes, 16-byte aligned). One small launch; no host
- * synchronization. The plan stays
- * valid for as long as cache_seqlens does not change (typically: all layers of one step).
- * [graph-safe] */
+ * synchronization. The plan stays valid for as long as cache_seqlens does not change
+ * (typically: all layers of one step). [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* config,
                                                  const int32_t* cache_seqlens, void* plan,
                                                  snapmla_stream_t stream);
