@@ -67,11 +67,16 @@ _HOST_FUNCTIONS = {
 }
 
 
+# The library functions the current test looked up (cleared by _no_cuda for each test).
+LIBRARY_CALLS: list[str] = []
+
+
 class _HostOnlyLibrary:
     def __init__(self, lib: Any) -> None:
         self._lib = lib
 
     def __getattr__(self, name: str) -> Any:
+        LIBRARY_CALLS.append(name)
         if name not in _HOST_FUNCTIONS:
             raise AssertionError(f"a test reached the GPU function {name}")
         return getattr(self._lib, name)
@@ -88,6 +93,7 @@ def _no_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
         for name in ("cupy_module", "empty", "on_device"):
             if hasattr(module, name):
                 monkeypatch.setattr(module, name, reached)
+    LIBRARY_CALLS.clear()
     if not isinstance(LIBRARY, SnapMLAError):
         monkeypatch.setattr(_lib, "lib", lambda: _HostOnlyLibrary(LIBRARY))
 
@@ -110,6 +116,14 @@ def f32(*shape: int, **kwargs: Any) -> FakeTensor:
 
 def fp8(*shape: int, **kwargs: Any) -> FakeTensor:
     return FakeTensor(shape, "float8_e4m3fn", **kwargs)
+
+
+ODD_BASE = 0x7E0000000000  # 256-byte aligned fake device address for alignment cases
+
+
+def at(make: Callable[..., FakeTensor], *shape: int, offset: int, **kwargs: Any) -> FakeTensor:
+    """A fake CUDA tensor at ``ODD_BASE`` with DLPack ``byte_offset = offset`` (no memory)."""
+    return make(*shape, address=ODD_BASE, byte_offset=offset, data=np.zeros(1, np.uint8), **kwargs)
 
 
 def refused(argument: str, pattern: str) -> Any:
@@ -195,7 +209,7 @@ for call in (
 # ========================================================================= small helpers
 
 
-def test_streams() -> None:
+def test_streams(monkeypatch: pytest.MonkeyPatch) -> None:
     class CupyLike:
         ptr = 77
 
@@ -206,10 +220,35 @@ def test_streams() -> None:
     assert Stream(CupyLike(), "op").handle(0) == 77
     assert Stream(TorchLike(), "op").handle(0) == 88
     assert Stream(np.int64(9), "op").handle(0) == 9
-    Stream(None, "op")  # resolved only when used
-    for bad in (-1, True, 1.5, "s", object()):
+    for bad in (-1, True, 1.5, "s", object(), 2**64):
         with refused("stream", "expected None, a CUDA stream handle"):
             Stream(bad, "op")
+
+    # None is CuPy's current stream of the operation's device, resolved on first use only
+    # (constructing it here would fail the test through _no_cuda otherwise), then kept.
+    lazy = Stream(None, "op")
+    devices: list[int] = []
+
+    class FakeCupy:
+        class cuda:  # mirrors cupy.cuda
+            class Device:
+                def __init__(self, device: int) -> None:
+                    devices.append(device)
+
+                def __enter__(self) -> None:
+                    return None
+
+                def __exit__(self, *exc_info: object) -> None:
+                    return None
+
+            @staticmethod
+            def get_current_stream() -> Any:
+                return CupyLike() if devices[-1] == 3 else None
+
+    monkeypatch.setattr(_tensor, "cupy_module", lambda op: FakeCupy)
+    assert lazy.handle(3) == 77 and devices == [3]
+    assert lazy.handle(5) == 77 and devices == [3]  # resolved once
+    assert Stream(None, "op").c(3) == _lib.stream_t(77)
 
 
 def test_check_int() -> None:
@@ -317,6 +356,38 @@ QUANTIZE_CASES: list[Case] = [
         "got cuda_managed:0",
     ),
     ("stream", lambda: {"stream": "default"}, "stream", "expected None"),
+    ("stream-2^64", lambda: {"stream": 2**64}, "stream", r"int in \[0, 2\^64\)"),
+    ("q-odd", lambda: {"q": at(bf16, 2, 4, 576, offset=1)}, "q", "2-byte aligned address"),
+    (
+        "out0-align",
+        lambda: {"out": (at(fp8, 2, 4, 512, offset=4), None, None)},
+        r"out\[0\]",
+        "8-byte aligned address .*got 0x7e0000000004",
+    ),
+    (
+        "out1-align",
+        lambda: {"out": (None, at(bf16, 2, 4, 64, offset=8), None)},
+        r"out\[1\]",
+        "16-byte aligned address",
+    ),
+    (
+        "out2-align",
+        lambda: {"out": (None, None, at(f32, 2, 4, offset=2))},
+        r"out\[2\]",
+        "4-byte aligned address",
+    ),
+    (
+        "q-span",
+        lambda: {"q": at(bf16, 2, 4, 576, offset=0, strides=(2**62, 576, 1))},
+        "q",
+        "at most 2\\^63 - 1 bytes",
+    ),
+    (
+        "q-wrap",
+        lambda: {"q": FakeTensor((2, 4, 576), address=2**64 - 4096, data=np.zeros(1, np.uint8))},
+        "q",
+        "inside the 64-bit address space",
+    ),
 ]
 
 
@@ -385,6 +456,9 @@ def test_quantize_q_passes_the_stream_to_producers() -> None:
         ((2, 0), "num_pages", r"expected an integer in \[1, 33554431\], got 0"),
         ((2, 2**25), "num_pages", "got 33554432"),
         ((2.0, 4), "num_layers", "got float"),
+        # The issue's example: the product wraps to 5376 bytes in unchecked 64-bit arithmetic.
+        ((2133428917, 14684993), "num_layers", "at most 15238777 layers of 14684993 pages"),
+        ((2**31 - 1, 2**25 - 1), "num_layers", "at most 6669204 layers of 33554431 pages"),
     ],
 )
 def test_kv_cache_refuses_shape(args: tuple[Any, Any], argument: str, pattern: str) -> None:
@@ -395,6 +469,29 @@ def test_kv_cache_refuses_shape(args: tuple[Any, Any], argument: str, pattern: s
 def test_kv_cache_refuses_device() -> None:
     with refused("device", "got -1"):
         KVCache(2, 4, device=-1)
+    with refused("device", r"\[0, 63\], got 64"):
+        KVCache(2, 4, device=64)
+
+
+@needs_library
+@pytest.mark.parametrize("num_pages", [1, 3, 4096, 14684993, 2**25 - 1])
+def test_kv_cache_size_bound_is_the_c_librarys(num_pages: int) -> None:
+    # Python refuses exactly the shapes snapmla_cache_bytes refuses: the largest num_layers
+    # whose bytes fit in 2^63 - 1 is accepted by both, one more layer by neither.
+    size = _lib.ffi.new("size_t*")
+    most = (2**63 - 1) // (num_pages * snapmla.PAGE_BYTES)
+    for layers in (most, most + 1):
+        c_ok = LIBRARY.snapmla_cache_bytes(min(layers, 2**31 - 1), num_pages, size) == 0
+        if layers <= 2**31 - 1:
+            try:
+                cache_module._validate_shape_args("KVCache", layers, num_pages)
+                python_ok = True
+            except SnapMLAError as exc:
+                assert exc.argument == "num_layers"
+                python_ok = False
+            assert python_ok == c_ok == (layers == most), (layers, num_pages)
+        if c_ok:
+            assert size[0] == min(layers, 2**31 - 1) * num_pages * snapmla.PAGE_BYTES
 
 
 def _buffer(**kwargs: Any) -> FakeTensor:
@@ -415,6 +512,8 @@ def _buffer(**kwargs: Any) -> FakeTensor:
         (lambda: _buffer(device=CPU), {}, "buffer", "got cpu"),
         (lambda: _buffer(), {"device": 1}, "buffer", "on cuda:1, got cuda:0"),
         (lambda: _buffer(address=FAKE_CACHE_PTR + 128), {}, "buffer", "256-byte aligned"),
+        (lambda: _buffer(address=2**64 - 256), {}, "buffer", "inside the 64-bit address space"),
+        (lambda: _buffer(device=(2, 64)), {}, "buffer", "device ordinal <= 63, got cuda:64"),
         (lambda: [0] * 10, {}, "buffer", "expected a DLPack tensor"),
     ],
 )
@@ -502,6 +601,15 @@ APPEND_CASES: list[Case] = [
         "does not overlap the cache",
     ),
     ("stream", lambda: {"stream": 2.5}, "stream", "expected None"),
+    ("c_kv-odd", lambda: {"c_kv": at(bf16, 3, 512, offset=1)}, "c_kv", "2-byte aligned"),
+    ("k_pe-odd", lambda: {"k_pe": at(bf16, 3, 64, offset=3)}, "k_pe", "2-byte aligned"),
+    ("slots-align", lambda: {"slots": at(i64, 3, offset=4)}, "slots", "8-byte aligned"),
+    (
+        "c_kv-span",
+        lambda: {"c_kv": at(bf16, 3, 512, offset=0, strides=(2**61, 1))},
+        "c_kv",
+        "at most 2\\^63 - 1 bytes",
+    ),
 ]
 
 
@@ -539,7 +647,9 @@ def test_append_refuses(
     with refused(argument, pattern) as e:
         _append(via, cache, {**_append_defaults(), **make()})
     assert e.value.argument == argument.replace("\\", "")
-    assert pattern and e.value.status is None
+    assert e.value.status is None  # refused by Python: no status from the C library
+    assert str(e.value).startswith("KVCache.append: argument")
+    assert "snapmla_append" not in LIBRARY_CALLS
 
 
 def test_append_accepts_row_strides_and_empty_input() -> None:
@@ -563,8 +673,17 @@ def test_append_accepts_row_strides_and_empty_input() -> None:
 
 
 def test_append_empty_is_a_no_op(fake_cache: KVCache) -> None:
-    # n = 0: checked, then nothing reaches the library (the fixture would fail the test).
-    fake_cache.append(0, bf16(0, 512), bf16(0, 64), i64(0), stream=STREAM)
+    # n = 0: checked, then nothing reaches the library.
+    LIBRARY_CALLS.clear()
+    c_kv = bf16(0, 512)
+    assert fake_cache.append(0, c_kv, bf16(0, 64), i64(0), stream=STREAM) is None
+    assert LIBRARY_CALLS == []
+    assert c_kv.stream_seen == STREAM  # the tensors were read (and checked)
+    with refused("k_pe", r"expected shape \[0, 64\], got \[0, 65\]"):
+        fake_cache.append(0, bf16(0, 512), bf16(0, 65), i64(0), stream=STREAM)
+    with refused("layer", "got 2"):
+        fake_cache.append(2, bf16(0, 512), bf16(0, 64), i64(0), stream=STREAM)
+    assert LIBRARY_CALLS == []
 
 
 def test_append_passes_the_stream(fake_cache: KVCache) -> None:
@@ -608,6 +727,9 @@ FETCH_CASES: list[Case] = [
         "k_pe",
         "does not overlap the cache",
     ),
+    ("slots-align", lambda: {"slots": at(i64, 3, offset=2)}, "slots", "8-byte aligned"),
+    ("c_kv-odd", lambda: {"c_kv": at(bf16, 3, 512, offset=1)}, "c_kv", "2-byte aligned"),
+    ("k_pe-odd", lambda: {"k_pe": at(bf16, 3, 64, offset=1)}, "k_pe", "2-byte aligned"),
 ]
 
 
@@ -659,6 +781,7 @@ def test_fetch_dequant_refuses(
         ({"q_len": 5}, "q_len", "got 5"),
         ({"max_pages": 0}, "max_pages", r"expected an integer in \[1, .*got 0"),
         ({"num_sm_parts": -1}, "num_sm_parts", "got -1"),
+        ({"num_sm_parts": 65536}, "num_sm_parts", r"\[0, 65535\], got 65536"),
         ({"cache_seqlens": i64(4)}, "cache_seqlens", "expected dtype int32, got int64"),
         ({"cache_seqlens": i32(4, 1)}, "cache_seqlens", r"expected shape \[b\], got \[4, 1\]"),
         ({"cache_seqlens": i32(0)}, "cache_seqlens", r"b in 1\.\.65536, got \[0\]"),
@@ -790,6 +913,28 @@ DECODE_CASES: list[Case] = [
         "does not overlap the cache",
     ),
     ("stream", lambda: {"stream": object()}, "stream", "expected None"),
+    ("q-odd", lambda: {"q": at(bf16, 2, 1, 16, 576, offset=1)}, "q", "2-byte aligned"),
+    ("bt-align", lambda: {"block_table": at(i32, 2, 8, offset=2)}, "block_table", "4-byte"),
+    ("sl-align", lambda: {"cache_seqlens": at(i32, 2, offset=1)}, "cache_seqlens", "4-byte"),
+    (
+        "out-align",
+        lambda: {"out": at(bf16, 2, 1, 16, 512, offset=8)},
+        "out",
+        "16-byte aligned address \\(the combine kernel's 16-byte stores\\), got 0x7e0000000008",
+    ),
+    ("lse-align", lambda: {"lse": at(f32, 2, 16, 1, offset=2)}, "lse", "4-byte aligned"),
+    (
+        "q-span",
+        lambda: {"q": at(bf16, 2, 1, 16, 576, offset=0, strides=(2**62, 2**62, 576, 1))},
+        "q",
+        "at most 2\\^63 - 1 bytes",
+    ),
+    (
+        "bt-wrap",
+        lambda: {"block_table": FakeTensor((2, 8), "int32", address=2**64 - 32, data=np.zeros(1))},
+        "block_table",
+        "inside the 64-bit address space",
+    ),
 ]
 
 

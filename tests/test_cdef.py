@@ -169,6 +169,7 @@ def test_constants_match_header() -> None:
         "PAGE_SCALE_OFFSET",
         "MAX_HEADS",
         "MAX_Q_LEN",
+        "MAX_STRUCT_SIZE",
     ):
         assert getattr(_lib, name) == defines[name], name
     for name in ("PAGE_SIZE", "CONTENT_DIM", "ROPE_DIM", "HEAD_DIM", "PAGE_BYTES"):

@@ -73,6 +73,8 @@ capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(
     ("PyCapsule_GetName", ctypes.pythonapi)
 )
 
+_NOT_GIVEN = object()  # FakeTensor.__dlpack__'s default: tells "no stream" from stream=None
+
 # Managed tensors alive (address -> record); the deleter removes them.
 _LIVE: dict[int, Any] = {}
 
@@ -168,8 +170,13 @@ class FakeTensor:
     def __dlpack_device__(self) -> tuple[int, int]:
         return self.device
 
-    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, **kwargs: Any) -> Any:
-        self.calls.append({"stream": stream, "max_version": max_version, **kwargs})
+    def __dlpack__(
+        self, *, stream: Any = _NOT_GIVEN, max_version: Any = None, **kwargs: Any
+    ) -> Any:
+        # Record the keywords as given: "stream" only when the consumer passed one.
+        given = {} if stream is _NOT_GIVEN else {"stream": stream}
+        self.calls.append({**given, "max_version": max_version, **kwargs})
+        stream = None if stream is _NOT_GIVEN else stream
         if max_version is not None and not self.versioned:
             raise TypeError("__dlpack__() got an unexpected keyword argument 'max_version'")
         if self.device[0] == 1 and stream is not None:
@@ -201,8 +208,8 @@ class FakeTensor:
 
     @property
     def stream_seen(self) -> Any:
-        """The ``stream`` of the latest ``__dlpack__`` call."""
-        return self.calls[-1]["stream"]
+        """The ``stream`` of the latest ``__dlpack__`` call (``None`` if none was passed)."""
+        return self.calls[-1].get("stream")
 
 
 # ------------------------------------------------------------------------------ NumPy
@@ -396,13 +403,16 @@ def test_stream_callable_gets_the_device_and_runs_only_for_cuda() -> None:
 
 
 def test_no_stream_for_cpu_and_none_stream() -> None:
+    # The stream keyword is not passed at all (DLPack: CPU producers refuse one), rather than
+    # passed as None.
     cpu = FakeTensor((3,), "int32", device=CPU)
     view(cpu, stream=1234)
-    assert cpu.stream_seen is None
+    assert cpu.calls == [{"max_version": (1, 0)}]
     cuda = FakeTensor((3,), "int32", device=CUDA0)
     view(cuda)
-    assert "stream" in cuda.calls[-1]
-    assert cuda.stream_seen is None
+    assert cuda.calls == [{"max_version": (1, 0)}]
+    view(cuda, stream=0)
+    assert cuda.calls[-1] == {"stream": 1, "max_version": (1, 0)}
 
 
 def test_dlpack_stream_mapping() -> None:

@@ -1,5 +1,5 @@
 // The C ABI: argument checks, error capture and dispatch to the launchers.
-// Every check runs before the first launch, so a refused call has written nothing.
+// Every check runs before the first CUDA call, so a refused call has written nothing.
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -7,8 +7,12 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <mutex>
 #include <new>
+#include <shared_mutex>
 #include <string>
+#include <unordered_map>
 
 #include "append/append.h"
 #include "common/launch.h"
@@ -24,12 +28,20 @@ static_assert(SNAPMLA_PAGE_SCALE_OFFSET == snapmla::kPageScaleOffset, "scale pla
 static_assert(SNAPMLA_CONTENT_DIM == snapmla::kContentDim && SNAPMLA_ROPE_DIM == snapmla::kRopeDim,
               "dimensions");
 
+static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "a 64-bit platform");
+
+// A live cache carries a magic word at each end (as NCCL's communicator does); destroy clears
+// them before the object is freed. Handles are looked up in the registry below, never
+// dereferenced as given, so the magic words guard against corruption of the object itself.
 struct snapmla_cache {
+  uint64_t magic_begin;
   uint8_t* data;
+  size_t bytes;  // num_layers * num_pages * kPageBytes, <= INT64_MAX
   int32_t device;
   int32_t num_layers;
   int32_t num_pages;
   bool owns_memory;
+  uint64_t magic_end;
 };
 
 namespace snapmla {
@@ -38,8 +50,27 @@ namespace {
 constexpr int kMaxDevices = 64;
 constexpr int kMaxQuantizeHeads = 1024;
 constexpr int kMaxBatch = 65536;
+constexpr int kMaxSmParts = 65535;
+constexpr int kMaxPages = ((int64_t{1} << 31) - 1) / kPageSize;  // num_pages * 64 fits int32
+constexpr int64_t kMaxBytes = INT64_MAX;                         // every byte offset is an int64
+constexpr size_t kMaxStructSize = SNAPMLA_MAX_STRUCT_SIZE;
+
+// Alignment (bytes) of each device pointer: what the kernels' accesses need.
+constexpr size_t kAlignBf16 = 2;         // bf16 inputs: element loads on the unaligned path
+constexpr size_t kAlignInt32 = 4;        // block_table, cache_seqlens; fp32 lse, q_scale
+constexpr size_t kAlignInt64 = 8;        // slots
+constexpr size_t kAlignQContent = 8;     // quantize_q: 8-byte stores of 8 E4M3 codes
+constexpr size_t kAlignQRope = 16;       // quantize_q: 16-byte stores of 8 bf16
+constexpr size_t kAlignOut = 16;         // decode out: the combine's 16-byte stores
+constexpr size_t kAlignPlan = 16;        // decode plan (int32 words)
+constexpr size_t kAlignWorkspace = 256;  // WorkspaceLayout parts are 256-byte aligned (TMA)
+constexpr size_t kAlignCache = 256;      // cudaMalloc's; planes 128-byte aligned, TMA 16
+
+constexpr uint64_t kCacheMagicBegin = 0x534e41504d4c4131ull;  // "SNAPMLA1", big-endian
+constexpr uint64_t kCacheMagicEnd = 0x31414c4d50414e53ull;    // the same, byte-reversed
 
 thread_local std::string t_last_error;
+thread_local bool t_validate_only = false;
 
 snapmla_status_t fail(snapmla_status_t status, const char* fmt, ...) {
   char buf[1024];
@@ -56,29 +87,216 @@ snapmla_status_t cuda_fail(const char* what, cudaError_t err) {
               cudaGetErrorName(err), cudaGetErrorString(err));
 }
 
-// Copy a caller's size-prefixed struct into a zeroed local one: fields beyond the caller's
-// struct_size read as zero, and a caller built against a newer header is accepted.
-template <typename T>
-snapmla_status_t read_sized(const char* op, const char* name, const T* in, T* out,
-                            size_t min_size) {
-  if (in == nullptr) {
-    return fail(SNAPMLA_ERROR_INVALID_ARGUMENT, "%s: argument '%s' is NULL", op, name);
-  }
-  if (in->struct_size < min_size) {
-    return fail(SNAPMLA_ERROR_INVALID_ARGUMENT,
-                "%s: argument '%s': struct_size must be at least %zu (sizeof in this header "
-                "is %zu), got %zu",
-                op, name, min_size, sizeof(T), in->struct_size);
-  }
-  std::memset(out, 0, sizeof(T));
-  std::memcpy(out, in, in->struct_size < sizeof(T) ? in->struct_size : sizeof(T));
-  return SNAPMLA_SUCCESS;
-}
-
 #define SNAPMLA_REQUIRE(cond, ...)                                         \
   do {                                                                     \
     if (!(cond)) return fail(SNAPMLA_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
+
+#define SNAPMLA_TRY(expr)                   \
+  do {                                      \
+    const snapmla_status_t st_ = (expr);    \
+    if (st_ != SNAPMLA_SUCCESS) return st_; \
+  } while (0)
+
+// Where an operation would make its first CUDA call: in validation-only mode it stops here.
+snapmla_status_t validated(const char* op) {
+  return fail(SNAPMLA_VALIDATED,
+              "%s: validation-only mode: the arguments are valid, nothing was run", op);
+}
+
+// A field that an older caller's struct may lack (it then reads as zero).
+struct OptionalField {
+  const char* name;
+  size_t offset;
+  size_t size;
+};
+
+// Copy a caller's size-prefixed struct into a zeroed local one, as the header's "Config
+// structs" rule says: a struct_size below `min_size` or ending inside one of `optional` is
+// refused; fields beyond a smaller struct_size read as zero; a larger struct_size (at most
+// kMaxStructSize) is accepted only if every byte past sizeof(T) is zero.
+template <typename T>
+snapmla_status_t read_sized(const char* op, const char* name, const T* in, T* out, size_t min_size,
+                            std::initializer_list<OptionalField> optional = {}) {
+  SNAPMLA_REQUIRE(in != nullptr, "%s: argument '%s' is NULL", op, name);
+  const size_t size = in->struct_size;
+  SNAPMLA_REQUIRE(size >= min_size && size <= kMaxStructSize,
+                  "%s: argument '%s': expected struct_size %zu .. %zu (sizeof in this library "
+                  "is %zu), got %zu",
+                  op, name, min_size, kMaxStructSize, sizeof(T), size);
+  for (const OptionalField& f : optional) {
+    SNAPMLA_REQUIRE(size <= f.offset || size >= f.offset + f.size,
+                    "%s: argument '%s': struct_size %zu ends inside field '%s.%s' (bytes %zu .. "
+                    "%zu)",
+                    op, name, size, name, f.name, f.offset, f.offset + f.size - 1);
+  }
+  const unsigned char* bytes = reinterpret_cast<const unsigned char*>(in);
+  for (size_t i = sizeof(T); i < size; ++i) {
+    SNAPMLA_REQUIRE(bytes[i] == 0,
+                    "%s: argument '%s': struct_size %zu is larger than this library's sizeof "
+                    "(%zu), and byte %zu, beyond the fields it knows, is %d, not 0: the caller "
+                    "sets a field that this library (version %d) does not have",
+                    op, name, size, sizeof(T), i, static_cast<int>(bytes[i]), SNAPMLA_VERSION);
+  }
+  std::memset(out, 0, sizeof(T));
+  std::memcpy(out, in, size < sizeof(T) ? size : sizeof(T));
+  return SNAPMLA_SUCCESS;
+}
+
+// A device pointer argument: not NULL and aligned to `alignment` bytes (`why` says what
+// needs it).
+snapmla_status_t check_pointer(const char* op, const char* name, const void* p, size_t alignment,
+                               const char* why) {
+  SNAPMLA_REQUIRE(p != nullptr, "%s: argument '%s' is NULL", op, name);
+  SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(p) % alignment == 0,
+                  "%s: argument '%s': expected a %zu-byte aligned address (%s), got %p", op, name,
+                  alignment, why, p);
+  return SNAPMLA_SUCCESS;
+}
+
+// One strided dimension of an argument: `count` indices `stride` elements apart, the stride
+// named `name` in messages. Dimensions of count <= 1 contribute nothing.
+struct Dim {
+  int64_t count;
+  int64_t stride;
+  const char* name;
+};
+
+// The bytes an argument at `p` spans: the elements at offsets sum((count - 1) * stride) +
+// [0, inner) of `elem` bytes each, in checked int64 arithmetic. Refused naming the stride (or
+// count) whose term overflows int64, or whose term is the largest when the span in bytes does;
+// naming the argument when the span runs past the end of the address space. Strides of
+// dimensions with count > 1 are non-negative here (checked before).
+snapmla_status_t check_span(const char* op, const char* name, const void* p, int64_t elem,
+                            int64_t inner, std::initializer_list<Dim> dims) {
+  int64_t elems = inner, largest = -1;
+  const char* blame = name;
+  for (const Dim& d : dims) {
+    if (d.count <= 1) continue;
+    int64_t term = 0;
+    SNAPMLA_REQUIRE(!__builtin_mul_overflow(d.count - 1, d.stride, &term) &&
+                        !__builtin_add_overflow(elems, term, &elems),
+                    "%s: argument '%s': %lld x %lld elements overflows the int64 offsets of "
+                    "argument '%s'",
+                    op, d.name, static_cast<long long>(d.count - 1),
+                    static_cast<long long>(d.stride), name);
+    if (term > largest) {
+      largest = term;
+      blame = d.name;
+    }
+  }
+  int64_t bytes = 0;
+  SNAPMLA_REQUIRE(!__builtin_mul_overflow(elems, elem, &bytes),
+                  "%s: argument '%s': argument '%s' would span %lld elements of %lld bytes, over "
+                  "2^63 - 1 bytes",
+                  op, blame, name, static_cast<long long>(elems), static_cast<long long>(elem));
+  uintptr_t end = 0;
+  SNAPMLA_REQUIRE(!__builtin_add_overflow(reinterpret_cast<uintptr_t>(p),
+                                          static_cast<uintptr_t>(bytes - 1), &end),
+                  "%s: argument '%s': %p + %lld bytes runs past the end of the address space", op,
+                  name, p, static_cast<long long>(bytes));
+  return SNAPMLA_SUCCESS;
+}
+
+// Live caches by handle. A handle is an id, kHandleTag | serial number, never an address: a
+// lookup dereferences nothing the caller gave, and serial numbers are never reused, so a
+// destroyed handle stays refused after its object's memory is reused. Readers (every call on
+// a cache) take the lock shared; create and destroy take it exclusively.
+enum class Lookup { kLive, kUnknown, kCorrupt };
+
+class CacheRegistry {
+ public:
+  static constexpr uintptr_t kHandleTag = uintptr_t{0x5ca7} << 48;
+
+  // Registers `cache`; 0 when out of host memory.
+  uintptr_t add(snapmla_cache* cache) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    const uintptr_t handle = kHandleTag | ++serial_;
+    try {
+      live_.emplace(handle, cache);
+    } catch (...) {
+      return 0;
+    }
+    return handle;
+  }
+
+  // Copies the live cache of `handle` into *out.
+  Lookup get(uintptr_t handle, snapmla_cache* out) const {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    const auto it = live_.find(handle);
+    if (it == live_.end()) return Lookup::kUnknown;
+    if (it->second->magic_begin != kCacheMagicBegin || it->second->magic_end != kCacheMagicEnd) {
+      return Lookup::kCorrupt;
+    }
+    *out = *it->second;
+    return Lookup::kLive;
+  }
+
+  // Unregisters `handle` and clears its magic words; *out is its object (nullptr if unknown).
+  Lookup remove(uintptr_t handle, snapmla_cache** out) {
+    std::unique_lock<std::shared_mutex> lock(mu_);
+    *out = nullptr;
+    const auto it = live_.find(handle);
+    if (it == live_.end()) return Lookup::kUnknown;
+    snapmla_cache* cache = it->second;
+    live_.erase(it);
+    const bool intact =
+        cache->magic_begin == kCacheMagicBegin && cache->magic_end == kCacheMagicEnd;
+    cache->magic_begin = cache->magic_end = 0;
+    *out = cache;
+    return intact ? Lookup::kLive : Lookup::kCorrupt;
+  }
+
+ private:
+  mutable std::shared_mutex mu_;
+  std::unordered_map<uintptr_t, snapmla_cache*> live_;
+  uint64_t serial_ = 0;
+};
+
+// Never destroyed: a handle may be destroyed during static destruction (a Python finalizer).
+CacheRegistry& registry() {
+  static CacheRegistry* r = new CacheRegistry;
+  return *r;
+}
+
+// The live cache behind `handle`, copied into *cache.
+snapmla_status_t get_cache(const char* op, snapmla_cache_t handle, snapmla_cache* cache) {
+  SNAPMLA_REQUIRE(handle != nullptr, "%s: argument 'cache' is NULL", op);
+  switch (registry().get(reinterpret_cast<uintptr_t>(handle), cache)) {
+    case Lookup::kLive:
+      return SNAPMLA_SUCCESS;
+    case Lookup::kUnknown:
+      break;
+    case Lookup::kCorrupt:
+      return fail(SNAPMLA_ERROR_INTERNAL,
+                  "%s: argument 'cache': the object of handle %p has been overwritten (its magic "
+                  "words are gone)",
+                  op, static_cast<void*>(handle));
+  }
+  return fail(SNAPMLA_ERROR_INVALID_ARGUMENT,
+              "%s: argument 'cache': %p is not a live cache handle (destroyed, or not returned "
+              "by snapmla_cache_create)",
+              op, static_cast<void*>(handle));
+}
+
+// num_layers * num_pages * kPageBytes in checked arithmetic, the arguments named as given.
+snapmla_status_t cache_bytes_of(const char* op, const char* layers_name, const char* pages_name,
+                                int32_t num_layers, int32_t num_pages, size_t* bytes) {
+  SNAPMLA_REQUIRE(num_layers >= 1, "%s: argument '%s': expected >= 1, got %d", op, layers_name,
+                  num_layers);
+  SNAPMLA_REQUIRE(num_pages >= 1 && num_pages <= kMaxPages,
+                  "%s: argument '%s': expected 1 .. %d, got %d", op, pages_name, kMaxPages,
+                  num_pages);
+  const int64_t layer_bytes = int64_t{num_pages} * kPageBytes;  // < 2^31 * 41216 / 64
+  int64_t total = 0;
+  SNAPMLA_REQUIRE(!__builtin_mul_overflow(int64_t{num_layers}, layer_bytes, &total),
+                  "%s: argument '%s': expected <= %lld for %s = %d (the cache's %d x %d x %lld "
+                  "bytes must be at most 2^63 - 1), got %d",
+                  op, layers_name, static_cast<long long>(kMaxBytes / layer_bytes), pages_name,
+                  num_pages, num_layers, num_pages, static_cast<long long>(kPageBytes), num_layers);
+  *bytes = static_cast<size_t>(total);
+  return SNAPMLA_SUCCESS;
+}
 
 #define SNAPMLA_CUDA(what, expr)                           \
   do {                                                     \
@@ -111,8 +329,10 @@ cudaError_t read_device_facts(int device, DeviceFacts** facts) {
   return cudaSuccess;
 }
 
-// The current device must be a Hopper (sm_90) and, if given, the cache's device.
+// The current device must be a Hopper (sm_90) and, if given, the cache's device. The first
+// CUDA call of every operation that launches: validation-only mode stops here.
 snapmla_status_t check_device(const char* op, const snapmla_cache* cache) {
+  if (t_validate_only) return validated(op);
   int device = -1;
   SNAPMLA_CUDA(op, cudaGetDevice(&device));
   if (cache != nullptr && cache->device != device) {
@@ -131,23 +351,26 @@ snapmla_status_t check_device(const char* op, const snapmla_cache* cache) {
   return SNAPMLA_SUCCESS;
 }
 
-uint8_t* layer_base(const snapmla_cache* c, int32_t layer) {
-  return c->data + static_cast<int64_t>(layer) * c->num_pages * kPageBytes;
+// layer < num_layers and the cache's bytes are <= INT64_MAX: the offset cannot overflow.
+uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
+  return c.data + static_cast<int64_t>(layer) * c.num_pages * kPageBytes;
 }
 
-snapmla_status_t check_cache_layer(const char* op, const snapmla_cache* cache, int32_t layer) {
-  SNAPMLA_REQUIRE(cache != nullptr, "%s: argument 'cache' is NULL", op);
+// The live cache behind `handle` (copied into *cache) and a layer index inside it.
+snapmla_status_t check_cache_layer(const char* op, snapmla_cache_t handle, const char* layer_name,
+                                   int32_t layer, snapmla_cache* cache) {
+  SNAPMLA_TRY(get_cache(op, handle, cache));
   SNAPMLA_REQUIRE(layer >= 0 && layer < cache->num_layers,
-                  "%s: argument 'layer': expected 0 <= layer < %d, got %d", op, cache->num_layers,
-                  layer);
+                  "%s: argument '%s': expected 0 <= layer < %d, got %d", op, layer_name,
+                  cache->num_layers, layer);
   return SNAPMLA_SUCCESS;
 }
 
 snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config_t* in,
                                      snapmla_decode_config_t* c) {
-  snapmla_status_t st =
-      read_sized(op, "config", in, c, offsetof(snapmla_decode_config_t, num_sm_parts));
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(read_sized(
+      op, "config", in, c, offsetof(snapmla_decode_config_t, num_sm_parts),
+      {{"num_sm_parts", offsetof(snapmla_decode_config_t, num_sm_parts), sizeof(int32_t)}}));
   SNAPMLA_REQUIRE(c->batch_size >= 1 && c->batch_size <= kMaxBatch,
                   "%s: argument 'config.batch_size': expected 1 .. %d, got %d", op, kMaxBatch,
                   c->batch_size);
@@ -157,18 +380,35 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
   SNAPMLA_REQUIRE(c->num_heads >= 1 && c->num_heads <= SNAPMLA_MAX_HEADS,
                   "%s: argument 'config.num_heads': expected 1 .. %d, got %d", op,
                   SNAPMLA_MAX_HEADS, c->num_heads);
-  SNAPMLA_REQUIRE(c->max_pages >= 1, "%s: argument 'config.max_pages': expected >= 1, got %d", op,
+  SNAPMLA_REQUIRE(c->max_pages >= 1 && c->max_pages <= kMaxPages,
+                  "%s: argument 'config.max_pages': expected 1 .. %d, got %d", op, kMaxPages,
                   c->max_pages);
-  // The schedule's cost line is int32.
+  // The schedule's cost line is int32 (batch <= 2^16 and max_pages < 2^25: no int64 overflow).
   const int64_t worst = int64_t{c->batch_size} * (int64_t{c->max_pages} + decode::kFixedCost);
-  SNAPMLA_REQUIRE(worst < (int64_t{1} << 31) && int64_t{c->max_pages} * kPageSize < (1LL << 31),
-                  "%s: argument 'config': batch_size * (max_pages + %d) = %lld exceeds 2^31", op,
-                  decode::kFixedCost, static_cast<long long>(worst));
-  SNAPMLA_REQUIRE(c->num_sm_parts >= 0 && c->num_sm_parts <= 65535,
-                  "%s: argument 'config.num_sm_parts': expected 0 .. 65535, got %d", op,
+  SNAPMLA_REQUIRE(worst < (int64_t{1} << 31),
+                  "%s: argument 'config.max_pages': expected batch_size * (max_pages + %d) < "
+                  "2^31, got %d * (%d + %d) = %lld",
+                  op, decode::kFixedCost, c->batch_size, c->max_pages, decode::kFixedCost,
+                  static_cast<long long>(worst));
+  SNAPMLA_REQUIRE(c->num_sm_parts >= 0 && c->num_sm_parts <= kMaxSmParts,
+                  "%s: argument 'config.num_sm_parts': expected 0 .. %d, got %d", op, kMaxSmParts,
                   c->num_sm_parts);
   return SNAPMLA_SUCCESS;
 }
+
+// Upper bounds of the plan's and the workspace's int64 size arithmetic over every valid
+// config (decode::PlanLayout / WorkspaceLayout): far from overflow, so the sizes computed from
+// a checked config are exact.
+constexpr int64_t kWorstRows = int64_t{kMaxBatch} * SNAPMLA_MAX_Q_LEN * SNAPMLA_MAX_HEADS;
+constexpr int64_t kWorstRowTiles =
+    (int64_t{SNAPMLA_MAX_Q_LEN} * SNAPMLA_MAX_HEADS + decode::kTileRows - 1) / decode::kTileRows;
+constexpr int64_t kWorstWorkspace =
+    kWorstRows * (kContentDim + 2 * kRopeDim + 4) +
+    int64_t{2} * kMaxSmParts * kWorstRowTiles * decode::kTileRows * (kContentDim * 4 + 4) + 8 * 256;
+constexpr int64_t kWorstPlanWords =
+    decode::PlanLayout::kHeaderWords + 4 * (int64_t{kMaxBatch} + 1) + 2 * int64_t{kMaxSmParts};
+static_assert(kWorstWorkspace < (int64_t{1} << 40) && kWorstPlanWords < (int64_t{1} << 20),
+              "decode buffer sizes stay far from int64 overflow");
 
 int row_tiles_of(const snapmla_decode_config_t& c) {
   return ceil_div(int64_t{c.q_len} * c.num_heads, decode::kTileRows);
@@ -179,9 +419,31 @@ snapmla_status_t num_parts_of(const char* op, const snapmla_decode_config_t& c, 
     *parts = c.num_sm_parts;
     return SNAPMLA_SUCCESS;
   }
+  if (t_validate_only) return validated(op);
   int sms = 0;
   SNAPMLA_CUDA(op, current_device_sm_count(&sms));
   *parts = decode::default_num_parts(sms, row_tiles_of(c));
+  return SNAPMLA_SUCCESS;
+}
+
+void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* plan_bytes,
+                         size_t* workspace_bytes) {
+  const decode::PlanLayout pl = decode::PlanLayout::make(c.batch_size, parts);
+  *plan_bytes = static_cast<size_t>((pl.total_words * 4 + 255) / 256 * 256);
+  *workspace_bytes = static_cast<size_t>(
+      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts).total_bytes);
+}
+
+// The plan (and the workspace, if given) must not run past the end of the address space.
+snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_config_t& c, int parts,
+                                      const void* plan, const void* workspace) {
+  size_t plan_bytes = 0, workspace_bytes = 0;
+  decode_buffer_bytes(c, parts, &plan_bytes, &workspace_bytes);
+  SNAPMLA_TRY(check_span(op, "plan", plan, 1, static_cast<int64_t>(plan_bytes), {}));
+  if (workspace != nullptr) {
+    SNAPMLA_TRY(
+        check_span(op, "workspace", workspace, 1, static_cast<int64_t>(workspace_bytes), {}));
+  }
   return SNAPMLA_SUCCESS;
 }
 
@@ -219,24 +481,26 @@ extern "C" SNAPMLA_API const char* snapmla_status_string(snapmla_status_t status
       return "SNAPMLA_ERROR_OUT_OF_MEMORY";
     case SNAPMLA_ERROR_INTERNAL:
       return "SNAPMLA_ERROR_INTERNAL";
+    case SNAPMLA_VALIDATED:
+      return "SNAPMLA_VALIDATED";
   }
   return "SNAPMLA_UNKNOWN_STATUS";
 }
 
 extern "C" SNAPMLA_API const char* snapmla_last_error(void) { return t_last_error.c_str(); }
 
+extern "C" SNAPMLA_API int snapmla_set_validate_only(int enable) {
+  const bool previous = t_validate_only;
+  t_validate_only = enable != 0;
+  return previous ? 1 : 0;
+}
+
 // ------------------------------------------------------------------------------- cache
 extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages,
                                                             size_t* bytes) {
   const char* op = "snapmla_cache_bytes";
   SNAPMLA_REQUIRE(bytes != nullptr, "%s: argument 'bytes' is NULL", op);
-  SNAPMLA_REQUIRE(num_layers >= 1, "%s: argument 'num_layers': expected >= 1, got %d", op,
-                  num_layers);
-  SNAPMLA_REQUIRE(num_pages >= 1 && int64_t{num_pages} * kPageSize < (int64_t{1} << 31),
-                  "%s: argument 'num_pages': expected 1 .. %d, got %d", op,
-                  static_cast<int>(((int64_t{1} << 31) - 1) / kPageSize), num_pages);
-  *bytes = static_cast<size_t>(num_layers) * static_cast<size_t>(num_pages) * kPageBytes;
-  return SNAPMLA_SUCCESS;
+  return cache_bytes_of(op, "num_layers", "num_pages", num_layers, num_pages, bytes);
 }
 
 extern "C" SNAPMLA_API snapmla_status_t
@@ -244,30 +508,35 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   const char* op = "snapmla_cache_create";
   SNAPMLA_REQUIRE(cache_out != nullptr, "%s: argument 'cache' is NULL", op);
   snapmla_cache_config_t c;
-  snapmla_status_t st = read_sized(op, "config", config_in, &c,
-                                   offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t));
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(read_sized(op, "config", config_in, &c,
+                         offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t)));
   SNAPMLA_REQUIRE(c.page_size == 0 || c.page_size == SNAPMLA_PAGE_SIZE,
                   "%s: argument 'config.page_size': expected 0 or %d, got %d", op,
                   SNAPMLA_PAGE_SIZE, c.page_size);
   size_t bytes = 0;
-  st = snapmla_cache_bytes(c.num_layers, c.num_pages, &bytes);
-  if (st != SNAPMLA_SUCCESS) {
-    return fail(st, "%s: argument 'config': %s", op, t_last_error.c_str());
-  }
+  SNAPMLA_TRY(cache_bytes_of(op, "config.num_layers", "config.num_pages", c.num_layers, c.num_pages,
+                             &bytes));
   SNAPMLA_REQUIRE(c.device >= -1 && c.device < kMaxDevices,
                   "%s: argument 'config.device': expected -1 .. %d, got %d", op, kMaxDevices - 1,
                   c.device);
   if (c.memory != nullptr) {
-    SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(c.memory) % 256 == 0,
-                    "%s: argument 'config.memory': expected a 256-byte aligned pointer, got %p", op,
-                    c.memory);
+    SNAPMLA_TRY(check_pointer(op, "config.memory", c.memory, kAlignCache,
+                              "the cache's base, as cudaMalloc aligns it"));
     SNAPMLA_REQUIRE(c.memory_bytes >= bytes,
                     "%s: argument 'config.memory_bytes': expected >= %zu for %d layers x %d "
                     "pages, got %zu",
                     op, bytes, c.num_layers, c.num_pages, c.memory_bytes);
+    uintptr_t last = 0;
+    SNAPMLA_REQUIRE(
+        !__builtin_add_overflow(reinterpret_cast<uintptr_t>(c.memory), c.memory_bytes - 1, &last),
+        "%s: argument 'config.memory_bytes': %p + %zu bytes runs past the end of the "
+        "address space",
+        op, c.memory, c.memory_bytes);
   }
   int device = c.device;
+  if (device < 0 || c.memory == nullptr) {
+    if (t_validate_only) return validated(op);
+  }
   if (device < 0) SNAPMLA_CUDA(op, cudaGetDevice(&device));
 
   uint8_t* data = static_cast<uint8_t*>(c.memory);
@@ -287,38 +556,62 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
     data = static_cast<uint8_t*>(p);
   }
   snapmla_cache* cache = new (std::nothrow)
-      snapmla_cache{data, device, c.num_layers, c.num_pages, c.memory == nullptr};
-  if (cache == nullptr) {
+      snapmla_cache{kCacheMagicBegin,    data,          bytes, device, c.num_layers, c.num_pages,
+                    c.memory == nullptr, kCacheMagicEnd};
+  const uintptr_t handle = cache != nullptr ? registry().add(cache) : 0;
+  if (handle == 0) {
+    delete cache;
     if (c.memory == nullptr) cudaFree(data);
     return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
   }
-  *cache_out = cache;
+  *cache_out = reinterpret_cast<snapmla_cache_t>(handle);
   return SNAPMLA_SUCCESS;
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache) {
-  if (cache == nullptr) return SNAPMLA_SUCCESS;
+extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t handle) {
+  const char* op = "snapmla_cache_destroy";
+  if (handle == nullptr) return SNAPMLA_SUCCESS;
+  snapmla_cache* cache = nullptr;
+  const Lookup found = registry().remove(reinterpret_cast<uintptr_t>(handle), &cache);
+  if (found == Lookup::kUnknown) {
+    return fail(SNAPMLA_ERROR_INVALID_ARGUMENT,
+                "%s: argument 'cache': %p is not a live cache handle (already destroyed, or not "
+                "returned by snapmla_cache_create)",
+                op, static_cast<void*>(handle));
+  }
+  if (found == Lookup::kCorrupt) {
+    // Unregistered, but its fields cannot be trusted: leak the object and its memory.
+    return fail(SNAPMLA_ERROR_INTERNAL,
+                "%s: argument 'cache': the object of handle %p has been overwritten (its magic "
+                "words are gone); it was unregistered and not freed",
+                op, static_cast<void*>(handle));
+  }
   cudaError_t err = cudaSuccess;
   if (cache->owns_memory) err = cudaFree(cache->data);
   delete cache;
-  if (err != cudaSuccess) return cuda_fail("snapmla_cache_destroy", err);
+  if (err != cudaSuccess) return cuda_fail(op, err);
   return SNAPMLA_SUCCESS;
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache,
+extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t handle,
                                                            snapmla_cache_info_t* info) {
   const char* op = "snapmla_cache_info";
-  SNAPMLA_REQUIRE(cache != nullptr, "%s: argument 'cache' is NULL", op);
+  snapmla_cache cache;
+  SNAPMLA_TRY(get_cache(op, handle, &cache));
   SNAPMLA_REQUIRE(info != nullptr, "%s: argument 'info' is NULL", op);
-  SNAPMLA_REQUIRE(info->struct_size >= sizeof(size_t) + sizeof(void*),
-                  "%s: argument 'info': struct_size must be set (got %zu)", op, info->struct_size);
+  const size_t caller_size = info->struct_size;
+  constexpr size_t kMinInfo = offsetof(snapmla_cache_info_t, data) + sizeof(void*);
+  SNAPMLA_REQUIRE(caller_size >= kMinInfo && caller_size <= kMaxStructSize,
+                  "%s: argument 'info': expected struct_size %zu .. %zu (sizeof in this library "
+                  "is %zu), got %zu",
+                  op, kMinInfo, kMaxStructSize, sizeof(snapmla_cache_info_t), caller_size);
   snapmla_cache_info_t full;
   std::memset(&full, 0, sizeof(full));
   full.struct_size = sizeof(full);
-  full.data = cache->data;
-  full.device = cache->device;
-  full.num_layers = cache->num_layers;
-  full.num_pages = cache->num_pages;
+  full.data = cache.data;
+  full.device = cache.device;
+  full.num_layers = cache.num_layers;
+  full.num_pages = cache.num_pages;
   full.page_size = SNAPMLA_PAGE_SIZE;
   full.content_dim = SNAPMLA_CONTENT_DIM;
   full.rope_dim = SNAPMLA_ROPE_DIM;
@@ -326,39 +619,46 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache
   full.content_offset = SNAPMLA_PAGE_CONTENT_OFFSET;
   full.rope_offset = SNAPMLA_PAGE_ROPE_OFFSET;
   full.scale_offset = SNAPMLA_PAGE_SCALE_OFFSET;
-  full.layer_bytes = static_cast<size_t>(cache->num_pages) * SNAPMLA_PAGE_BYTES;
-  full.total_bytes = full.layer_bytes * static_cast<size_t>(cache->num_layers);
-  full.owns_memory = cache->owns_memory ? 1 : 0;
-  const size_t n = info->struct_size < sizeof(full) ? info->struct_size : sizeof(full);
-  const size_t caller_size = info->struct_size;
+  full.layer_bytes = static_cast<size_t>(cache.num_pages) * SNAPMLA_PAGE_BYTES;
+  full.total_bytes = cache.bytes;
+  full.owns_memory = cache.owns_memory ? 1 : 0;
+  const size_t n = caller_size < sizeof(full) ? caller_size : sizeof(full);
   std::memcpy(info, &full, n);
+  if (caller_size > sizeof(full)) {
+    std::memset(reinterpret_cast<unsigned char*>(info) + sizeof(full), 0,
+                caller_size - sizeof(full));
+  }
   info->struct_size = caller_size;
   return SNAPMLA_SUCCESS;
 }
 
 // ------------------------------------------------------------------------------ append
-extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer,
+extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, int32_t layer,
                                                        const void* c_kv, int64_t c_kv_stride,
                                                        const void* k_pe, int64_t k_pe_stride,
                                                        const int64_t* slots, int64_t num_tokens,
                                                        snapmla_stream_t stream) {
   const char* op = "snapmla_append";
-  snapmla_status_t st = check_cache_layer(op, cache, layer);
-  if (st != SNAPMLA_SUCCESS) return st;
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
   SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
                   static_cast<long long>(num_tokens));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
-  SNAPMLA_REQUIRE(c_kv != nullptr, "%s: argument 'c_kv' is NULL", op);
-  SNAPMLA_REQUIRE(k_pe != nullptr, "%s: argument 'k_pe' is NULL", op);
-  SNAPMLA_REQUIRE(slots != nullptr, "%s: argument 'slots' is NULL", op);
+  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
   SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
                   "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
                   static_cast<long long>(c_kv_stride));
   SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
                   "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
                   static_cast<long long>(k_pe_stride));
-  st = check_device(op, cache);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(
+      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_tokens, c_kv_stride, "c_kv_stride"}}));
+  SNAPMLA_TRY(
+      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_tokens, k_pe_stride, "k_pe_stride"}}));
+  SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  SNAPMLA_TRY(check_device(op, &cache));
   AppendParams p{static_cast<const uint16_t*>(c_kv),
                  static_cast<const uint16_t*>(k_pe),
                  c_kv_stride,
@@ -366,56 +666,55 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, in
                  slots,
                  num_tokens,
                  layer_base(cache, layer),
-                 int64_t{cache->num_pages} * kPageSize};
+                 int64_t{cache.num_pages} * kPageSize};
   SNAPMLA_CUDA(op, launch_append(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 
 // ----------------------------------------------------------------------- fetch-dequant
 extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
-    snapmla_cache_t cache, int32_t layer, const int64_t* slots, int64_t num_tokens, void* c_kv,
+    snapmla_cache_t handle, int32_t layer, const int64_t* slots, int64_t num_tokens, void* c_kv,
     int64_t c_kv_stride, void* k_pe, int64_t k_pe_stride, snapmla_stream_t stream) {
   const char* op = "snapmla_fetch_dequant";
-  snapmla_status_t st = check_cache_layer(op, cache, layer);
-  if (st != SNAPMLA_SUCCESS) return st;
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
   SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
                   static_cast<long long>(num_tokens));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
-  SNAPMLA_REQUIRE(slots != nullptr, "%s: argument 'slots' is NULL", op);
-  SNAPMLA_REQUIRE(c_kv != nullptr, "%s: argument 'c_kv' is NULL", op);
-  SNAPMLA_REQUIRE(k_pe != nullptr, "%s: argument 'k_pe' is NULL", op);
+  SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
+  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
   SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
                   "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
                   static_cast<long long>(c_kv_stride));
   SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
                   "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
                   static_cast<long long>(k_pe_stride));
-  st = check_device(op, cache);
-  if (st != SNAPMLA_SUCCESS) return st;
-  FetchDequantParams p{layer_base(cache, layer),
-                       int64_t{cache->num_pages} * kPageSize,
-                       slots,
-                       num_tokens,
-                       static_cast<uint16_t*>(c_kv),
-                       static_cast<uint16_t*>(k_pe),
-                       c_kv_stride,
-                       k_pe_stride};
+  SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  SNAPMLA_TRY(
+      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_tokens, c_kv_stride, "c_kv_stride"}}));
+  SNAPMLA_TRY(
+      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_tokens, k_pe_stride, "k_pe_stride"}}));
+  SNAPMLA_TRY(check_device(op, &cache));
+  FetchDequantParams p{
+      layer_base(cache, layer),     int64_t{cache.num_pages} * kPageSize, slots,       num_tokens,
+      static_cast<uint16_t*>(c_kv), static_cast<uint16_t*>(k_pe),         c_kv_stride, k_pe_stride};
   SNAPMLA_CUDA(op, launch_fetch_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 
 // -------------------------------------------------------------------------- quantize q
 namespace {
-snapmla_status_t check_q(const char* op, const void* q, int64_t n, int32_t h, int64_t stride_token,
-                         int64_t stride_head) {
-  SNAPMLA_REQUIRE(q != nullptr, "%s: argument 'q' is NULL", op);
-  SNAPMLA_REQUIRE(h == 1 || stride_head >= kHeadDim,
-                  "%s: argument 'q_stride_head': expected >= %d elements, got %lld", op, kHeadDim,
-                  static_cast<long long>(stride_head));
-  SNAPMLA_REQUIRE(n == 1 || stride_token >= kHeadDim,
-                  "%s: argument 'q_stride_token': expected >= %d elements, got %lld", op, kHeadDim,
-                  static_cast<long long>(stride_token));
-  return SNAPMLA_SUCCESS;
+// q: BF16, `tokens` x `heads` rows of 576, strides named as given.
+snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim batch, Dim token,
+                         Dim head) {
+  SNAPMLA_TRY(check_pointer(op, name, q, kAlignBf16, "BF16 elements"));
+  for (const Dim& d : {batch, token, head}) {
+    SNAPMLA_REQUIRE(d.count <= 1 || d.stride >= kHeadDim,
+                    "%s: argument '%s': expected >= %d elements, got %lld", op, d.name, kHeadDim,
+                    static_cast<long long>(d.stride));
+  }
+  return check_span(op, name, q, 2, kHeadDim, {batch, token, head});
 }
 }  // namespace
 
@@ -429,17 +728,22 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                   "%s: argument 'num_heads': expected 1 .. %d, got %d", op, kMaxQuantizeHeads,
                   num_heads);
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
-  snapmla_status_t st = check_q(op, q, num_tokens, num_heads, q_stride_token, q_stride_head);
-  if (st != SNAPMLA_SUCCESS) return st;
-  SNAPMLA_REQUIRE(q_content != nullptr, "%s: argument 'q_content' is NULL", op);
-  SNAPMLA_REQUIRE(q_rope != nullptr, "%s: argument 'q_rope' is NULL", op);
-  SNAPMLA_REQUIRE(q_scale != nullptr, "%s: argument 'q_scale' is NULL", op);
-  SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(q_content) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(q_rope) % 16 == 0 &&
-                      reinterpret_cast<uintptr_t>(q_scale) % 4 == 0,
-                  "%s: arguments 'q_content' and 'q_rope' must be 16-byte aligned", op);
-  st = check_device(op, nullptr);
-  if (st != SNAPMLA_SUCCESS) return st;
+  int64_t rows = 0;
+  SNAPMLA_REQUIRE(!__builtin_mul_overflow(num_tokens, int64_t{num_heads}, &rows),
+                  "%s: argument 'num_tokens': %lld tokens x %d heads overflows int64", op,
+                  static_cast<long long>(num_tokens), num_heads);
+  SNAPMLA_TRY(check_q(op, "q", q, {1, 0, "num_tokens"},
+                      {num_tokens, q_stride_token, "q_stride_token"},
+                      {num_heads, q_stride_head, "q_stride_head"}));
+  SNAPMLA_TRY(
+      check_pointer(op, "q_content", q_content, kAlignQContent, "8-byte stores of E4M3 codes"));
+  SNAPMLA_TRY(check_pointer(op, "q_rope", q_rope, kAlignQRope, "16-byte stores of BF16"));
+  SNAPMLA_TRY(check_pointer(op, "q_scale", q_scale, kAlignInt32, "fp32 elements"));
+  SNAPMLA_TRY(
+      check_span(op, "q_content", q_content, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
+  SNAPMLA_TRY(check_span(op, "q_rope", q_rope, 2, kRopeDim, {{rows, kRopeDim, "num_tokens"}}));
+  SNAPMLA_TRY(check_span(op, "q_scale", q_scale, 4, 1, {{rows, 1, "num_tokens"}}));
+  SNAPMLA_TRY(check_device(op, nullptr));
   QuantizeQParams p{static_cast<const uint16_t*>(q),
                     q_stride_token,
                     q_stride_token,
@@ -459,17 +763,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(
     const snapmla_decode_config_t* config, size_t* plan_bytes, size_t* workspace_bytes) {
   const char* op = "snapmla_decode_buffer_sizes";
   snapmla_decode_config_t c;
-  snapmla_status_t st = check_decode_config(op, config, &c);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(check_decode_config(op, config, &c));
   SNAPMLA_REQUIRE(plan_bytes != nullptr, "%s: argument 'plan_bytes' is NULL", op);
   SNAPMLA_REQUIRE(workspace_bytes != nullptr, "%s: argument 'workspace_bytes' is NULL", op);
   int parts = 0;
-  st = num_parts_of(op, c, &parts);
-  if (st != SNAPMLA_SUCCESS) return st;
-  const decode::PlanLayout pl = decode::PlanLayout::make(c.batch_size, parts);
-  *plan_bytes = static_cast<size_t>((pl.total_words * 4 + 255) / 256 * 256);
-  *workspace_bytes = static_cast<size_t>(
-      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts).total_bytes);
+  SNAPMLA_TRY(num_parts_of(op, c, &parts));
+  decode_buffer_bytes(c, parts, plan_bytes, workspace_bytes);
   return SNAPMLA_SUCCESS;
 }
 
@@ -478,17 +777,15 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
                                                             void* plan, snapmla_stream_t stream) {
   const char* op = "snapmla_decode_plan";
   snapmla_decode_config_t c;
-  snapmla_status_t st = check_decode_config(op, config, &c);
-  if (st != SNAPMLA_SUCCESS) return st;
-  SNAPMLA_REQUIRE(cache_seqlens != nullptr, "%s: argument 'cache_seqlens' is NULL", op);
-  SNAPMLA_REQUIRE(plan != nullptr, "%s: argument 'plan' is NULL", op);
-  SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(plan) % 16 == 0,
-                  "%s: argument 'plan': expected a 16-byte aligned pointer", op);
-  st = check_device(op, nullptr);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(check_decode_config(op, config, &c));
+  SNAPMLA_TRY(check_pointer(op, "cache_seqlens", cache_seqlens, kAlignInt32, "int32 elements"));
+  SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
+  SNAPMLA_TRY(check_span(op, "cache_seqlens", cache_seqlens, 4, c.batch_size, {}));
+  if (c.num_sm_parts > 0) SNAPMLA_TRY(check_decode_buffers(op, c, c.num_sm_parts, plan, nullptr));
+  SNAPMLA_TRY(check_device(op, nullptr));
   int parts = 0;
-  st = num_parts_of(op, c, &parts);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(num_parts_of(op, c, &parts));
+  if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, nullptr));
   SNAPMLA_CUDA(
       op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
                               c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
@@ -496,20 +793,19 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   return SNAPMLA_SUCCESS;
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
+extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                                                        const snapmla_decode_config_t* config,
                                                        const snapmla_decode_args_t* args_in,
                                                        const void* plan, void* workspace,
                                                        snapmla_stream_t stream) {
   const char* op = "snapmla_decode";
   snapmla_decode_config_t c;
-  snapmla_status_t st = check_decode_config(op, config, &c);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(check_decode_config(op, config, &c));
   snapmla_decode_args_t a;
-  st = read_sized(op, "args", args_in, &a, offsetof(snapmla_decode_args_t, lse) + sizeof(float*));
-  if (st != SNAPMLA_SUCCESS) return st;
-  st = check_cache_layer(op, cache, a.layer);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(
+      read_sized(op, "args", args_in, &a, offsetof(snapmla_decode_args_t, lse) + sizeof(float*)));
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "args.layer", a.layer, &cache));
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
                   "%s: argument 'args.softmax_scale': expected a finite value > 0, got %g", op,
                   static_cast<double>(a.softmax_scale));
@@ -517,29 +813,33 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
-  st = check_q(op, a.q, int64_t{c.batch_size} * c.q_len, c.num_heads,
-               c.q_len == 1 ? a.q_stride_batch : a.q_stride_token, a.q_stride_head);
-  if (st != SNAPMLA_SUCCESS) return st;
-  SNAPMLA_REQUIRE(c.batch_size == 1 || a.q_stride_batch >= kHeadDim,
-                  "%s: argument 'args.q_stride_batch': expected >= %d elements, got %lld", op,
-                  kHeadDim, static_cast<long long>(a.q_stride_batch));
-  SNAPMLA_REQUIRE(a.block_table != nullptr, "%s: argument 'args.block_table' is NULL", op);
+  const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
+  SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},
+                      {s_q, a.q_stride_token, "args.q_stride_token"},
+                      {h, a.q_stride_head, "args.q_stride_head"}));
+  SNAPMLA_TRY(check_pointer(op, "args.block_table", a.block_table, kAlignInt32, "int32 elements"));
   SNAPMLA_REQUIRE(a.block_table_stride >= c.max_pages || c.batch_size == 1,
                   "%s: argument 'args.block_table_stride': expected >= max_pages = %d, got %lld",
                   op, c.max_pages, static_cast<long long>(a.block_table_stride));
-  SNAPMLA_REQUIRE(a.cache_seqlens != nullptr, "%s: argument 'args.cache_seqlens' is NULL", op);
-  SNAPMLA_REQUIRE(a.out != nullptr, "%s: argument 'args.out' is NULL", op);
-  SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(a.out) % 16 == 0,
-                  "%s: argument 'args.out': expected a 16-byte aligned pointer", op);
-  SNAPMLA_REQUIRE(plan != nullptr, "%s: argument 'plan' is NULL", op);
-  SNAPMLA_REQUIRE(workspace != nullptr, "%s: argument 'workspace' is NULL", op);
-  SNAPMLA_REQUIRE(reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
-                  "%s: argument 'workspace': expected a 256-byte aligned pointer", op);
-  st = check_device(op, cache);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(check_span(op, "args.block_table", a.block_table, 4, c.max_pages,
+                         {{b, a.block_table_stride, "args.block_table_stride"}}));
+  SNAPMLA_TRY(
+      check_pointer(op, "args.cache_seqlens", a.cache_seqlens, kAlignInt32, "int32 elements"));
+  SNAPMLA_TRY(check_span(op, "args.cache_seqlens", a.cache_seqlens, 4, b, {}));
+  SNAPMLA_TRY(check_pointer(op, "args.out", a.out, kAlignOut, "the combine's 16-byte stores"));
+  SNAPMLA_TRY(check_span(op, "args.out", a.out, 2, b * s_q * h * kContentDim, {}));
+  if (a.lse != nullptr) {
+    SNAPMLA_TRY(check_pointer(op, "args.lse", a.lse, kAlignInt32, "fp32 elements"));
+    SNAPMLA_TRY(check_span(op, "args.lse", a.lse, 4, b * h * s_q, {}));
+  }
+  SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
+  SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
+                            "its parts are 256-byte aligned for TMA and vector loads"));
+  if (c.num_sm_parts > 0) SNAPMLA_TRY(check_decode_buffers(op, c, c.num_sm_parts, plan, workspace));
+  SNAPMLA_TRY(check_device(op, &cache));
   int parts = 0;
-  st = num_parts_of(op, c, &parts);
-  if (st != SNAPMLA_SUCCESS) return st;
+  SNAPMLA_TRY(num_parts_of(op, c, &parts));
+  if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace));
 
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const decode::WorkspaceLayout w =
@@ -562,7 +862,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
   p.layer_base = layer_base(cache, a.layer);
-  p.num_pages = cache->num_pages;
+  p.num_pages = cache.num_pages;
   p.block_table = a.block_table;
   p.block_table_stride = a.block_table_stride;
   p.seqlens = a.cache_seqlens;

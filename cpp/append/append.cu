@@ -39,8 +39,8 @@ cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
   int sms = 0;
   cudaError_t err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(
-      std::min<int64_t>(ceil_div(p.num_tokens, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
+  const int blocks = static_cast<int>(std::min<int64_t>(
+      (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
   const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
                        (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);

@@ -37,7 +37,7 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   cudaError_t err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return err;
   const int blocks = static_cast<int>(
-      std::min<int64_t>(ceil_div(rows, kWarpsPerBlock), int64_t{sms} * kBlocksPerSm));
+      std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
   const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.stride_batch % 8 == 0) &&
                        (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0);
   if (aligned) {

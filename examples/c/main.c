@@ -28,10 +28,11 @@ static int g_passed = 0, g_failed = 0;
 
 static void host_checks(void) {
   size_t bytes = 0;
-  snapmla_cache_config_t cfg;
+  snapmla_cache_config_t cfg = SNAPMLA_CACHE_CONFIG_INIT;
   snapmla_cache_t cache = NULL;
-  snapmla_cache_info_t info;
-  snapmla_decode_config_t dc;
+  snapmla_cache_info_t info = SNAPMLA_CACHE_INFO_INIT;
+  snapmla_decode_config_t dc = SNAPMLA_DECODE_CONFIG_INIT;
+  snapmla_decode_args_t args = SNAPMLA_DECODE_ARGS_INIT;
   size_t plan_bytes = 0, ws_bytes = 0;
 
   CHECK(snapmla_version() / 10000 == SNAPMLA_VERSION_MAJOR, "major version %d", snapmla_version());
@@ -45,17 +46,19 @@ static void host_checks(void) {
             strstr(snapmla_last_error(), "num_layers") != NULL,
         "num_layers = 0 is refused by name");
 
+  CHECK(cfg.struct_size == sizeof(cfg) && cfg.device == -1 && cfg.memory == NULL &&
+            info.struct_size == sizeof(info) && dc.struct_size == sizeof(dc) && dc.q_len == 1 &&
+            args.struct_size == sizeof(args) && args.kernel == SNAPMLA_DECODE_KERNEL_AUTO &&
+            args.lse == NULL,
+        "the SNAPMLA_*_INIT macros set struct_size and the defaults");
+
   /* A cache over caller memory on device 0 needs no CUDA call to create. */
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.struct_size = sizeof(cfg);
   cfg.num_layers = 2;
   cfg.num_pages = 3;
   cfg.device = 0;
   cfg.memory = (void*)(uintptr_t)0x7f0000000000ull;
   cfg.memory_bytes = 6u * SNAPMLA_PAGE_BYTES;
   CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_SUCCESS, "create on caller memory");
-  memset(&info, 0, sizeof(info));
-  info.struct_size = sizeof(info);
   CHECK(snapmla_cache_info(cache, &info) == SNAPMLA_SUCCESS && info.num_pages == 3 &&
             info.layer_bytes == 3u * SNAPMLA_PAGE_BYTES && info.rope_offset == 32768 &&
             info.scale_offset == 40960 && info.owns_memory == 0,
@@ -65,14 +68,19 @@ static void host_checks(void) {
             strstr(snapmla_last_error(), "layer") != NULL,
         "layer out of range is refused by name");
   CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy");
+  CHECK(snapmla_cache_info(cache, &info) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            snapmla_cache_destroy(cache) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "'cache'") != NULL,
+        "a destroyed handle is refused by name");
+  CHECK(snapmla_cache_bytes(2133428917, 14684993, &bytes) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+            strstr(snapmla_last_error(), "num_layers") != NULL,
+        "a cache size over 2^63 - 1 bytes is refused by name");
 
   cfg.memory_bytes = 10;
   CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
             strstr(snapmla_last_error(), "memory_bytes") != NULL,
         "too small caller memory is refused by name");
 
-  memset(&dc, 0, sizeof(dc));
-  dc.struct_size = sizeof(dc);
   dc.batch_size = 4;
   dc.q_len = 2;
   dc.num_heads = 128;
@@ -104,7 +112,7 @@ static float float_of(uint16_t b) {
 
 static void gpu_checks(void) {
   enum { kTokens = 100, kHeads = 16 };
-  snapmla_cache_config_t cfg;
+  snapmla_cache_config_t cfg = SNAPMLA_CACHE_CONFIG_INIT;
   snapmla_cache_t cache = NULL;
   uint16_t *h_ckv, *h_kpe, *h_q, *h_out;
   int64_t h_slots[kTokens];
@@ -114,8 +122,8 @@ static void gpu_checks(void) {
   int32_t *d_table, *d_len;
   float h_lse[kHeads], *d_lse;
   size_t plan_bytes = 0, ws_bytes = 0;
-  snapmla_decode_config_t dc;
-  snapmla_decode_args_t args;
+  snapmla_decode_config_t dc = SNAPMLA_DECODE_CONFIG_INIT;
+  snapmla_decode_args_t args = SNAPMLA_DECODE_ARGS_INIT;
   double max_rel = 0.0;
   int i, finite = 1;
 
@@ -130,11 +138,8 @@ static void gpu_checks(void) {
   /* token i of the request lives in page h_table[i / 64], row i % 64 */
   for (i = 0; i < kTokens; ++i) h_slots[i] = (int64_t)h_table[i / 64] * 64 + i % 64;
 
-  memset(&cfg, 0, sizeof(cfg));
-  cfg.struct_size = sizeof(cfg);
   cfg.num_layers = 1;
-  cfg.num_pages = 2;
-  cfg.device = -1;
+  cfg.num_pages = 2; /* the current device, memory allocated by the library */
   CHECK(snapmla_cache_create(&cfg, &cache) == SNAPMLA_SUCCESS, "create (library memory)");
 
   cudaMalloc(&d_ckv, kTokens * 512 * 2);
@@ -162,10 +167,7 @@ static void gpu_checks(void) {
   }
   CHECK(max_rel < 0.07, "fetch-dequant reproduces c_kv within E4M3 precision (%.4f)", max_rel);
 
-  memset(&dc, 0, sizeof(dc));
-  dc.struct_size = sizeof(dc);
   dc.batch_size = 1;
-  dc.q_len = 1;
   dc.num_heads = kHeads;
   dc.max_pages = 2;
   CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_SUCCESS, "sizes");
@@ -180,12 +182,7 @@ static void gpu_checks(void) {
   cudaMemcpy(d_table, h_table, sizeof(h_table), cudaMemcpyHostToDevice);
   cudaMemcpy(d_len, &h_len, sizeof(h_len), cudaMemcpyHostToDevice);
   CHECK(snapmla_decode_plan(&dc, d_len, plan, NULL) == SNAPMLA_SUCCESS, "plan");
-  memset(&args, 0, sizeof(args));
-  args.struct_size = sizeof(args);
-  args.layer = 0;
-  args.causal = 1;
   args.softmax_scale = 1.0f / sqrtf(192.0f);
-  args.kernel = SNAPMLA_DECODE_KERNEL_AUTO;
   args.q = d_q;
   args.q_stride_batch = kHeads * 576;
   args.q_stride_token = kHeads * 576;

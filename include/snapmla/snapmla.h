@@ -12,15 +12,48 @@
  *
  * Errors
  *   Every function returns a snapmla_status_t. On failure a human-readable message naming the
- *   offending argument is kept per thread and returned by snapmla_last_error(). A refused call
- *   has written nothing: arguments are validated before the first launch. Status numbers are
+ *   offending argument ("snapmla_append: argument 'c_kv': ...") is kept per thread and returned
+ *   by snapmla_last_error(). A refused call has written nothing: every argument is checked
+ *   before the first CUDA call (device query, allocation or launch). Status numbers are
  *   assigned once and never reused.
  *
  * Config structs
  *   Every struct passed in or out starts with `size_t struct_size`, which the caller sets to
- *   sizeof(the struct as the caller knows it). Structs only grow at the end; the library reads
- *   (or, for *_info, writes) only the fields the caller's size covers, and treats missing
- *   trailing fields as zero.
+ *   sizeof(the struct as the caller knows it): initialize each struct with its SNAPMLA_*_INIT
+ *   macro (`snapmla_decode_args_t a = SNAPMLA_DECODE_ARGS_INIT;`), which sets struct_size and
+ *   every field's default. Structs only grow at the end, and a field added later has zero as
+ *   its default. struct_size is checked against this library's sizeof, S:
+ *     smaller than S (a caller built against an older header): the fields the size covers are
+ *       read and the missing trailing fields read as zero; a size below the oldest layout, or
+ *       one that ends inside a field, is refused.
+ *     larger than S (a caller built against a newer header): accepted only if every byte past
+ *       S is zero, i.e. the caller left the fields this library does not know at their
+ *       defaults; a nonzero byte there is refused, naming the struct, so that a caller relying
+ *       on a newer field is told so instead of being silently ignored. At most
+ *       SNAPMLA_MAX_STRUCT_SIZE bytes; larger is refused without reading past S.
+ *     *_info (written by the library): min(struct_size, S) bytes are written and the bytes
+ *       from S up to struct_size (at most SNAPMLA_MAX_STRUCT_SIZE) are zeroed.
+ *
+ * Handles
+ *   A snapmla_cache_t is an opaque value, never dereferenced as given: every function that
+ *   takes one looks it up in the library's table of live caches (a shared lock and a hash
+ *   lookup, tens of nanoseconds). NULL, a destroyed handle and any value that
+ *   snapmla_cache_create did not return are refused with SNAPMLA_ERROR_INVALID_ARGUMENT naming
+ *   'cache'. Handles are never reused, so a destroyed handle stays refused.
+ *
+ * Pointers, sizes and offsets
+ *   Device pointers are checked on the host for NULL and for the alignment their argument's
+ *   comment gives: what the kernels' loads and stores need (the element size at least; more
+ *   where a kernel uses vector stores or TMA). The bytes an argument spans, from its pointer
+ *   over its shape and strides, are computed in checked 64-bit arithmetic: a span over
+ *   2^63 - 1 bytes, or one that runs past the end of the address space, is refused naming the
+ *   stride or count that makes it so. The library cannot check on the host that a pointer is
+ *   device memory, nor that the span is allocated.
+ *
+ * Validation-only mode (tests, argument checks on machines without a GPU)
+ *   snapmla_set_validate_only(1) makes the calling thread's calls check their arguments as
+ *   usual and, where a call would make its first CUDA call, return SNAPMLA_VALIDATED instead,
+ *   having called no CUDA function and written no argument. Off by default.
  *
  * Streams, graphs, threads
  *   snapmla_stream_t is ABI-identical to cudaStream_t and CUstream (NULL = legacy default
@@ -136,7 +169,9 @@ typedef enum snapmla_status {
   SNAPMLA_ERROR_UNSUPPORTED = 2,      /* valid, but not supported by this build or device */
   SNAPMLA_ERROR_CUDA = 3,             /* the CUDA runtime reported an error */
   SNAPMLA_ERROR_OUT_OF_MEMORY = 4,    /* a [host] allocation failed */
-  SNAPMLA_ERROR_INTERNAL = 5          /* a bug in snapmla: please report it */
+  SNAPMLA_ERROR_INTERNAL = 5,         /* a bug in snapmla: please report it */
+  SNAPMLA_VALIDATED = 6               /* validation-only mode: the arguments are valid and
+                                         nothing was run (snapmla_set_validate_only) */
 } snapmla_status_t;
 
 /* Static name of a status ("SNAPMLA_ERROR_INVALID_ARGUMENT"). [host, any thread] */
@@ -146,20 +181,38 @@ SNAPMLA_API const char* snapmla_status_string(snapmla_status_t status);
  * valid until the next snapmla call on this thread. [host, thread-local] */
 SNAPMLA_API const char* snapmla_last_error(void);
 
+/* Validation-only mode for the calling thread (see the top of this file): nonzero turns it on,
+ * 0 off. Returns the previous setting. Every function stops before its first CUDA call and
+ * returns SNAPMLA_VALIDATED once its arguments are checked; snapmla_cache_create on caller
+ * memory with device >= 0 makes no CUDA call and still creates the handle;
+ * snapmla_cache_destroy is not affected. [host, thread-local] */
+SNAPMLA_API int snapmla_set_validate_only(int enable);
+
+/* The largest struct_size accepted in any struct (see Config structs). */
+#define SNAPMLA_MAX_STRUCT_SIZE 4096
+
 /* ------------------------------------------------------------------------------ cache */
 
 typedef struct snapmla_cache* snapmla_cache_t; /* opaque */
 
 typedef struct snapmla_cache_config {
   size_t struct_size;  /* sizeof(snapmla_cache_config_t) */
-  int32_t num_layers;  /* >= 1 */
-  int32_t num_pages;   /* pages per layer, >= 1; num_pages * 64 must fit in int32 */
+  int32_t num_layers;  /* >= 1; see snapmla_cache_bytes for the bound on the total */
+  int32_t num_pages;   /* pages per layer, 1 .. 33554431 (num_pages * 64 fits in int32) */
   int32_t page_size;   /* 0 or SNAPMLA_PAGE_SIZE */
-  int32_t device;      /* CUDA device ordinal; -1 = the current device */
-  void* memory;        /* caller-owned device memory, 256-byte aligned; NULL: the library
-                          allocates (cudaMalloc) and frees it in snapmla_cache_destroy */
-  size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes(); else ignored */
+  int32_t device;      /* CUDA device ordinal 0 .. 63; -1 = the current device */
+  void* memory;        /* caller-owned device memory, 256-byte aligned as cudaMalloc's (the
+                          kernels' 16-byte vector accesses and TMA need 16, the planes'
+                          128-byte alignment above needs 128); NULL: the library allocates
+                          (cudaMalloc) and frees it in snapmla_cache_destroy */
+  size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes(), and memory +
+                          memory_bytes must not pass the end of the address space; else
+                          ignored */
 } snapmla_cache_config_t;
+
+/* Defaults: num_layers and num_pages must be set; page_size 0 (= 64), the current device,
+ * library-allocated memory. */
+#define SNAPMLA_CACHE_CONFIG_INIT {sizeof(snapmla_cache_config_t), 0, 0, 0, -1, NULL, 0}
 
 typedef struct snapmla_cache_info {
   size_t struct_size; /* set by the caller: sizeof(snapmla_cache_info_t) */
@@ -179,7 +232,15 @@ typedef struct snapmla_cache_info {
   int32_t owns_memory; /* 1 if the library allocated `data` */
 } snapmla_cache_info_t;
 
-/* Bytes a cache of this shape needs. [host, any thread] */
+/* All zero: the library fills it in. */
+#define SNAPMLA_CACHE_INFO_INIT \
+  {sizeof(snapmla_cache_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+
+/* Bytes a cache of this shape needs: num_layers * num_pages * SNAPMLA_PAGE_BYTES, computed in
+ * checked 64-bit arithmetic. num_layers >= 1, num_pages 1 .. 33554431, and the total must be at
+ * most 2^63 - 1 bytes (every byte offset into the cache is an int64): a larger total is
+ * refused naming num_layers, with the largest num_layers for that num_pages. [host, any
+ * thread] */
 SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages,
                                                  size_t* bytes);
 
@@ -189,7 +250,9 @@ SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* 
                                                   snapmla_cache_t* cache);
 
 /* Destroy the handle, freeing memory the library allocated (after synchronizing the device
- * if it did). NULL is accepted. [host: not graph-safe] */
+ * if it did). NULL is accepted; a handle already destroyed is refused. Calls on the cache in
+ * other threads must have returned: the handle lookup is thread-safe, but memory freed here
+ * may still be in use by them. [host: not graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 
 /* Sizes and plane offsets of a cache. [host, any thread] */
@@ -199,12 +262,16 @@ SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache, snapmla_c
 
 /* Quantize n new tokens and write them into `layer` of the cache, one launch (fused K-append:
  * per-token scale, FP8 content, pre-scaled BF16 RoPE, paged write).
- *   c_kv      BF16 [n, 512], row stride c_kv_stride elements (>= 512), unit inner stride
- *   k_pe      BF16 [n, 64],  row stride k_pe_stride elements (>= 64), unit inner stride
- *   slots     int64 [n], device: token i goes to slot slots[i]; a negative slot skips the
- *             token (padding). A slot >= num_pages * 64 is also skipped (it cannot be checked
- *             on the host without a synchronization); nothing outside the layer is written.
- *   Inputs must not alias the cache. Two tokens with the same slot race. n = 0 is a no-op.
+ *   c_kv      BF16 [n, 512], 2-byte aligned, row stride c_kv_stride elements (>= 512 when
+ *             n > 1; any when n = 1), unit inner stride
+ *   k_pe      BF16 [n, 64], 2-byte aligned, row stride k_pe_stride elements (>= 64 when n > 1)
+ *   slots     int64 [n], device, 8-byte aligned: token i goes to slot slots[i]; a negative
+ *             slot skips the token (padding). A slot >= num_pages * 64 is also skipped (it
+ *             cannot be checked on the host without a synchronization); nothing outside the
+ *             layer is written.
+ *   (Rows 16-byte aligned with strides that are multiples of 8 take 16-byte vector loads;
+ *   other layouts are read element by element.) Inputs must not alias the cache. Two tokens
+ *   with the same slot race. n = 0 is a no-op that checks only cache, layer and n.
  * [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer, const void* c_kv,
                                             int64_t c_kv_stride, const void* k_pe,
@@ -215,11 +282,14 @@ SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer
 
 /* Gather tokens from `layer` of the cache and dequantize them to BF16, one launch (for chunked
  * prefill and prefix reuse).
- *   slots     int64 [n], device. A negative slot yields a row of zeros; a slot >= num_pages*64
- *             yields a row of NaN (never an out-of-bounds read).
- *   c_kv      BF16 [n, 512] out, row stride c_kv_stride elements (>= 512)
- *   k_pe      BF16 [n, 64]  out, row stride k_pe_stride elements (>= 64)
- *   Outputs must not alias each other or the cache. [graph-safe] */
+ *   slots     int64 [n], device, 8-byte aligned. A negative slot yields a row of zeros; a
+ *             slot >= num_pages * 64 yields a row of NaN (never an out-of-bounds read).
+ *   c_kv      BF16 [n, 512] out, 2-byte aligned, row stride c_kv_stride elements (>= 512
+ *             when n > 1)
+ *   k_pe      BF16 [n, 64] out, 2-byte aligned, row stride k_pe_stride elements (>= 64 when
+ *             n > 1)
+ *   (16-byte aligned rows with strides that are multiples of 8 take 16-byte vector stores.)
+ *   Outputs must not alias each other or the cache. n = 0 is a no-op. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
                                                    const int64_t* slots, int64_t num_tokens,
                                                    void* c_kv, int64_t c_kv_stride, void* k_pe,
@@ -228,11 +298,13 @@ SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_
 /* --------------------------------------------------------------------------- quantize q */
 
 /* Quantize query rows as the contract says (one scale per token and head), one launch.
- *   q         BF16 [n, h, 576], strides q_stride_token, q_stride_head (elements), unit inner
- *   q_content FP8 E4M3 [n, h, 512] out, contiguous
- *   q_rope    BF16 [n, h, 64] out, contiguous (pre-divided by the row's scale)
- *   q_scale   fp32 [n, h] out, contiguous
- *   h in 1 .. 1024. Outputs must not alias q or each other. [graph-safe] */
+ *   q         BF16 [n, h, 576], 2-byte aligned, strides q_stride_token (>= 576 when n > 1),
+ *             q_stride_head (>= 576 when h > 1) in elements, unit inner stride
+ *   q_content FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned (8-byte stores)
+ *   q_rope    BF16 [n, h, 64] out, contiguous, 16-byte aligned (16-byte stores), pre-divided
+ *             by the row's scale
+ *   q_scale   fp32 [n, h] out, contiguous, 4-byte aligned
+ *   h in 1 .. 1024. Outputs must not alias q or each other. n = 0 is a no-op. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_tokens,
                                                 int32_t num_heads, int64_t q_stride_token,
                                                 int64_t q_stride_head, void* q_content,
@@ -248,8 +320,12 @@ typedef struct snapmla_decode_config {
   int32_t q_len;        /* s_q: new tokens per request, 1 .. SNAPMLA_MAX_Q_LEN */
   int32_t num_heads;    /* h: query heads, 1 .. SNAPMLA_MAX_HEADS */
   int32_t max_pages;    /* columns of the block table; contexts are at most max_pages * 64 */
-  int32_t num_sm_parts; /* split-KV parallelism; 0 = derive from the device's SM count */
+  int32_t num_sm_parts; /* split-KV parallelism, 0 .. 65535; 0 = derive from the device's SM
+                           count. Optional: a struct_size that ends before it reads 0 */
 } snapmla_decode_config_t;
+
+/* Defaults: batch_size, num_heads and max_pages must be set; q_len 1, num_sm_parts 0. */
+#define SNAPMLA_DECODE_CONFIG_INIT {sizeof(snapmla_decode_config_t), 0, 1, 0, 0, 0}
 
 /* Which kernel runs the attention. */
 typedef enum snapmla_decode_kernel {
@@ -265,41 +341,53 @@ typedef enum snapmla_decode_kernel {
 } snapmla_decode_kernel_t;
 
 typedef struct snapmla_decode_args {
-  size_t struct_size;     /* sizeof(snapmla_decode_args_t) */
-  int32_t layer;          /* cache layer to read */
-  int32_t causal;         /* nonzero: causal among the s_q new tokens */
-  float softmax_scale;    /* > 0 and finite, e.g. 192^-0.5 */
-  int32_t kernel;         /* snapmla_decode_kernel_t */
-  const void* q;          /* BF16 [b, s_q, h, 576]: q_nope (absorbed) | q_pe */
-  int64_t q_stride_batch; /* elements; the last dimension must be contiguous */
-  int64_t q_stride_token;
-  int64_t q_stride_head;
-  const int32_t* block_table;   /* int32 [b, max_pages], row stride block_table_stride */
-  int64_t block_table_stride;   /* elements, >= max_pages */
-  const int32_t* cache_seqlens; /* int32 [b]: context length per request INCLUDING the s_q
-                                   new tokens (already appended); 0 = empty */
-  void* out;                    /* BF16 [b, s_q, h, 512] out, contiguous */
-  float* lse;                   /* fp32 [b, h, s_q] out, contiguous; may be NULL */
+  size_t struct_size;         /* sizeof(snapmla_decode_args_t) */
+  int32_t layer;              /* cache layer to read */
+  int32_t causal;             /* nonzero: causal among the s_q new tokens */
+  float softmax_scale;        /* > 0 and finite, e.g. 192^-0.5 */
+  int32_t kernel;             /* snapmla_decode_kernel_t */
+  const void* q;              /* BF16 [b, s_q, h, 576]: q_nope (absorbed) | q_pe; 2-byte aligned */
+  int64_t q_stride_batch;     /* elements, >= 576 when b > 1; the last dimension is contiguous */
+  int64_t q_stride_token;     /* >= 576 when s_q > 1 (unused when s_q = 1) */
+  int64_t q_stride_head;      /* >= 576 when h > 1 */
+  const int32_t* block_table; /* int32 [b, max_pages], 4-byte aligned, row stride
+                                 block_table_stride */
+  int64_t block_table_stride; /* elements, >= max_pages when b > 1 */
+  const int32_t* cache_seqlens; /* int32 [b], 4-byte aligned: context length per request
+                                   INCLUDING the s_q new tokens (already appended); 0 = empty */
+  void* out;                    /* BF16 [b, s_q, h, 512] out, contiguous, 16-byte aligned
+                                   (the combine's 16-byte stores) */
+  float* lse;                   /* fp32 [b, h, s_q] out, contiguous, 4-byte aligned; may be
+                                   NULL */
 } snapmla_decode_args_t;
 
-/* Device bytes for the plan and the workspace of a decode config (both 256-byte aligned by
- * the caller). [host, any thread; reads the current device's SM count when
- * num_sm_parts = 0] */
+/* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
+ * layer 0, causal, kernel AUTO, no lse. */
+/* clang-format off */
+#define SNAPMLA_DECODE_ARGS_INIT \
+  {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
+   NULL, NULL, NULL}
+/* clang-format on */
+
+/* Device bytes for the plan and the workspace of a decode config. The caller allocates both
+ * (cudaMalloc's 256-byte alignment suits both: the plan needs 16, the workspace 256). [host,
+ * any thread; reads the current device's SM count when num_sm_parts = 0] */
 SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,
                                                          size_t* plan_bytes,
                                                          size_t* workspace_bytes);
 
-/* Build the split-KV schedule on the device from cache_seqlens (int32 [b], device), into
- * `plan` (device, plan_bytes). One small launch; no host synchronization. The plan stays
- * valid for as long as cache_seqlens does not change (typically: all layers of one step).
- * [graph-safe] */
+/* Build the split-KV schedule on the device from cache_seqlens (int32 [b], device, 4-byte
+ * aligned), into `plan` (device, plan_bytes, 16-byte aligned). One small launch; no host
+ * synchronization. The plan stays valid for as long as cache_seqlens does not change
+ * (typically: all layers of one step). [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* config,
                                                  const int32_t* cache_seqlens, void* plan,
                                                  snapmla_stream_t stream);
 
 /* Attention of one layer for one decode step: Q-quant, the split-KV attention and the
- * combine, enqueued on `stream`. `plan` must come from snapmla_decode_plan with the same
- * config and seqlens; `workspace` (workspace_bytes) is scratch, reusable by the next call on
+ * combine, enqueued on `stream`. `plan` (16-byte aligned) must come from snapmla_decode_plan
+ * with the same config and seqlens; `workspace` (workspace_bytes, 256-byte aligned: its parts
+ * are 256-byte aligned for TMA and vector loads) is scratch, reusable by the next call on
  * the same stream. Block-table entries and seqlens are device data: a request whose
  * seqlen exceeds max_pages * 64 or that names a page outside the layer gets NaN rows instead
  * of an out-of-bounds read. out and lse must not alias any input. [graph-safe] */

@@ -35,6 +35,7 @@ PAGE_ROPE_OFFSET = 32768
 PAGE_SCALE_OFFSET = 40960
 MAX_HEADS = 128
 MAX_Q_LEN = 4
+MAX_STRUCT_SIZE = 4096
 
 # Mirrors include/snapmla/snapmla.h declaration by declaration (tests/test_cdef.py checks it).
 CDEF = """
@@ -48,11 +49,13 @@ typedef enum snapmla_status {
   SNAPMLA_ERROR_UNSUPPORTED = 2,
   SNAPMLA_ERROR_CUDA = 3,
   SNAPMLA_ERROR_OUT_OF_MEMORY = 4,
-  SNAPMLA_ERROR_INTERNAL = 5
+  SNAPMLA_ERROR_INTERNAL = 5,
+  SNAPMLA_VALIDATED = 6
 } snapmla_status_t;
 
 const char* snapmla_status_string(snapmla_status_t status);
 const char* snapmla_last_error(void);
+int snapmla_set_validate_only(int enable);
 
 typedef struct snapmla_cache* snapmla_cache_t;
 

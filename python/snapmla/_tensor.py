@@ -2,8 +2,9 @@
 
 Every refusal is a ``SnapMLAError`` that names the operation, the argument, what was expected
 and what was given. An operation checks, for every tensor argument in order, its dtype, then
-its number of dimensions and shape, then its strides; the devices of all tensors are checked
-last. CuPy is imported only when a stream must be resolved or memory allocated.
+its number of dimensions and shape, then its strides, then its address (aligned as the C API
+requires, and the bytes it spans inside the 64-bit address space); the devices of all tensors
+are checked last. CuPy is imported only when a stream must be resolved or memory allocated.
 """
 
 from __future__ import annotations
@@ -43,6 +44,11 @@ FP32 = ("float32",)
 BYTES = ("uint8", "int8")
 
 _RAW_NOTE = {"uint16": "raw bits", "uint8": "raw bytes"}
+
+# The C API computes byte offsets in int64 and addresses in 64 bits (snapmla.h, "Pointers,
+# sizes and offsets").
+MAX_SPAN_BYTES = 2**63 - 1
+ADDRESS_SPACE = 2**64
 
 
 def _dtype_text(dtypes: Sequence[str]) -> str:
@@ -136,7 +142,7 @@ class Stream:
                 handle = operator.index(raw)
             except (AttributeError, TypeError):
                 continue
-            if handle < 0:
+            if not 0 <= handle < ADDRESS_SPACE:
                 raise argument_error(op, "stream", _STREAM_EXPECTED, f"handle {handle}")
             self._handle = handle
             return
@@ -162,7 +168,9 @@ class Stream:
         return stream_t(self.handle(device))
 
 
-_STREAM_EXPECTED = "None, a CUDA stream handle (int >= 0), or an object with .ptr or .cuda_stream"
+_STREAM_EXPECTED = (
+    "None, a CUDA stream handle (int in [0, 2^64)), or an object with .ptr or .cuda_stream"
+)
 
 
 class Checker:
@@ -189,6 +197,8 @@ class Checker:
         layout: str = "contiguous",
         writable: bool = False,
         shape_note: str = "",
+        align: int = 0,
+        align_note: str = "",
     ) -> TensorView:
         """Read and check one tensor argument.
 
@@ -203,6 +213,9 @@ class Checker:
                 last dimension; the caller checks the other strides with ``stride()``).
             writable: The tensor is an output: refuse read-only tensors.
             shape_note: Text appended to the expected shape in messages.
+            align: Required alignment of the address in bytes; 0: the element size. Not
+                checked for an empty tensor (the C API does not read its pointer).
+            align_note: Why (shown in messages); default: the element type.
         """
         stream = None if self.stream is None else self.stream.handle
         v = _dlpack.view(obj, stream=stream, op=self.op, argument=argument)
@@ -232,8 +245,33 @@ class Checker:
             )
         if writable and v.read_only:
             raise argument_error(self.op, argument, "a writable tensor", "a read-only one")
+        if v.numel > 0:
+            self._check_address(v, argument, align or v.itemsize, align_note or f"{v.dtype}")
         self.views.append((argument, v))
         return v
+
+    def _check_address(self, v: TensorView, argument: str, align: int, note: str) -> None:
+        """The C API's checks of a pointer: aligned, and the bytes spanned addressable."""
+        if v.ptr % align:
+            raise argument_error(
+                self.op, argument, f"a {align}-byte aligned address ({note})", f"{v.ptr:#x}"
+            )
+        start, end = v.byte_extent()
+        if end - start > MAX_SPAN_BYTES:
+            raise argument_error(
+                self.op,
+                argument,
+                "at most 2^63 - 1 bytes spanned by its shape and strides",
+                f"{end - start} bytes (shape {_shape_text(v.shape)}, strides (elements) "
+                f"{_shape_text(v.strides)})",
+            )
+        if start < 0 or end > ADDRESS_SPACE:
+            raise argument_error(
+                self.op,
+                argument,
+                "bytes inside the 64-bit address space",
+                f"[{start:#x}, {end:#x})",
+            )
 
     def stride(
         self,

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Any
 from . import _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
-from ._lib import CONTENT_DIM, PAGE_SIZE, ROPE_DIM
+from ._lib import CONTENT_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
 from ._tensor import (
+    ADDRESS_SPACE,
     BF16,
     BYTES,
     INT64,
+    MAX_SPAN_BYTES,
     Checker,
     Stream,
     check_int,
@@ -29,11 +31,23 @@ if TYPE_CHECKING:
 
 _INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
+MAX_DEVICE = 63  # the C API's device ordinals: 0 .. 63
 
 
 def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int, int]:
-    layers = check_int(num_layers, op, "num_layers", 1, _INT32_MAX)
+    """``(num_layers, num_pages)``, refused as ``snapmla_cache_bytes`` refuses them: the cache's
+    ``num_layers * num_pages * 41216`` bytes must be at most 2^63 - 1 (int64 offsets)."""
     pages = check_int(num_pages, op, "num_pages", 1, _INT32_MAX // PAGE_SIZE)
+    layers = check_int(num_layers, op, "num_layers", 1, _INT32_MAX)
+    most = MAX_SPAN_BYTES // (pages * PAGE_BYTES)
+    if layers > most:
+        raise argument_error(
+            op,
+            "num_layers",
+            f"at most {most} layers of {pages} pages (the cache's bytes must be at most "
+            "2^63 - 1)",
+            str(layers),
+        )
     return layers, pages
 
 
@@ -51,6 +65,12 @@ def _validate_buffer(buffer: Any, nbytes: int, device: int | None) -> tuple[Tens
         raise argument_error(
             op, "buffer", f"a {_MEMORY_ALIGNMENT}-byte aligned address", f"{v.ptr:#x}"
         )
+    if v.ptr + v.shape[0] > ADDRESS_SPACE:
+        raise argument_error(
+            op, "buffer", "bytes inside the 64-bit address space", f"{v.shape[0]} from {v.ptr:#x}"
+        )
+    if device > MAX_DEVICE:
+        raise argument_error(op, "buffer", f"a CUDA device ordinal <= {MAX_DEVICE}", v.device)
     return v, device
 
 
@@ -148,14 +168,15 @@ class KVCache:
         """Create the cache.
 
         Args:
-            num_layers: Layers, >= 1.
+            num_layers: Layers, >= 1; the cache's ``num_layers * num_pages * 41216`` bytes
+                must be at most 2^63 - 1.
             num_pages: Pages per layer, >= 1 (``num_pages * 64`` must fit in int32).
             buffer: Caller-owned CUDA DLPack tensor (uint8 or int8, contiguous, 256-byte
                 aligned, at least ``snapmla_cache_bytes`` bytes) that the cache lives in; the
                 caller keeps it alive (this object also holds a reference). ``None``: CuPy
                 allocates the memory, on ``device``.
-            device: CUDA device ordinal. With ``buffer`` it must match the buffer's device
-                (``None``: the buffer's); without, ``None`` means CuPy's current device.
+            device: CUDA device ordinal, 0..63. With ``buffer`` it must match the buffer's
+                device (``None``: the buffer's); without, ``None`` means CuPy's current device.
 
         Raises:
             SnapMLAError: An argument is out of range, the library is missing, or allocation
@@ -167,7 +188,7 @@ class KVCache:
         op = "KVCache"
         num_layers, num_pages = _validate_shape_args(op, num_layers, num_pages)
         if device is not None:
-            device = check_int(device, op, "device", 0, _INT32_MAX)
+            device = check_int(device, op, "device", 0, MAX_DEVICE)
         lib = _lib.lib()
         nbytes_c = _lib.ffi.new("size_t*")
         _lib.check(lib.snapmla_cache_bytes(num_layers, num_pages, nbytes_c), "snapmla_cache_bytes")
@@ -279,8 +300,9 @@ class KVCache:
             stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
                 ``.ptr`` or ``.cuda_stream``).
 
-        All tensors must be CUDA tensors on the cache's device and must not alias the cache.
-        ``n = 0`` is a no-op.
+        All tensors must be CUDA tensors on the cache's device, aligned to their element size
+        (a DLPack ``byte_offset`` of 1 is refused), and must not alias the cache. ``n = 0`` is
+        a no-op.
         """
         op = "KVCache.append"
         self._require_open(op)
@@ -334,6 +356,8 @@ class KVCache:
                 for a new CuPy array.
             k_pe: Output BF16 ``[n, 64]`` (row stride >= 64, unit inner stride), or ``None``.
             stream: CUDA stream, as for ``append``.
+
+        All tensors must be CUDA tensors on the cache's device, aligned to their element size.
 
         Returns:
             ``(c_kv, k_pe)``: the given outputs, or new CuPy arrays of dtype

@@ -21,7 +21,9 @@ __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
 
 MAX_BATCH = 65536
+MAX_SM_PARTS = 65535
 _INT32_MAX = 2**31 - 1
+OUT_ALIGNMENT = 16  # the combine kernel's 16-byte stores
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class DecodeConfig:
         q_len: New tokens per request ``s_q``, 1..4.
         num_heads: Query heads ``h``, 1..128.
         max_pages: Columns of the block table (contexts are at most ``max_pages * 64``).
-        num_sm_parts: Split-KV parallelism; 0 = derived from the device's SM count.
+        num_sm_parts: Split-KV parallelism, 0..65535; 0 = derived from the device's SM count.
     """
 
     batch_size: int
@@ -50,7 +52,7 @@ def _validate_config_args(
         check_int(num_heads, op, "num_heads", 1, MAX_HEADS),
         check_int(q_len, op, "q_len", 1, MAX_Q_LEN),
         check_int(max_pages, op, "max_pages", 1, _INT32_MAX // PAGE_SIZE),
-        check_int(num_sm_parts, op, "num_sm_parts", 0, _INT32_MAX),
+        check_int(num_sm_parts, op, "num_sm_parts", 0, MAX_SM_PARTS),
     )
 
 
@@ -108,7 +110,8 @@ class DecodePlan:
             num_heads: Query heads, 1..128.
             q_len: New tokens per request, 1..4.
             max_pages: Columns of the block table, >= 1.
-            num_sm_parts: Split-KV parallelism; 0 derives it from the device's SM count.
+            num_sm_parts: Split-KV parallelism, 0..65535; 0 derives it from the device's SM
+                count.
             stream: CUDA stream of the planning launch (``None``: CuPy's current stream; an
                 int handle; an object with ``.ptr`` or ``.cuda_stream``).
         """
@@ -295,6 +298,8 @@ def _validate_decode_args(
             shape=(b, s_q, h, CONTENT_DIM),
             writable=True,
             shape_note=note,
+            align=OUT_ALIGNMENT,
+            align_note="the combine kernel's 16-byte stores",
         )
     lv = None
     if lse is not None:
@@ -364,7 +369,8 @@ def decode(
         plan: The step's ``DecodePlan``; ``(b, s_q, h, max_pages)`` must match its config.
         softmax_scale: Finite and > 0 (also in fp32), e.g. ``192 ** -0.5``.
         causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
-        out: Output BF16 ``[b, s_q, h, 512]``, contiguous, or ``None`` for a new CuPy array.
+        out: Output BF16 ``[b, s_q, h, 512]``, contiguous, 16-byte aligned, or ``None`` for a
+            new CuPy array.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
         kernel: ``"auto"`` (the kernel that meets the numerics contract's agreement bound,
             not chosen for speed: in 0.1 the reference kernel), ``"reference"`` (the simple
@@ -374,7 +380,8 @@ def decode(
         stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
             ``.ptr`` or ``.cuda_stream``).
 
-    All tensors must be CUDA tensors on the cache's device; outputs must not overlap inputs.
+    All tensors must be CUDA tensors on the cache's device, aligned to their element size
+    (``out``: 16 bytes); outputs must not overlap inputs.
 
     Returns:
         ``(out, lse)``: the given outputs, or new CuPy arrays (``out`` of dtype

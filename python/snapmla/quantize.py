@@ -60,20 +60,29 @@ def _validate_quantize_args(
         raise argument_error(
             op, "out", "None or a sequence (q_content, q_rope, q_scale)", type(out).__name__
         )
+    # (argument, dtypes, shape, alignment: what the kernel's stores need)
     specs = (
-        ("out[0]", FP8, (*lead, h, CONTENT_DIM)),
-        ("out[1]", BF16, (*lead, h, ROPE_DIM)),
-        ("out[2]", FP32, (*lead, h)),
+        ("out[0]", FP8, (*lead, h, CONTENT_DIM), 8),
+        ("out[1]", BF16, (*lead, h, ROPE_DIM), 16),
+        ("out[2]", FP32, (*lead, h), 4),
     )
     outputs: list[TensorView | None] = []
-    for obj, (name, dtypes, shape) in zip(out, specs):
+    for obj, (name, dtypes, shape, align) in zip(out, specs):
         outputs.append(
             None
             if obj is None
-            else checker.tensor(obj, name, dtypes=dtypes, shape=shape, writable=True)
+            else checker.tensor(
+                obj,
+                name,
+                dtypes=dtypes,
+                shape=shape,
+                writable=True,
+                align=align,
+                align_note=f"the kernel's {align}-byte stores" if align > 4 else "",
+            )
         )
     device = checker.devices(None)
-    for i, (name, _, _) in enumerate(specs):
+    for i, (name, _, _, _) in enumerate(specs):
         if outputs[i] is not None:
             others = [("q", v)] + [(specs[j][0], outputs[j]) for j in range(i + 1, 3)]
             checker.no_overlap(name, outputs[i], others)
@@ -92,8 +101,8 @@ def quantize_q(
             flatten to one token stride.
         out: ``None``, or ``(q_content, q_rope, q_scale)`` outputs (any entry ``None`` to
             allocate that one): FP8 E4M3 ``[..., h, 512]`` (float8_e4m3fn, or uint8 raw
-            bytes), BF16 ``[..., h, 64]``, fp32 ``[..., h]``; contiguous, on ``q``'s device,
-            not overlapping ``q`` or each other.
+            bytes; 8-byte aligned), BF16 ``[..., h, 64]`` (16-byte aligned), fp32
+            ``[..., h]``; contiguous, on ``q``'s device, not overlapping ``q`` or each other.
         stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
             ``.ptr`` or ``.cuda_stream``).
 

@@ -362,3 +362,124 @@ def test_c_api_validates_too(setup: dict[str, Any]) -> None:
     synchronize()
     assert_all_nan(out, "out after refused C calls")
     assert_all_nan(lse, "lse after refused C calls")
+
+
+def test_c_api_refuses_misaligned_pointers_and_a_cache_on_another_device(
+    setup: dict[str, Any],
+) -> None:
+    """What only a GPU reaches: real device pointers a few bytes off (an odd BF16 pointer, a
+    DLPack byte_offset of 1) are refused by the C library before any launch, so no
+    cudaErrorMisalignedAddress poisons the context; and a handle whose cache claims another
+    device ordinal is refused for a launch on this one."""
+    from snapmla import _lib
+
+    lib, ffi = _lib.lib(), _lib.ffi
+    torch = torch_module()
+    kw, cache = setup["kwargs"], setup["cache"]
+    q, bt, sl, out, lse = kw["q"], kw["block_table"], kw["cache_seqlens"], kw["out"], kw["lse"]
+    config = ffi.new(
+        "snapmla_decode_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_decode_config_t"),
+            "batch_size": 3,
+            "q_len": 2,
+            "num_heads": 16,
+            "max_pages": setup["case"].max_pages,
+            "num_sm_parts": 0,
+        },
+    )
+    plan_bytes, ws_bytes = ffi.new("size_t*"), ffi.new("size_t*")
+    assert lib.snapmla_decode_buffer_sizes(config, plan_bytes, ws_bytes) == 0
+    plan = torch.zeros(plan_bytes[0] + 256, dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(ws_bytes[0] + 256, dtype=torch.uint8, device="cuda")
+    plan_ptr, ws_ptr = plan.data_ptr(), ws.data_ptr()
+    seqlens = ffi.cast("const int32_t*", sl.data_ptr())
+    assert lib.snapmla_decode_plan(config, seqlens, ffi.cast("void*", plan_ptr), ffi.NULL) == 0
+    assert lib.snapmla_decode_plan(config, seqlens, ffi.cast("void*", plan_ptr + 4), ffi.NULL) == 1
+    assert "argument 'plan'" in ffi.string(lib.snapmla_last_error()).decode()
+
+    fields = {
+        "struct_size": ffi.sizeof("snapmla_decode_args_t"),
+        "layer": 0,
+        "causal": 1,
+        "softmax_scale": SM_SCALE,
+        "kernel": 0,
+        "q": q.data_ptr(),
+        "q_stride_batch": q.stride(0),
+        "q_stride_token": q.stride(1),
+        "q_stride_head": q.stride(2),
+        "block_table": bt.data_ptr(),
+        "block_table_stride": bt.stride(0),
+        "cache_seqlens": sl.data_ptr(),
+        "out": out.data_ptr(),
+        "lse": lse.data_ptr(),
+    }
+    pointer_fields = {"q", "block_table", "cache_seqlens", "out", "lse"}
+
+    def decode(handle: Any, plan_at: int, ws_at: int, **changes: int) -> tuple[int, str]:
+        values = {**fields, **changes}
+        args = ffi.new(
+            "snapmla_decode_args_t*",
+            {k: ffi.cast("void*", v) if k in pointer_fields else v for k, v in values.items()},
+        )
+        status = lib.snapmla_decode(
+            handle, config, args, ffi.cast("void*", plan_at), ffi.cast("void*", ws_at), ffi.NULL
+        )
+        return status, ffi.string(lib.snapmla_last_error()).decode()
+
+    handle = cache._handle  # the C handle of the KVCache (private, test only)
+    for name, offset in (
+        ("q", 1),
+        ("block_table", 2),
+        ("cache_seqlens", 1),
+        ("out", 8),
+        ("out", 2),
+        ("lse", 2),
+    ):
+        status, message = decode(handle, plan_ptr, ws_ptr, **{name: fields[name] + offset})
+        assert status == 1 and f"argument 'args.{name}'" in message, message
+    for plan_at, ws_at, name in (
+        (plan_ptr + 8, ws_ptr, "plan"),
+        (plan_ptr, ws_ptr + 128, "workspace"),
+    ):
+        status, message = decode(handle, plan_at, ws_at)
+        assert status == 1 and f"argument '{name}'" in message, message
+
+    # The same memory under a handle that says it lives on another device ordinal.
+    other_device = torch.cuda.current_device() + 1
+    cfg = ffi.new(
+        "snapmla_cache_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_cache_config_t"),
+            "num_layers": cache.num_layers,
+            "num_pages": cache.num_pages,
+            "device": other_device,
+            "memory": ffi.cast("void*", cache.data_ptr),
+            "memory_bytes": cache.nbytes,
+        },
+    )
+    other = ffi.new("snapmla_cache_t*")
+    assert lib.snapmla_cache_create(cfg, other) == 0  # caller memory, given ordinal: no CUDA
+    try:
+        status, message = decode(other[0], plan_ptr, ws_ptr)
+        assert status == 1 and f"lives on CUDA device {other_device}" in message, message
+        c_kv = torch.zeros(4, 512, dtype=torch.bfloat16, device="cuda")
+        k_pe = torch.zeros(4, 64, dtype=torch.bfloat16, device="cuda")
+        slots = torch.arange(4, dtype=torch.int64, device="cuda")
+        status = lib.snapmla_append(
+            other[0], 0, ffi.cast("const void*", c_kv.data_ptr()), 512,
+            ffi.cast("const void*", k_pe.data_ptr()), 64,
+            ffi.cast("const int64_t*", slots.data_ptr()), 4, ffi.NULL,
+        )  # fmt: skip
+        assert (
+            status == 1 and "lives on CUDA device" in ffi.string(lib.snapmla_last_error()).decode()
+        )
+    finally:
+        assert lib.snapmla_cache_destroy(other[0]) == 0
+    assert lib.snapmla_cache_destroy(other[0]) == 1  # destroyed: refused, not a double free
+    synchronize()
+    assert_all_nan(out, "out after refused C calls")
+    assert_all_nan(lse, "lse after refused C calls")
+    assert np.all(download(cache) == POISON_BYTE)
+    assert decode(handle, plan_ptr, ws_ptr)[0] == 0  # the context is still usable
+    synchronize()
