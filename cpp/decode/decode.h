@@ -98,6 +98,9 @@ struct DecodeParams {
   float* lse;          // fp32 [b, h, s_q]; may be null
   float* partial_o;    // workspace
   float* partial_lse;  // workspace
+#ifdef SNAPMLA_SEESAW_TRACE
+  unsigned long long* trace;  // bench/seesaw_trace.cu: clock64 per (warpgroup, block, event)
+#endif
 };
 
 int default_num_parts(int sm_count, int row_tiles);

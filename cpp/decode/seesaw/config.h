@@ -47,6 +47,10 @@ constexpr int kTileBytes = kBlockN * kChunkBytes;   // 8 KiB: 64 rows x 128 byte
 constexpr int kHalfDim = kContentDim / 2;           // latent columns per warpgroup (PV)
 constexpr int kMTiles = kHalfDim / 64;              // PV m-tiles of 64 latent rows per warpgroup
 constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byte swizzle
+// P8 tiles and row statistics in flight: the owner of block i reuses the buffer of block
+// i - kPBuffers, so it waits for the other warpgroup's PV of that block only when that PV is
+// kPBuffers blocks behind (with 2 the wait sat on the critical path: bench/NOTES.md).
+constexpr int kPBuffers = 4;
 constexpr int kQkChunkSteps = kChunkBytes / 32;     // k32 FP8 steps per content chunk
 constexpr int kRopeSteps = kRopeDim / 16;           // k16 BF16 steps over the RoPE
 constexpr uint32_t kContentHalfTx = 2 * kTileBytes;  // one warpgroup's refill
@@ -59,18 +63,14 @@ static_assert(kTileRows == kRowsM && kBlockN == 64, "one wgmma M tile of rows, o
 static_assert(kRopeDim * 2 == kChunkBytes, "a RoPE row is one 128-byte swizzle row");
 static_assert(kStages >= 2, "QK of block i + 2 needs the ring to hold two blocks ahead");
 
-// Schedule experiment (bench/NOTES.md): 0 issues a block's QK at the top of its iteration; 1
-// issues the next owned block's first QK half before this iteration's PVs; 2 all of it.
-#ifndef SNAPMLA_SEESAW_EARLY_QK
-#define SNAPMLA_SEESAW_EARLY_QK 0
-#endif
-
 // Named barrier ids (0 is __syncthreads).
 enum Barrier : int {
   kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics
-  kBarPfree = 3,   // + (i & 1): the other warpgroup finished its PV of block i
-  kBarWg = 5,      // + wg: one warpgroup, its own P8 and statistics written
+  kBarPfree = 3,   // + (i % kPBuffers): the other warpgroup finished its PV of block i
+  kBarWg = kBarPfree + kPBuffers,  // + wg: one warpgroup, its own P8 and statistics written
 };
+static_assert(kBarWg + 2 <= 16, "16 named barriers per CTA");
+static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
 
 // Row statistics of one block, published by its owner (log2-domain m).
 struct RowStats {
@@ -88,9 +88,10 @@ struct alignas(1024) SharedStorage {
     uint8_t rope[kTileBytes];              // [64 tokens][64 bf16], 128B swizzle
     float scale[kBlockN];
   } stage[kStages];
-  alignas(512) uint8_t p8[2][kRowsM * kPRowBytes];  // by block parity: [rows][64 B], 64B swz
-  RowStats stats[2];                                // by block parity
+  alignas(512) uint8_t p8[kPBuffers][kRowsM * kPRowBytes];  // block i % kPBuffers: [rows][64 B]
+  RowStats stats[kPBuffers];                                // block i % kPBuffers
   float q_scale[kRowsM];
+  int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
   uint64_t q_bar;
 };

@@ -56,6 +56,23 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
+// Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each warpgroup records clock64 at
+// the events below for its first kTraceBlocks blocks. Compiled out unless SNAPMLA_SEESAW_TRACE.
+enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrPublished, kTrPvStart, kTrPvEnd,
+                  kTrEvents };
+constexpr int kTraceBlocks = 64;
+#ifdef SNAPMLA_SEESAW_TRACE
+#define SEESAW_TRACE(block, event)                                                             \
+  do {                                                                                         \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)             \
+      p.trace[(wg * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();                \
+  } while (0)
+#else
+#define SEESAW_TRACE(block, event) \
+  do {                             \
+  } while (0)
+#endif
+
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
 template <int kN>
@@ -115,25 +132,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
     // come out NaN.
-    auto load_content_half = [&](int i, int half) {
-      const int32_t page = pages[i];
+    // The page ids are read ahead by the caller: a global load here would stall the warp that
+    // the whole warpgroup's next wgmma waits for.
+    auto load_content_half = [&](int i, int half, int32_t page) {
       uint64_t* bar = full_of(i);
-      if (!page_ok(page)) return mbar_arrive(bar);
+      if (!page_ok(page)) {
+        s.bad_page = 1;
+        return mbar_arrive(bar);
+      }
       mbar_arrive_expect_tx(bar, kContentHalfTx);
 #pragma unroll
       for (int c = 2 * half; c < 2 * half + 2; ++c) {
         tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
       }
     };
-    auto load_rope_scale = [&](int i) {
-      const int32_t page = pages[i];
+    auto load_rope_scale = [&](int i, int32_t page) {
       uint64_t* bar = full_of(i);
-      if (!page_ok(page)) return mbar_arrive(bar);
+      if (!page_ok(page)) {
+        s.bad_page = 1;
+        return mbar_arrive(bar);
+      }
       mbar_arrive_expect_tx(bar, kRopeScaleTx);
       tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
       tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
     };
     if (tid == 0) {
+      s.bad_page = 0;  // the loads below and the refills set it
       mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
@@ -142,9 +166,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
       for (int i = 0; i < min(kStages, n); ++i) {
-        load_content_half(i, 0);
-        load_content_half(i, 1);
-        load_rope_scale(i);
+        const int32_t page = pages[i];
+        load_content_half(i, 0, page);
+        load_content_half(i, 1, page);
+        load_rope_scale(i, page);
       }
     }
     if (tid < kRowsM) {
@@ -161,7 +186,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
     }
-    bool bad_page = false;
 
     // ---- QK of block i (the owner; asynchronous): two fp32 halves
     const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
@@ -171,7 +195,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     // second, 2 both (one commit group per call).
     auto issue_qk = [&](int i, int half) {
       SharedStorage::Stage& st = stage_of(i);
+      if (half != 1) SEESAW_TRACE(i, kTrQkIssue);
       if (half != 1) mbar_wait(full_of(i), phase_of(i));
+      if (half != 1) SEESAW_TRACE(i, kTrQkReady);
       // Descriptors once per block; each wgmma moves its start by an immediate.
       const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
@@ -202,10 +228,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
     // statistics published for both warpgroups' PV.
-    auto softmax_publish = [&](int i) {
+    auto softmax_publish = [&](int i, int32_t page_ahead) {
       wgmma_wait<0>();
       fence_regs(sa);
       fence_regs(sb);
+      SEESAW_TRACE(i, kTrQkDone);
       const SharedStorage::Stage& st = stage_of(i);
       const int tok0 = (seg.blk_lo + i) * kBlockN;
       const bool full = tok0 + kBlockN <= min_limit;
@@ -261,8 +288,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
       if (i > 0) {
         named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+        SEESAW_TRACE(i, kTrStats);
         if (softmax_warp) {
-          const RowStats& ps = s.stats[(i - 1) & 1];
+          const RowStats& ps = s.stats[(i - 1) % kPBuffers];
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
             m_prev[ri] = ps.m[r0 + 8 * ri];
@@ -323,11 +351,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
         p8_words(z, inv_sig, w);
       }
-      if (i >= 2) named_barrier(kBarPfree + (i & 1), kThreads);  // PV(i - 2) read P8[i & 1]
+      // PV(i - kPBuffers) by the other warpgroup read this buffer
+      if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
       if (softmax_warp) {
-        store_p8(smem_u32(s.p8[i & 1]) + stsm_off, w);
+        store_p8(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
         if (t == 0) {
-          RowStats& ps = s.stats[i & 1];
+          RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
             ps.m[r0 + 8 * ri] = m_new[ri];
@@ -339,8 +368,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
       named_barrier_arrive(kBarPready + (i & 1), kThreads);
+      SEESAW_TRACE(i, kTrPublished);
       named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
-      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages);
+      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages, page_ahead);
     };
 
     // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
@@ -350,9 +380,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       constexpr bool kEdge = decltype(edge_tag)::value;
       SharedStorage::Stage& st = stage_of(i);
       mbar_wait(full_of(i), phase_of(i));
-      bad_page |= !page_ok(pages[i]);
+      SEESAW_TRACE(i, kTrPvStart);
       const int tok0 = (seg.blk_lo + i) * kBlockN;
-      const RowStats& ps = s.stats[i & 1];
+      const RowStats& ps = s.stats[i % kPBuffers];
       // Past-context tokens and NaN codes zeroed in blocks some row does not see whole (a NaN
       // there must not reach rows whose P8 is 0); elsewhere a NaN in V reaches every row
       // through its logit anyway.
@@ -369,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
       // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
       constexpr int kHalfN = kN / 2;
-      const SmemDesc p_desc = make_desc_base(s.p8[i & 1], Swizzle::k64B, kPRowBytes);
+      const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
       float tmp[2][kHalfN / 2];
       auto promote = [&](int q) {
         const int m = q / 2, h = q % 2;
@@ -413,6 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       wgmma_wait<0>();
       promote(2 * kMTiles - 1);
+      SEESAW_TRACE(i, kTrPvEnd);
     };
     auto pv = [&](int i) {
       if ((seg.blk_lo + i + 1) * kBlockN > min_limit) {
@@ -421,43 +452,30 @@ __global__ void __launch_bounds__(kThreads, 1)
         pv_block(i, std::false_type{});
       }
     };
-    auto refill_content = [&](int i) {  // this warpgroup's half of the stage is free
-      if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, wg);
+    auto refill_content = [&](int i, int32_t page_ahead) {  // this warpgroup's half is free
+      if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, wg, page_ahead);
     };
 
     // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
     // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
     // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-#if SNAPMLA_SEESAW_EARLY_QK == 0
     for (int i = wg; i < n; i += 2) {
+      // Pages of the blocks this iteration refills, read now so the loads are long done then.
+      int32_t page_prev = -1, page_own = -1;
+      if (wtid == 0) {
+        if (i > 0 && i - 1 + kStages < n) page_prev = pages[i - 1 + kStages];
+        if (i + kStages < n) page_own = pages[i + kStages];
+      }
       issue_qk(i, 2);
-      softmax_publish(i);
+      softmax_publish(i, page_own);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(i - 1);
-        if (i + 1 < n) named_barrier_arrive(kBarPfree + ((i - 1) & 1), kThreads);
-        refill_content(i - 1);
+        if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
+        refill_content(i - 1, page_prev);
       }
       pv(i);
-      refill_content(i);
+      refill_content(i, page_own);
     }
-#else
-    // QK of the next owned block goes to the tensor cores before this warpgroup's PVs (its
-    // first half, or all of it), so that it is done when the softmax needs it.
-    if (wg < n) issue_qk(wg, 2);
-    for (int i = wg; i < n; i += 2) {
-      softmax_publish(i);
-      const bool next = i + 2 < n;
-      if (next) issue_qk(i + 2, SNAPMLA_SEESAW_EARLY_QK == 1 ? 0 : 2);
-      if (i > 0) {
-        pv(i - 1);
-        if (i + 1 < n) named_barrier_arrive(kBarPfree + ((i - 1) & 1), kThreads);
-        refill_content(i - 1);
-      }
-      pv(i);
-      refill_content(i);
-      if (SNAPMLA_SEESAW_EARLY_QK == 1 && next) issue_qk(i + 2, 1);
-    }
-#endif
     if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
       named_barrier(kBarPready + ((n - 1) & 1), kThreads);
       pv(n - 1);
@@ -466,14 +484,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
     // 8 nn + 2 t + (c & 1).
-    const RowStats& fin = s.stats[(n - 1) & 1];
+    const RowStats& fin = s.stats[(n - 1) % kPBuffers];
 #pragma unroll
     for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
       for (int c1 = 0; c1 < 2; ++c1) {
         const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
         if (fr >= rows_total) continue;
-        const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], bad_page, seg.split);
+        const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], s.bad_page != 0,
+                                         seg.split);
         const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
         if (seg.split) {
           float* dst = p.partial_o +

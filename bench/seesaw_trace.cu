@@ -1,0 +1,167 @@
+// The seesaw kernel alone, on the GPU machine: time per launch and per 64-token block, and the
+// timeline of one CTA (clock64 at each event of bench/NOTES.md's schedule, both warpgroups).
+//
+//   nvcc -DSNAPMLA_SEESAW_TRACE -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp \
+//        -Iinclude bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/seesaw/launch.cu \
+//        cpp/decode/seesaw/instantiations/n*.cu -o seesaw_trace
+//   ./seesaw_trace [batch] [heads] [seqlen] [q_len]
+//
+// Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
+// library's default (plan.cu); only the attention kernel is launched (no Q quantization, no
+// combine), so the time is the kernel's own.
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/numerics.cuh"
+#include "decode/decode.h"
+#include "decode/seesaw/kernel.cuh"
+
+using namespace snapmla;
+using namespace snapmla::decode;
+
+#define CHECK(x)                                                                         \
+  do {                                                                                   \
+    cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                             \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                      \
+    }                                                                                    \
+  } while (0)
+
+template <class T>
+static T* upload(const std::vector<T>& v) {
+  T* d = nullptr;
+  CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
+  CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+static uint16_t bf16_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+int main(int argc, char** argv) {
+  const int batch = argc > 1 ? std::atoi(argv[1]) : 32;
+  const int heads = argc > 2 ? std::atoi(argv[2]) : 128;
+  const int seqlen = argc > 3 ? std::atoi(argv[3]) : 16384;
+  const int q_len = argc > 4 ? std::atoi(argv[4]) : 1;
+  const int rows = q_len * heads, row_tiles = (rows + kTileRows - 1) / kTileRows;
+  const int pages_per_req = (seqlen + kBlockN - 1) / kBlockN;
+  const int num_pages = batch * pages_per_req;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int parts = default_num_parts(sms, row_tiles);
+  std::printf("batch %d heads %d seqlen %d q_len %d: %d pages, %d parts x %d row tiles\n", batch,
+              heads, seqlen, q_len, num_pages, parts, row_tiles);
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> code(0x20, 0x48);  // E4M3 magnitudes 2^-4 .. 4
+  std::uniform_real_distribution<float> uni(-1.f, 1.f);
+  std::vector<uint8_t> cache(static_cast<size_t>(num_pages) * kPageBytes);
+  for (int pg = 0; pg < num_pages; ++pg) {
+    uint8_t* page = cache.data() + static_cast<size_t>(pg) * kPageBytes;
+    for (int i = 0; i < kBlockN * kContentDim; ++i) page[i] = code(rng) | (rng() & 0x80);
+    uint16_t* rope = reinterpret_cast<uint16_t*>(page + kPageRopeOffset);
+    for (int i = 0; i < kBlockN * kRopeDim; ++i) rope[i] = bf16_of(uni(rng));
+    float* scale = reinterpret_cast<float*>(page + kPageScaleOffset);
+    for (int i = 0; i < kBlockN; ++i) scale[i] = 0.01f * (1.5f + uni(rng));
+  }
+  std::vector<int32_t> table(static_cast<size_t>(batch) * pages_per_req);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  std::vector<int32_t> lens(batch, seqlen);
+  std::vector<uint8_t> qc(static_cast<size_t>(batch) * rows * kContentDim);
+  for (auto& x : qc) x = code(rng) | (rng() & 0x80);
+  std::vector<uint16_t> qr(static_cast<size_t>(batch) * rows * kRopeDim);
+  for (auto& x : qr) x = bf16_of(uni(rng));
+  std::vector<float> qs(static_cast<size_t>(batch) * rows, 0.01f);
+
+  const WorkspaceLayout w = WorkspaceLayout::make(batch, q_len, heads, parts);
+  uint8_t* ws = nullptr;
+  CHECK(cudaMalloc(&ws, w.total_bytes));
+  const PlanLayout pl = PlanLayout::make(batch, parts);
+  int32_t* plan = nullptr;
+  CHECK(cudaMalloc(&plan, pl.total_words * 4));
+  uint16_t* out = nullptr;
+  float* lse = nullptr;
+  CHECK(cudaMalloc(&out, static_cast<size_t>(batch) * rows * kContentDim * 2));
+  CHECK(cudaMalloc(&lse, static_cast<size_t>(batch) * rows * 4));
+  unsigned long long* trace = nullptr;
+  const size_t trace_words = 2 * seesaw::kTraceBlocks * seesaw::kTrEvents;
+  CHECK(cudaMalloc(&trace, trace_words * 8));
+
+  DecodeParams p{};
+  p.q_content = upload(qc);
+  p.q_rope = upload(qr);
+  p.q_scale = upload(qs);
+  p.layer_base = upload(cache);
+  p.num_pages = num_pages;
+  p.block_table = upload(table);
+  p.block_table_stride = pages_per_req;
+  p.seqlens = upload(lens);
+  p.plan = plan;
+  p.batch = batch;
+  p.q_len = q_len;
+  p.num_heads = heads;
+  p.max_pages = pages_per_req;
+  p.num_parts = parts;
+  p.row_tiles = row_tiles;
+  p.causal = 1;
+  p.scale_log2 = 0.0722f * kLog2e;
+  p.out = out;
+  p.lse = lse;
+  p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
+#ifdef SNAPMLA_SEESAW_TRACE
+  p.trace = trace;
+#endif
+  CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, kMinPartCost, plan, 0));
+  for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));
+  CHECK(cudaDeviceSynchronize());
+
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  const int reps = 50;
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) CHECK(launch_seesaw_decode(p, 0));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  const double us = 1e3 * ms / reps;
+  const double tile_blocks = double(batch) * pages_per_req * row_tiles;
+  std::printf("kernel %.1f us; %.0f tile-blocks per SM; %.0f ns per tile-block per SM (%.0f cycles "
+              "at 1.78 GHz)\n",
+              us, tile_blocks / sms, 1e3 * us / (tile_blocks / sms),
+              1.78e3 * us / (tile_blocks / sms));
+
+  CHECK(cudaMemset(trace, 0, trace_words * 8));
+  CHECK(launch_seesaw_decode(p, 0));
+  CHECK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> tr(trace_words);
+  CHECK(cudaMemcpy(tr.data(), trace, trace_words * 8, cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull;
+  for (auto v : tr)
+    if (v && v < t0) t0 = v;
+  const char* names[] = {"qk_issue", "qk_ready", "qk_done", "stats", "published", "pv_start",
+                         "pv_end"};
+  std::printf("CTA (0,0) timeline, cycles from its first event (wg: block: event=cycle ...)\n");
+  for (int b = 0; b < 24 && b < seesaw::kTraceBlocks; ++b) {
+    for (int wg = 0; wg < 2; ++wg) {
+      std::printf("wg%d blk%2d:", wg, b);
+      for (int e = 0; e < seesaw::kTrEvents; ++e) {
+        const unsigned long long v = tr[(wg * seesaw::kTraceBlocks + b) * seesaw::kTrEvents + e];
+        if (v) std::printf(" %s=%llu", names[e], v - t0);
+      }
+      std::printf("\n");
+    }
+  }
+  return 0;
+}
