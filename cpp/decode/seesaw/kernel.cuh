@@ -81,6 +81,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kNTiles = kN / 8;
+  // Issue the next owned block's QK before this block's PVs: its 64 accumulators stay live
+  // across PV, which fits beside O^T only when O^T is small (kN = 64 spills).
+#if defined(SNAPMLA_SEESAW_EARLY_QK)  // measurement switches (bench/seesaw_trace.cu)
+  constexpr bool kEarlyQk = true;
+#elif defined(SNAPMLA_SEESAW_NO_EARLY_QK)
+  constexpr bool kEarlyQk = false;
+#else
+  constexpr bool kEarlyQk = kN < 64;
+#endif
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte alignment (128B swizzle atoms) by pointer arithmetic, keeping the address space.
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(
@@ -459,6 +468,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
     // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
     // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
+    if constexpr (!kEarlyQk) {
     for (int i = wg; i < n; i += 2) {
       // Pages of the blocks this iteration refills, read now so the loads are long done then.
       int32_t page_prev = -1, page_own = -1;
@@ -475,6 +485,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       pv(i);
       refill_content(i, page_own);
+    }
+    } else {
+    // QK of the next owned block is issued before this iteration's PVs, so that it is done
+    // when the softmax needs it. Issued unconditionally (on the current block's stage, its
+    // result unused, after the last block): a wgmma left in flight on only one path of a
+    // branch makes ptxas serialize every wgmma.
+    if (wg < n) {
+      issue_qk(wg, 2);
+      for (int i = wg; i < n; i += 2) {
+        int32_t page_prev = -1, page_own = -1;
+        if (wtid == 0) {
+          if (i > 0 && i - 1 + kStages < n) page_prev = pages[i - 1 + kStages];
+          if (i + kStages < n) page_own = pages[i + kStages];
+        }
+        softmax_publish(i, page_own);
+        if (i > 0) {
+          pv(i - 1);
+          if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
+          refill_content(i - 1, page_prev);
+        }
+        issue_qk(min(i + 2, n - 1) == i + 2 ? i + 2 : i, 2);
+        pv(i);
+        refill_content(i, page_own);
+      }
+      wgmma_wait<0>();
+    }
     }
     if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
       named_barrier(kBarPready + ((n - 1) & 1), kThreads);
