@@ -2,13 +2,13 @@
 // timeline of one CTA (clock64 at each event of bench/NOTES.md's schedule, both warpgroups).
 //
 //   nvcc -DSNAPMLA_SEESAW_TRACE -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp \
-//        -Iinclude bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/seesaw/launch.cu \
+//        -Iinclude bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu \
 //        cpp/decode/seesaw/instantiations/n*.cu -o seesaw_trace
-//   ./seesaw_trace [batch] [heads] [seqlen] [q_len]
+//   ./seesaw_trace [batch] [heads] [seqlen] [q_len] [min_part_cost]
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
-// library's default (plan.cu); only the attention kernel is launched (no Q quantization, no
-// combine), so the time is the kernel's own.
+// library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
+// own, then with the split combine (no Q quantization).
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   const int heads = argc > 2 ? std::atoi(argv[2]) : 128;
   const int seqlen = argc > 3 ? std::atoi(argv[3]) : 16384;
   const int q_len = argc > 4 ? std::atoi(argv[4]) : 1;
+  const int min_part_cost = argc > 5 ? std::atoi(argv[5]) : kMinPartCost;
   const int rows = q_len * heads, row_tiles = (rows + kTileRows - 1) / kTileRows;
   const int pages_per_req = (seqlen + kBlockN - 1) / kBlockN;
   const int num_pages = batch * pages_per_req;
@@ -121,7 +122,7 @@ int main(int argc, char** argv) {
 #ifdef SNAPMLA_SEESAW_TRACE
   p.trace = trace;
 #endif
-  CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, kMinPartCost, plan, 0));
+  CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, min_part_cost, plan, 0));
   for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));
   CHECK(cudaDeviceSynchronize());
 
@@ -141,6 +142,16 @@ int main(int argc, char** argv) {
               "at 1.78 GHz)\n",
               us, tile_blocks / sms, 1e3 * us / (tile_blocks / sms),
               1.78e3 * us / (tile_blocks / sms));
+
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) {
+    CHECK(launch_seesaw_decode(p, 0));
+    CHECK(launch_combine(p, 0));
+  }
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  std::printf("kernel + combine %.1f us (min part cost %d)\n", 1e3 * ms / reps, min_part_cost);
 
   CHECK(cudaMemset(trace, 0, trace_words * 8));
   CHECK(launch_seesaw_decode(p, 0));

@@ -818,7 +818,33 @@ def format_tables(report: dict[str, Any]) -> str:
     if report.get("kernel_vs_model"):
         worst = max(k["rel_l2"] for k in report["kernel_vs_model"])
         lines.append(f"kernel vs its NumPy model: largest relative L2 {worst:.1e}")
+    ratio = kernel_error_ratio(report["results"])
+    if ratio is not None:
+        lines.append(
+            f"kernel's error / the model's, against exact attention: largest "
+            f"{ratio['max']:.3f}x, geometric mean {ratio['geomean']:.3f}x over {ratio['cases']} "
+            f"(layer, context) (contract v2, tensor-core tier: <= 1.15x and <= 1.05x)"
+        )
     return "\n".join(lines)
+
+
+def kernel_error_ratio(results: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The contract's accuracy check (v2, tensor-core tier): per (context, layer), the
+    kernel's relative L2 error against exact attention over the model's (``ours`` over
+    ``ours-model``); None when the kernel was not measured."""
+    by = {(r["context"], r["layer"], r["config"]): r["rel_l2"] for r in results}
+    ratios = [
+        by[(c, ly, "ours")] / by[(c, ly, "ours-model")]
+        for (c, ly, cfg) in by
+        if cfg == "ours" and by.get((c, ly, "ours-model"), 0) > 0
+    ]
+    if not ratios:
+        return None
+    return {
+        "max": max(ratios),
+        "geomean": math.exp(sum(math.log(x) for x in ratios) / len(ratios)),
+        "cases": len(ratios),
+    }
 
 
 def format_markdown(report: dict[str, Any]) -> str:
@@ -1002,6 +1028,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="emulation arrays: auto = torch float64 on CUDA if available")
     p.add_argument("--quick", action="store_true", help="smoke run: 1k, 2 layers, 8 heads")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--kernel", choices=("auto", "reference", "fast"), default="auto",
+                   help="the decode kernel measured as 'ours' (default auto)")
     args = p.parse_args(argv)
     if not 1 <= args.heads <= 128:
         p.error("--heads must be in 1..128")
@@ -1072,7 +1100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernel_error = library_error
     if gpu and library_error is None:
         try:
-            kernel = KernelRunner(len(layers), max(contexts))
+            kernel = KernelRunner(len(layers), max(contexts), kernel=args.kernel)
         except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
             kernel_error = f"{type(exc).__name__}: {exc}"
     device = _device_name(gpu)
@@ -1109,7 +1137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mode_line": mode_line,
         "device": device,
         "backend": ops.name,
-        "kernel": {"name": "auto", "library": kernel.version} if measured else None,
+        "kernel": {"name": args.kernel, "library": kernel.version} if measured else None,
         "kernel_error": kernel_error,
         "settings": {
             "contexts": list(contexts),
