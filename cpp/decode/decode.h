@@ -18,10 +18,11 @@ namespace decode {
 constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
 constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
-// With the default split count, a part covers at least this much cost: a split writes and the
-// combine reads a 64 x 512 fp32 partial (128 KiB, about three pages' worth of bytes), so
-// splitting a short request finer than this costs more than it saves (batch 1 above all).
-constexpr int kMinPartCost = 8 + kFixedCost;
+// With the default split count, a part covers at least this much cost (two blocks): a split
+// writes and the combine reads a 64 x 512 fp32 partial (128 KiB, about three pages' worth of
+// bytes). Measured with the seesaw kernel at batch 1 and 8, h = 16 and 128, contexts 1k-8k
+// (bench/NOTES.md): 2 blocks per part is best or within 10% of the best at every shape.
+constexpr int kMinPartCost = 2 + kFixedCost;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
 // The plan's first words: what it was built for, and the schedule's part cost T.

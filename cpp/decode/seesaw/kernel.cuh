@@ -81,15 +81,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kNTiles = kN / 8;
-  // Issue the next owned block's QK before this block's PVs: its 64 accumulators stay live
-  // across PV, which fits beside O^T only when O^T is small (kN = 64 spills).
-#if defined(SNAPMLA_SEESAW_EARLY_QK)  // measurement switches (bench/seesaw_trace.cu)
-  constexpr bool kEarlyQk = true;
-#elif defined(SNAPMLA_SEESAW_NO_EARLY_QK)
-  constexpr bool kEarlyQk = false;
-#else
-  constexpr bool kEarlyQk = kN < 64;
-#endif
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte alignment (128B swizzle atoms) by pointer arithmetic, keeping the address space.
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(
@@ -200,20 +191,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
     const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
     float sa[32], sb[32];
-    // Content halves 0-1 into sa, 2-3 and the RoPE into sb; `half` 0 issues the first, 1 the
-    // second, 2 both (one commit group per call).
-    auto issue_qk = [&](int i, int half) {
+    // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
+    auto issue_qk = [&](int i) {
       SharedStorage::Stage& st = stage_of(i);
-      if (half != 1) SEESAW_TRACE(i, kTrQkIssue);
-      if (half != 1) mbar_wait(full_of(i), phase_of(i));
-      if (half != 1) SEESAW_TRACE(i, kTrQkReady);
+      SEESAW_TRACE(i, kTrQkIssue);
+      mbar_wait(full_of(i), phase_of(i));
+      SEESAW_TRACE(i, kTrQkReady);
       // Descriptors once per block; each wgmma moves its start by an immediate.
       const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
       wgmma_fence();
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
-        if ((c < 2 && half == 1) || (c >= 2 && half == 0)) continue;
 #pragma unroll
         for (int k = 0; k < kQkChunkSteps; ++k) {
           const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
@@ -226,18 +215,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
-      if (half != 0) {
 #pragma unroll
-        for (int k = 0; k < kRopeSteps; ++k) {
-          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
-        }
+      for (int k = 0; k < kRopeSteps; ++k) {
+        wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
       }
       wgmma_commit();
     };
 
     // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
     // statistics published for both warpgroups' PV.
-    auto softmax_publish = [&](int i, int32_t page_ahead) {
+    auto softmax_publish = [&](int i) {
       wgmma_wait<0>();
       fence_regs(sa);
       fence_regs(sb);
@@ -379,7 +366,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_barrier_arrive(kBarPready + (i & 1), kThreads);
       SEESAW_TRACE(i, kTrPublished);
       named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
-      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages, page_ahead);
     };
 
     // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
@@ -464,53 +450,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto refill_content = [&](int i, int32_t page_ahead) {  // this warpgroup's half is free
       if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, wg, page_ahead);
     };
+    auto refill_rope_scale = [&](int i, int32_t page_ahead) {  // the owner's QK and softmax ran
+      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages, page_ahead);
+    };
+    // Page ids of the refills of iteration i (blocks i - 1 + kStages and i + kStages), read
+    // after the softmax's proxy fence (which would wait for them) and used after a PV.
+    auto pages_ahead = [&](int i, int32_t* prev, int32_t* own) {
+      *prev = -1;
+      *own = -1;
+      if (wtid == 0) {
+        if (i > 0 && i - 1 + kStages < n) *prev = pages[i - 1 + kStages];
+        if (i + kStages < n) *own = pages[i + kStages];
+      }
+    };
 
     // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
     // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
     // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-    if constexpr (!kEarlyQk) {
     for (int i = wg; i < n; i += 2) {
-      // Pages of the blocks this iteration refills, read now so the loads are long done then.
-      int32_t page_prev = -1, page_own = -1;
-      if (wtid == 0) {
-        if (i > 0 && i - 1 + kStages < n) page_prev = pages[i - 1 + kStages];
-        if (i + kStages < n) page_own = pages[i + kStages];
-      }
-      issue_qk(i, 2);
-      softmax_publish(i, page_own);
+      issue_qk(i);
+      softmax_publish(i);
+      int32_t page_prev, page_own;
+      pages_ahead(i, &page_prev, &page_own);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(i - 1);
         if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         refill_content(i - 1, page_prev);
       }
+      refill_rope_scale(i, page_own);
       pv(i);
       refill_content(i, page_own);
-    }
-    } else {
-    // QK of the next owned block is issued before this iteration's PVs, so that it is done
-    // when the softmax needs it. Issued unconditionally (on the current block's stage, its
-    // result unused, after the last block): a wgmma left in flight on only one path of a
-    // branch makes ptxas serialize every wgmma.
-    if (wg < n) {
-      issue_qk(wg, 2);
-      for (int i = wg; i < n; i += 2) {
-        int32_t page_prev = -1, page_own = -1;
-        if (wtid == 0) {
-          if (i > 0 && i - 1 + kStages < n) page_prev = pages[i - 1 + kStages];
-          if (i + kStages < n) page_own = pages[i + kStages];
-        }
-        softmax_publish(i, page_own);
-        if (i > 0) {
-          pv(i - 1);
-          if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
-          refill_content(i - 1, page_prev);
-        }
-        issue_qk(min(i + 2, n - 1) == i + 2 ? i + 2 : i, 2);
-        pv(i);
-        refill_content(i, page_own);
-      }
-      wgmma_wait<0>();
-    }
     }
     if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
       named_barrier(kBarPready + ((n - 1) & 1), kThreads);
