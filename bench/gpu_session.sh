@@ -40,7 +40,7 @@ for stage in "$@"; do
   case "$stage" in
     tests)
       log "pytest (all tests, GPU included)"
-      timeout 300 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
+      timeout 420 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
         2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
       ;;
     tests-decode)
