@@ -1,5 +1,5 @@
 // Numerics shared by every kernel: the constants and the rounding steps of the contract
-// (include/snapmla/snapmla.h, "Numerics contract v1"). Host code sees the same constants.
+// (include/snapmla/snapmla.h, "Numerics contract v2"). Host code sees the same constants.
 #pragma once
 
 #include <cuda_bf16.h>

@@ -372,11 +372,12 @@ def decode(
         out: Output BF16 ``[b, s_q, h, 512]``, contiguous, 16-byte aligned, or ``None`` for a
             new CuPy array.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
-        kernel: ``"auto"`` (the kernel that meets the numerics contract's agreement bound,
-            not chosen for speed: in 0.1 the reference kernel), ``"reference"`` (the simple
-            kernel that states the contract) or ``"fast"`` (the experimental wgmma kernel,
-            opt-in, held to the contract's looser tensor-core tolerance; measured speeds:
-            README).
+        kernel: ``"auto"`` (runs ``"fast"``: it meets the numerics contract's tensor-core
+            tier and was faster than ``"reference"`` at every measured shape), ``"fast"``
+            (the seesaw kernel: FP8 wgmma, the contract's tensor-core tier) or
+            ``"reference"`` (the simple kernel that states the contract with fp32
+            accumulation, within 2e-3 of its NumPy model; several times slower). Measured
+            speeds and errors: README.
         stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
             ``.ptr`` or ``.cuda_stream``).
 

@@ -1,4 +1,4 @@
-"""NumPy model of snapmla's numerics contract v1 (see include/snapmla/snapmla.h).
+"""NumPy model of snapmla's numerics contract v2 (see include/snapmla/snapmla.h).
 
 This module is the executable statement of the contract on the host. It needs only NumPy and
 ml_dtypes, never a GPU, and is what the test suites compare the CUDA kernels against.
@@ -16,8 +16,13 @@ Three layers:
   running max, ``P' = e * s``, the dynamic probability scale ``sigma``, FP8 probabilities, the
   rescaling of equations 12 and 13) in float64 after the exact quantization of q and KV.
   :func:`exact_attention` is plain float64 softmax attention on unquantized inputs, the yardstick
-  for end-to-end accuracy. The kernels accumulate in fp32 in their own order, so they match
-  :func:`decode_reference` to rounding, not bit for bit.
+  for end-to-end accuracy. The kernels match :func:`decode_reference` to their tier of the
+  contract (v2), not bit for bit: the reference kernel accumulates in fp32 in its own order and
+  is within 2e-3 (relative L2 of out; 1e-3 on lse); the tensor-core kernel (``"fast"``, and
+  ``"auto"``, which runs it) accumulates on Hopper's FP8 wgmma, which is not fp32, and is within
+  1e-3 on inputs whose logits every accumulator holds exactly, 2e-2 / 5e-3 on random inputs,
+  and within 1.15x of this model's own error against :func:`exact_attention` per
+  ``snapmla.workload`` layer (``python -m snapmla.accuracy --kernel fast`` reports it).
 """
 
 from __future__ import annotations
@@ -535,7 +540,7 @@ def decode_reference(
     causal: bool,
     quantize_p: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Models snapmla_decode step by step (contract v1) in float64.
+    """Models snapmla_decode step by step (contract v2) in float64.
 
     Args:
       q: BF16 ``[b, s_q, h, 576]`` (raw uint16 bits accepted); quantized here with
