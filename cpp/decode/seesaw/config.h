@@ -18,7 +18,7 @@
 //            last read them: each warpgroup its content half after its PV, the owner the RoPE
 //            tile and the scales after its softmax. full[stage] counts those three arrivals.
 //
-// Fragment bindings (derived in ../../../bench/NOTES.md, "Seesaw: fragment mapping"):
+// Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
 //   V^T A fragment of warp v, m-tile m, k-step ks: M-row 16 v + g <-> latent d = base + 2 g,
 //   M-row 16 v + g + 8 <-> d = base + 2 g + 1 (base = 256 w + 64 m + 16 v); logical
 //   k = 16 h + 4 t + j <-> token 32 ks + 16 h + 8 (j / 2) + 2 t + (j % 2).
