@@ -3,6 +3,7 @@
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "decode/decode.h"
+#include "decode/segment.cuh"
 
 namespace snapmla {
 namespace decode {
@@ -20,7 +21,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  const int first = p.plan[L.first_part + b], last = p.plan[L.last_part + b];
+  if (!plan_matches(p)) return;  // the decode kernel wrote NaN rows
+  const int first = clamp_part(p, p.plan[L.first_part + b]);
+  const int last = clamp_part(p, p.plan[L.last_part + b]);
   if (p.plan[L.nblocks + b] <= 0 || first == last) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
   auto slot_of = [first](int part) { return 2 * part + (part == first ? 1 : 0); };

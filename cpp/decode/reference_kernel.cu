@@ -189,13 +189,13 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
   const int rg = warp % kRowGroups, half = warp / kRowGroups;
   const int g = lane / 4, t4 = lane % 4;  // mma fragment coordinates
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  const int req_begin = p.plan[L.part_begin + part];
-  const int req_end = p.plan[L.part_end + part];
+  if (!plan_matches(p)) return write_nan_rows(p, part, tile);
+  const RequestRange requests = part_requests(p, L, part);
   // This thread's two rows (fragment rows g and g + 8 of its row group).
   const int row_local[2] = {rg * 16 + g, rg * 16 + g + 8};
   auto pair_sync = [rg] { row_group_sync(rg); };
 
-  for (int b = req_begin; b <= req_end; ++b) {
+  for (int b = requests.begin; b <= requests.end; ++b) {
     Segment seg;
     if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
     const int seqlen = p.seqlens[b];

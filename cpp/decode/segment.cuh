@@ -43,12 +43,42 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
   }
 }
 
+// The plan's header against the launch's own shape: a plan built for another config or another
+// GPU's SM count, or never built, does not match, and the launch writes NaN rows instead of
+// following it (its words would index requests and partial slots out of bounds).
+__device__ __forceinline__ bool plan_matches(const DecodeParams& p) {
+  const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(p.plan);
+  return h.magic == kPlanMagic && h.batch == p.batch && h.num_parts == p.num_parts &&
+         h.row_tiles == p.row_tiles && h.q_len == p.q_len && h.num_heads == p.num_heads &&
+         h.max_pages == p.max_pages && h.part_cost > 0;
+}
+
+// Every row of tile `tile` of requests part, part + num_parts, ...: NaN out and lse (a launch of
+// (num_parts, row_tiles) CTAs covers each row once).
+__device__ inline void write_nan_rows(const DecodeParams& p, int part, int tile) {
+  for (int b = part; b < p.batch; b += p.num_parts) write_empty_request(p, b, tile, true);
+}
+
+// The requests part `part` touches, clamped into the batch.
+struct RequestRange {
+  int begin, end;  // inclusive
+};
+__device__ __forceinline__ RequestRange part_requests(const DecodeParams& p, const PlanLayout& L,
+                                                      int part) {
+  return {max(p.plan[L.part_begin + part], 0), min(p.plan[L.part_end + part], p.batch - 1)};
+}
+
+// A part index read from the plan, clamped into the launch (partial slots stay in bounds).
+__device__ __forceinline__ int32_t clamp_part(const DecodeParams& p, int32_t part) {
+  return min(max(part, 0), p.num_parts - 1);
+}
+
 // What part `part` does for request b: nothing, write its empty rows (done here), or run the
 // blocks in `seg`.
 __device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayout& L, int part,
                                            int b, int tile, Segment* seg) {
-  const int32_t nb = p.plan[L.nblocks + b];
-  const int32_t first_part = p.plan[L.first_part + b];
+  const int32_t nb = min(p.plan[L.nblocks + b], p.max_pages);
+  const int32_t first_part = clamp_part(p, p.plan[L.first_part + b]);
   if (nb <= 0) {
     if (part != first_part) return SegmentKind::kSkip;
     write_empty_request(p, b, tile, nb < 0);
@@ -58,7 +88,7 @@ __device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayo
   const int32_t start = p.plan[L.prefix + b] + kFixedCost;
   seg->blk_lo = max(0, static_cast<int>(int64_t{part} * T - start));
   seg->blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - start));
-  seg->split = first_part != p.plan[L.last_part + b];
+  seg->split = first_part != clamp_part(p, p.plan[L.last_part + b]);
   seg->slot = 2 * part + (part == first_part ? 1 : 0);
   return seg->blk_lo < seg->blk_hi ? SegmentKind::kRun : SegmentKind::kSkip;
 }

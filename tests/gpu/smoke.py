@@ -49,6 +49,14 @@ def main() -> int:
         bits = out.view(cupy.uint16)[1:] & 0x7FFF
         bad = (bits >= 0x7F80).any()  # Inf or NaN in a request that has context
         print(f"heads {heads} q_len {q_len} parts {parts}: non-finite rows: {bool(bad)}")
+    # A plan overwritten with garbage: every kernel must write NaN rows and nothing else.
+    plan._plan[:] = cupy.asarray(np.random.default_rng(1).integers(0, 256, plan._plan.size,
+                                                                    dtype=np.uint8))
+    for kernel in ("fast", "reference"):
+        out, lse = snapmla.decode(cache, 0, q, table, seqlens, plan, softmax_scale=192**-0.5,
+                                  causal=True, kernel=kernel)
+        cupy.cuda.get_current_stream().synchronize()
+        print(f"garbage plan, {kernel}: all NaN: {bool(cupy.isnan(lse).all())}")
     print("smoke done")
     return 0
 

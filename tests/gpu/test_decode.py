@@ -577,3 +577,33 @@ def test_error_against_exact_attention_8k(rng: np.random.Generator) -> None:
     )
     assert err_gpu <= err_ref + 2e-3, f"GPU {err_gpu:.4f} vs model {err_ref:.4f}"
     assert err_gpu < 0.05
+
+
+# ---------------------------------------------------------------------------- untrusted plans
+
+
+@pytest.mark.parametrize("corrupt", ["magic", "num_parts", "garbage"])
+def test_corrupted_plan_gives_nan_rows(rng: np.random.Generator, corrupt: str) -> None:
+    """A plan the kernels cannot trust (never built, built for another split count, which is
+    what another GPU's SM count gives, or overwritten) is caught on the device: every row of
+    the launch is NaN, with no error and nothing written out of bounds (tests/gpu/smoke.py
+    runs the same under memcheck). The same call on the intact plan is finite and right."""
+    cupy = cupy_module()
+    case = make_case(rng, [3000, 64, 1, 700], num_heads=16, q_len=2)
+    cache = make_cache(case)
+    q_dev, bt_dev, sl_dev = device_inputs(case)
+    plan = make_plan(case, sl_dev)
+    for kernel in KERNELS:
+        out, lse = run_decode(cache, case, kernel=kernel, plan=plan)
+        check_decode(out, lse, *case.reference(), **tolerances(kernel), label=f"intact, {kernel}")
+    words = plan._plan.view(cupy.int32)  # the plan's device buffer (private, test only)
+    if corrupt == "magic":
+        words[0] = 0
+    elif corrupt == "num_parts":
+        words[2] = 3
+    else:
+        plan._plan[:] = cupy.asarray(rng.integers(0, 256, plan._plan.size, dtype=np.uint8))
+    for kernel in KERNELS:
+        out, lse = run_decode(cache, case, kernel=kernel, plan=plan)
+        assert_all_nan(out, f"out with a plan whose {corrupt} is wrong ({kernel})")
+        assert_all_nan(lse, f"lse with a plan whose {corrupt} is wrong ({kernel})")

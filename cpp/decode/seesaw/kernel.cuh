@@ -110,12 +110,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t stsm_off = p8_lane_offset(lane, warp);
 
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  const int req_begin = p.plan[L.part_begin + part];
-  const int req_end = p.plan[L.part_end + part];
+  if (!plan_matches(p)) return write_nan_rows(p, part, tile);
+  const RequestRange requests = part_requests(p, L, part);
   uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
   uint32_t q_phase = 0;
 
-  for (int b = req_begin; b <= req_end; ++b) {
+  for (int b = requests.begin; b <= requests.end; ++b) {
     Segment seg;
     if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
     const int seqlen = p.seqlens[b];
