@@ -49,6 +49,24 @@ def main() -> int:
         bits = out.view(cupy.uint16)[1:] & 0x7FFF
         bad = (bits >= 0x7F80).any()  # Inf or NaN in a request that has context
         print(f"heads {heads} q_len {q_len} parts {parts}: non-finite rows: {bool(bad)}")
+    # Device-side data the host cannot check: page ids below 0 and past the layer, lengths
+    # below 0 and past the block table, slots past the cache. NaN rows (or skipped slots),
+    # and no access outside the cache, the workspace or the outputs.
+    bad_table = table.copy()
+    bad_table[1, 0] = -7
+    bad_table[4, 1] = cache.num_pages + 1000
+    bad_lens = cupy.asarray(np.array([-5, 1, 63, 64, max_pages * 64 + 1, 300], np.int32))
+    q = (rs.standard_normal((b, 2, 16, 576), dtype=cupy.float32) * 0.5).astype(bf16)
+    bad_plan = snapmla.DecodePlan(bad_lens, num_heads=16, q_len=2, max_pages=max_pages)
+    for kernel in ("fast", "reference"):
+        out, lse = snapmla.decode(cache, 0, q, bad_table, bad_lens, bad_plan,
+                                  softmax_scale=192**-0.5, causal=True, kernel=kernel)
+    far = cupy.asarray(np.array([-1, cache.num_pages * 64, 2**40, 5], np.int64))
+    cache.append(1, c_kv[:4], k_pe[:4], far)
+    cache.fetch_dequant(1, far)
+    cupy.cuda.get_current_stream().synchronize()
+    print("out-of-range pages, lengths and slots: done")
+
     # A plan overwritten with garbage: every kernel must write NaN rows and nothing else.
     plan._plan[:] = cupy.asarray(np.random.default_rng(1).integers(0, 256, plan._plan.size,
                                                                     dtype=np.uint8))
