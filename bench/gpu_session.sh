@@ -3,7 +3,7 @@
 # command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
 #
 #   bash bench/gpu_session.sh [tests] [tests-decode] [frag] [ctest] [sanitize] [sass] [demo]
-#                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
+#                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu] [soak]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -52,6 +52,10 @@ for stage in "$@"; do
       log "seesaw fragment mapping (tests/cuda/seesaw_fragments.cu)"
       timeout 120 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_seesaw_fragments.py \
         --tb=short 2>&1 | tee "$OUT/frag.log" | tail -12 || status=1
+      ;;
+    soak)
+      log "soak: a serving loop of graph replays against the reference kernel"
+      timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak.log" | tail -8 || status=1
       ;;
     ctest)
       log "C example against the installed CMake package"
