@@ -404,8 +404,11 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * with the same config and seqlens; `workspace` (workspace_bytes, 256-byte aligned: its parts
  * are 256-byte aligned for TMA and vector loads) is scratch, reusable by the next call on
  * the same stream. Block-table entries and seqlens are device data: a request whose
- * seqlen exceeds max_pages * 64 or that names a page outside the layer gets NaN rows instead
- * of an out-of-bounds read. out and lse must not alias any input. [graph-safe] */
+ * seqlen is negative or exceeds max_pages * 64, or that names a page outside the layer, gets
+ * NaN rows instead of an out-of-bounds read. The plan is device data too: one whose header does
+ * not match this call (built for another config, or on a GPU with another SM count when
+ * num_sm_parts is 0, or never built) makes every row NaN, and its words are never followed.
+ * out and lse must not alias any input. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                             const snapmla_decode_config_t* config,
                                             const snapmla_decode_args_t* args, const void* plan,
