@@ -55,7 +55,7 @@ class TorchTensor(FakeTensor, _FakeTorchTensorBase):
     """A FakeTensor that is an instance of the fake ``torch.Tensor``."""
 
 
-def _fake_torch(current: dict[int, int]) -> types.ModuleType:
+def _fake_torch(current: dict[int, int], capturing: bool = False) -> types.ModuleType:
     torch = types.ModuleType("torch")
     torch.Tensor = _FakeTorchTensorBase  # type: ignore[attr-defined]
 
@@ -66,7 +66,11 @@ def _fake_torch(current: dict[int, int]) -> types.ModuleType:
     def current_stream(device: int) -> _Stream:
         return _Stream(current[device])
 
-    torch.cuda = types.SimpleNamespace(current_stream=current_stream)  # type: ignore[attr-defined]
+    torch.cuda = types.SimpleNamespace(  # type: ignore[attr-defined]
+        current_stream=current_stream,
+        is_initialized=lambda: True,
+        is_current_stream_capturing=lambda: capturing,
+    )
     return torch
 
 
@@ -402,6 +406,35 @@ def test_owned_memory_waits_for_other_streams(fake_cupy: _FakeCupy) -> None:
     gc.collect()
     assert dropped() is None
     assert fake_cupy.synchronized == 0  # never blocks the host
+
+
+def test_no_event_query_while_capturing(
+    fake_cupy: _FakeCupy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cudaEventQuery during a global-mode capture would break it: the sweep waits."""
+    buffer = _Buffer()
+    dropped = weakref.ref(buffer)
+    owned = OwnedMemory((buffer,), 0x10, 0)
+    owned.used_on(0x20)
+    fake_cupy.events[0].done = True
+    queried: list[bool] = []
+    event_type = type(fake_cupy.events[0])
+    monkeypatch.setattr(
+        event_type, "done", property(lambda self: queried.append(True) or True), raising=False
+    )
+    del buffer
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch({0: 7}, capturing=True))
+    owned.release()  # torch's current stream captures: parked, no query
+    gc.collect()
+    assert dropped() is not None and queried == []
+    monkeypatch.setitem(sys.modules, "torch", _fake_torch({0: 7}, capturing=False))
+    fake_cupy.capturing.add(CUPY_STREAM)  # CuPy's current stream captures
+    _tensor.sweep_released()
+    assert dropped() is not None and queried == []
+    fake_cupy.capturing.clear()
+    _tensor.sweep_released()
+    gc.collect()
+    assert dropped() is None and queried
 
 
 def test_owned_memory_falls_back_to_synchronize(fake_cupy: _FakeCupy) -> None:

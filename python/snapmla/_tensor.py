@@ -431,8 +431,15 @@ _released_lock = threading.Lock()
 
 
 def sweep_released() -> None:
-    """Drop the released buffers whose streams' work has completed (no waiting, never raises)."""
+    """Drop the released buffers whose streams' work has completed (no waiting, never raises).
+
+    Skipped while this thread's current torch or CuPy stream is capturing a CUDA graph (or
+    that cannot be told): querying an event then would break a global-mode capture.
+    """
     if not _released:
+        return
+    cupy = sys.modules.get("cupy")
+    if cupy is None or _capture_underway(cupy):
         return
     with _released_lock:
         keep = []
@@ -446,6 +453,37 @@ def sweep_released() -> None:
         _released[:] = keep
 
 
+def _capture_underway(cupy: Any) -> bool:
+    """Whether this thread's current torch or CuPy stream is capturing (True when unknown)."""
+    try:
+        torch = sys.modules.get("torch")
+        if (
+            torch is not None
+            and torch.cuda.is_initialized()
+            and torch.cuda.is_current_stream_capturing()
+        ):
+            return True
+        # On the legacy stream this fails while a blocking stream captures: True then.
+        return bool(cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr))
+    except Exception:  # noqa: BLE001 (unknown: do not risk an event query)
+        return True
+
+
+class _DeviceSync:
+    """Stands for the events of a release whose events could not be recorded: done once the
+    whole device has synchronized (done by the first sweep that may)."""
+
+    def __init__(self, cupy: Any, device: int) -> None:
+        self._cupy = cupy
+        self._device = device
+
+    @property
+    def done(self) -> bool:
+        with self._cupy.cuda.Device(self._device):
+            self._cupy.cuda.runtime.deviceSynchronize()
+        return True
+
+
 class OwnedMemory:
     """CuPy buffers owned by a long-lived object (a cache's memory, a plan and its workspace).
 
@@ -455,11 +493,13 @@ class OwnedMemory:
     launch and, when ``handle`` is another stream, records an event there (one per stream,
     re-recorded; nothing is recorded on a stream that is capturing a CUDA graph: graphs hold
     the raw addresses, so the object must outlive the graphs that use it). ``release()`` drops
-    the buffers at once when no such event is pending, and otherwise keeps them in a
-    module-level list until the events have completed (checked without waiting by
-    ``sweep_released``, called at each release and allocation): a stream-ordered free that
-    never blocks the host, never touches a stream handle after its launch (the caller's stream
-    may be gone by then), and is safe at interpreter shutdown (it then only drops references).
+    the buffers at once when only the allocation stream used them, and otherwise keeps them in
+    a module-level list until the events have completed (checked without waiting by
+    ``sweep_released``, called at each release and allocation, and never while this thread
+    captures a graph): a stream-ordered free that never blocks the host, never touches a
+    caller's stream handle after its launch (the stream may be gone by then), and is safe at
+    interpreter shutdown (it then only drops references). If an event cannot be recorded, the
+    release waits for a device synchronization at a later sweep instead.
     """
 
     def __init__(self, buffers: tuple[Any, ...], stream: int, device: int) -> None:
@@ -500,16 +540,13 @@ class OwnedMemory:
             events, self._events = tuple(self._events.values()), {}
         if not buffers or sys.is_finalizing():
             return
-        with contextlib.suppress(Exception):
-            if self._synchronize:  # an event could not be recorded (see used_on)
-                cupy = sys.modules["cupy"]
-                with cupy.cuda.Device(self._device):
-                    cupy.cuda.runtime.deviceSynchronize()
-                events = ()
-            if events and not all(event.done for event in events):
-                with _released_lock:
-                    _released.append((buffers, events))
-            sweep_released()
+        if self._synchronize:  # an event could not be recorded (see used_on)
+            events = (_DeviceSync(sys.modules.get("cupy"), self._device),)
+        if not events:
+            return  # only the allocation stream used them: CuPy's pool orders the reuse
+        with _released_lock:
+            _released.append((buffers, events))
+        sweep_released()
 
 
 class InUse:
