@@ -1,4 +1,4 @@
-"""Argument checks, CUDA streams and output allocation shared by the operations.
+"""Argument checks, CUDA streams, output allocation and object lifetime shared by the operations.
 
 Every refusal is a ``SnapMLAError`` that names the operation, the argument, what was expected
 and what was given. An operation checks, for every tensor argument in order, its dtype, then
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Iterator, Sequence
+import sys
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from . import _dlpack
@@ -26,6 +28,8 @@ __all__ = [
     "INT32",
     "INT64",
     "Checker",
+    "InUse",
+    "OwnedMemory",
     "Stream",
     "check_int",
     "cupy_module",
@@ -123,16 +127,26 @@ def on_device(op: str, device: int) -> Iterator[None]:
 class Stream:
     """The CUDA stream of one operation, as given by the caller, resolved on first use.
 
-    ``None`` is CuPy's current stream (of the operation's device); an ``int`` is a raw
-    ``cudaStream_t`` handle (0 = the legacy default stream); an object with ``.ptr`` (CuPy)
-    or ``.cuda_stream`` (PyTorch) gives its handle. The type is checked at once; CuPy is
-    imported only when ``None`` must be resolved.
+    An ``int`` is a raw ``cudaStream_t`` handle (0 = the legacy default stream); an object with
+    ``.ptr`` (CuPy) or ``.cuda_stream`` (PyTorch) gives its handle. ``None`` (the default) is
+    the current stream of the inputs' framework, on the operation's device:
+
+    - any of ``inputs`` is a PyTorch tensor: ``torch.cuda.current_stream(device)`` (inside
+      ``torch.cuda.graph(...)`` that is the capture stream, so capture works without
+      ``stream=``). torch is never imported here: a torch tensor means torch is loaded;
+    - otherwise (CuPy, JAX, anything else): CuPy's current stream, which is the legacy
+      default stream unless a CuPy stream was made current.
+
+    The type is checked at once; the default is resolved only when first needed (CuPy or torch
+    is asked then), and kept.
     """
 
-    def __init__(self, stream: Any, op: str) -> None:
+    def __init__(self, stream: Any, op: str, inputs: Iterable[Any] = ()) -> None:
         self._op = op
         self._handle: int | None = None
+        self._inputs: tuple[Any, ...] = ()
         if stream is None:
+            self._inputs = tuple(x for x in inputs if x is not None)
             return
         if isinstance(stream, bool):
             raise argument_error(op, "stream", _STREAM_EXPECTED, repr(stream))
@@ -149,17 +163,28 @@ class Stream:
         raise argument_error(op, "stream", _STREAM_EXPECTED, type(stream).__name__)
 
     def handle(self, device: int) -> int:
-        """The raw stream handle (resolving ``None`` to CuPy's current stream of ``device``)."""
+        """The raw stream handle (resolving ``None`` as the class says, on ``device``)."""
         if self._handle is None:
-            cupy = cupy_module(self._op)
+            self._handle = self._default(device)
+            self._inputs = ()  # resolved: the inputs are no longer needed
+        return self._handle
+
+    def _default(self, device: int) -> int:
+        torch = sys.modules.get("torch")
+        tensor_type = getattr(torch, "Tensor", None) if torch is not None else None
+        if isinstance(tensor_type, type) and any(isinstance(x, tensor_type) for x in self._inputs):
             try:
-                with cupy.cuda.Device(device):
-                    self._handle = int(cupy.cuda.get_current_stream().ptr)
+                return int(torch.cuda.current_stream(device).cuda_stream)
             except Exception as exc:
                 raise SnapMLAError(
-                    f"{self._op}: cannot get CuPy's current CUDA stream: {exc}"
+                    f"{self._op}: cannot get torch's current CUDA stream: {exc}"
                 ) from exc
-        return self._handle
+        cupy = cupy_module(self._op)
+        try:
+            with cupy.cuda.Device(device):
+                return int(cupy.cuda.get_current_stream().ptr)
+        except Exception as exc:
+            raise SnapMLAError(f"{self._op}: cannot get CuPy's current CUDA stream: {exc}") from exc
 
     def c(self, device: int) -> Any:
         """The stream as the C API's ``snapmla_stream_t``."""
@@ -343,8 +368,15 @@ _cupy_accepts: dict[str, bool] = {}
 _RAW_DTYPES = {"bfloat16": "uint16", "float8_e4m3fn": "uint8"}
 
 
-def empty(op: str, shape: Sequence[int], dtype: str, device: int) -> tuple[Any, int]:
+def empty(
+    op: str, shape: Sequence[int], dtype: str, device: int, stream: Stream | None = None
+) -> tuple[Any, int]:
     """A new uninitialized CuPy array on ``device`` and its device pointer.
+
+    ``stream``: the operation's stream, made CuPy's current stream for the allocation, so
+    that the block belongs to that stream's part of CuPy's memory pool: once the array is
+    dropped, CuPy hands the block out again only to allocations on the same stream, which are
+    ordered after the work already queued there (``None``: CuPy's current stream).
 
     ``bfloat16`` and ``float8_e4m3fn`` arrays are CuPy arrays of ``ml_dtypes.bfloat16`` /
     ``ml_dtypes.float8_e4m3fn`` when the installed CuPy accepts those dtypes, else of the
@@ -355,8 +387,9 @@ def empty(op: str, shape: Sequence[int], dtype: str, device: int) -> tuple[Any, 
 
     cupy = cupy_module(op)
     shape = tuple(int(s) for s in shape)
+    sweep_released()
     try:
-        with cupy.cuda.Device(device):
+        with cupy.cuda.Device(device), _current_stream(cupy, stream, device):
             if dtype in _RAW_DTYPES:
                 if _cupy_accepts.get(dtype, True):
                     import ml_dtypes
@@ -377,3 +410,201 @@ def empty(op: str, shape: Sequence[int], dtype: str, device: int) -> tuple[Any, 
             f"{op}: cannot allocate a {dtype} array of shape {list(shape)} on cuda:{device}: {exc}"
         ) from exc
     return array, int(array.data.ptr)
+
+
+def _current_stream(cupy: Any, stream: Stream | None, device: int) -> Any:
+    """A context making ``stream`` CuPy's current stream (nothing to do when it already is)."""
+    if stream is None:
+        return contextlib.nullcontext()
+    handle = stream.handle(device)
+    if int(cupy.cuda.get_current_stream().ptr) == handle:
+        return contextlib.nullcontext()
+    return cupy.cuda.ExternalStream(handle, device)
+
+
+# ------------------------------------------------------------------------- lifetime
+
+# Released memory still used by queued work: (buffers, events), dropped by sweep_released()
+# once every event has completed.
+_released: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
+_released_lock = threading.Lock()
+
+
+def sweep_released() -> None:
+    """Drop the released buffers whose streams' work has completed (no waiting, never raises).
+
+    Skipped while this thread's current torch or CuPy stream is capturing a CUDA graph (or
+    that cannot be told): querying an event then would break a global-mode capture.
+    """
+    if not _released:
+        return
+    cupy = sys.modules.get("cupy")
+    if cupy is None or _capture_underway(cupy):
+        return
+    with _released_lock:
+        keep = []
+        for buffers, events in _released:
+            try:
+                done = all(event.done for event in events)
+            except Exception:  # noqa: BLE001 (a broken context: keeping the memory is safe)
+                done = False
+            if not done:
+                keep.append((buffers, events))
+        _released[:] = keep
+
+
+def _capture_underway(cupy: Any) -> bool:
+    """Whether this thread's current torch or CuPy stream is capturing (True when unknown)."""
+    try:
+        torch = sys.modules.get("torch")
+        if (
+            torch is not None
+            and torch.cuda.is_initialized()
+            and torch.cuda.is_current_stream_capturing()
+        ):
+            return True
+        # On the legacy stream this fails while a blocking stream captures: True then.
+        return bool(cupy.cuda.runtime.streamIsCapturing(cupy.cuda.get_current_stream().ptr))
+    except Exception:  # noqa: BLE001 (unknown: do not risk an event query)
+        return True
+
+
+class _DeviceSync:
+    """Stands for the events of a release whose events could not be recorded: done once the
+    whole device has synchronized (done by the first sweep that may)."""
+
+    def __init__(self, cupy: Any, device: int) -> None:
+        self._cupy = cupy
+        self._device = device
+
+    @property
+    def done(self) -> bool:
+        with self._cupy.cuda.Device(self._device):
+            self._cupy.cuda.runtime.deviceSynchronize()
+        return True
+
+
+class OwnedMemory:
+    """CuPy buffers owned by a long-lived object (a cache's memory, a plan and its workspace).
+
+    The buffers are allocated under one stream (``stream``, see ``empty``): CuPy's pool will
+    reuse them, once dropped, only for allocations on that stream, ordered after its queued
+    work. Work on other streams is tracked here: ``used_on(handle)`` is called after each
+    launch and, when ``handle`` is another stream, records an event there (one per stream,
+    re-recorded; nothing is recorded on a stream that is capturing a CUDA graph: graphs hold
+    the raw addresses, so the object must outlive the graphs that use it). ``release()`` drops
+    the buffers at once when only the allocation stream used them, and otherwise keeps them in
+    a module-level list until the events have completed (checked without waiting by
+    ``sweep_released``, called at each release and allocation, and never while this thread
+    captures a graph): a stream-ordered free that never blocks the host, never touches a
+    caller's stream handle after its launch (the stream may be gone by then), and is safe at
+    interpreter shutdown (it then only drops references). If an event cannot be recorded, the
+    release waits for a device synchronization at a later sweep instead.
+    """
+
+    def __init__(self, buffers: tuple[Any, ...], stream: int, device: int) -> None:
+        self._buffers = buffers
+        self._stream = stream
+        self._device = device
+        self._events: dict[int, Any] = {}
+        self._synchronize = False
+        self._lock = threading.Lock()
+
+    def used_on(self, handle: int) -> None:
+        """Note a launch using the buffers on stream ``handle`` (after it was enqueued)."""
+        if handle == self._stream:
+            return
+        cupy = sys.modules.get("cupy")
+        if cupy is None:  # no CuPy, so these buffers cannot be CuPy's
+            return
+        try:
+            with cupy.cuda.Device(self._device):
+                if cupy.cuda.runtime.streamIsCapturing(handle):
+                    return
+                with self._lock:
+                    event = self._events.get(handle)
+                    if event is None:
+                        event = cupy.cuda.Event(block=False, disable_timing=True)
+                        self._events[handle] = event
+                    event.record(cupy.cuda.ExternalStream(handle, self._device))
+        except Exception:  # noqa: BLE001
+            # The launch is already queued, so do not fail the call: release() will then
+            # wait for the whole device instead.
+            self._synchronize = True
+
+    def release(self) -> None:
+        """Drop the buffers, after the work queued on other streams (see the class). Never
+        raises."""
+        with self._lock:
+            buffers, self._buffers = self._buffers, ()
+            events, self._events = tuple(self._events.values()), {}
+        if not buffers or sys.is_finalizing():
+            return
+        if self._synchronize:  # an event could not be recorded (see used_on)
+            events = (_DeviceSync(sys.modules.get("cupy"), self._device),)
+        if not events:
+            return  # only the allocation stream used them: CuPy's pool orders the reuse
+        with _released_lock:
+            _released.append((buffers, events))
+        sweep_released()
+
+
+class InUse:
+    """Counts the calls inside an object's operations, so that ``close()`` on one thread waits
+    for the operations in flight on others instead of freeing what they use.
+
+    ``enter()`` (False once closing began: the caller refuses the call) and ``exit()``
+    bracket each operation; ``close()`` marks the object closed (new calls are refused), waits
+    until no call is inside, and returns True for the one call that must then free the
+    object (False when already closed; a concurrent ``close()`` also waits). A ``close()``
+    from inside an operation of the same object on the same thread is refused (it would wait
+    for itself).
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._inside: dict[int, int] = {}
+        self._closing = False
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closing
+
+    def enter(self) -> bool:
+        with self._cond:
+            if self._closing:
+                return False
+            tid = threading.get_ident()
+            self._inside[tid] = self._inside.get(tid, 0) + 1
+            return True
+
+    def exit(self) -> None:
+        with self._cond:
+            tid = threading.get_ident()
+            count = self._inside.get(tid, 0) - 1
+            if count > 0:
+                self._inside[tid] = count
+            else:
+                self._inside.pop(tid, None)
+            if not self._inside:
+                self._cond.notify_all()
+
+    def close(self, op: str) -> bool:
+        with self._cond:
+            if threading.get_ident() in self._inside:
+                raise SnapMLAError(f"{op}: called from inside an operation on the same object")
+            if self._closing:
+                while not self._closed:
+                    self._cond.wait()
+                return False
+            self._closing = True
+            while self._inside:
+                self._cond.wait()
+            return True
+
+    def closed_done(self) -> None:
+        """Called by the closer once the object is freed: wakes concurrent ``close()`` calls."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()

@@ -16,6 +16,8 @@ from ._tensor import (
     INT64,
     MAX_SPAN_BYTES,
     Checker,
+    InUse,
+    OwnedMemory,
     Stream,
     check_int,
     cupy_module,
@@ -153,8 +155,16 @@ class KVCache:
     undefined.
 
     Use as a context manager or call ``close()`` to release the C handle (and the memory, if
-    owned) deterministically; ``close()`` does not synchronize, so no work using the cache may
-    still be pending.
+    owned) deterministically. ``close()`` never blocks on the GPU, and may be called while
+    work using the cache is still queued: memory this object allocated is allocated under
+    CuPy's current stream at creation and freed stream-ordered (freed at once when only that
+    stream used it, else once the work queued on the other streams has completed; see
+    ``_tensor.OwnedMemory``); a caller's ``buffer`` is the caller's to keep alive until its
+    work is done. Operations are thread-safe against ``close()``: a ``close()`` on one thread
+    waits until the calls of other threads inside ``append``, ``fetch_dequant`` or ``decode``
+    with this cache have returned (they only enqueue work), and later calls are refused
+    ("the cache is closed"). CUDA graphs that captured calls with the cache hold its raw
+    addresses: keep the cache open while they may be replayed.
     """
 
     def __init__(
@@ -185,6 +195,8 @@ class KVCache:
         self._handle: Any = None
         self._buffer: Any = None
         self._buffer_view: TensorView | None = None  # holds the DLPack capsule too
+        self._owned: OwnedMemory | None = None  # the memory, when allocated here
+        self._in_use = InUse()
         op = "KVCache"
         num_layers, num_pages = _validate_shape_args(op, num_layers, num_pages)
         if device is not None:
@@ -204,7 +216,9 @@ class KVCache:
                     device = int(cupy.cuda.Device().id)
                 except Exception as exc:
                     raise SnapMLAError(f"{op}: cannot get the current CUDA device: {exc}") from exc
-            buffer, ptr = empty(op, (nbytes,), "uint8", device)
+            stream = Stream(None, op)
+            buffer, ptr = empty(op, (nbytes,), "uint8", device, stream)
+            self._owned = OwnedMemory((buffer,), stream.handle(device), device)
             memory_bytes = nbytes
         config = _lib.ffi.new(
             "snapmla_cache_config_t*",
@@ -284,7 +298,7 @@ class KVCache:
     @property
     def closed(self) -> bool:
         """Whether ``close()`` was called."""
-        return self._handle is None
+        return self._handle is None or self._in_use.closed
 
     # ------------------------------------------------------------------------- operations
 
@@ -297,16 +311,25 @@ class KVCache:
             k_pe: BF16 ``[n, 64]`` (row stride >= 64 elements, unit inner stride).
             slots: int64 ``[n]``, contiguous: token ``i`` goes to slot ``slots[i]``; a negative
                 slot (padding) or one ``>= capacity`` skips the token.
-            stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
-                ``.ptr`` or ``.cuda_stream``).
+            stream: CUDA stream: an int handle, or an object with ``.ptr`` (CuPy) or
+                ``.cuda_stream`` (PyTorch). ``None``: the current stream of the inputs'
+                framework: torch's current stream if any input is a torch tensor (so that
+                CUDA graph capture works without ``stream=``), else CuPy's current stream.
+                The producers' ``__dlpack__(stream=...)`` is given this stream.
 
         All tensors must be CUDA tensors on the cache's device, aligned to their element size
         (a DLPack ``byte_offset`` of 1 is refused), and must not alias the cache. ``n = 0`` is
         a no-op.
         """
         op = "KVCache.append"
-        self._require_open(op)
-        s = Stream(stream, op)
+        self._enter(op)
+        try:
+            self._append(op, layer, c_kv, k_pe, slots, stream)
+        finally:
+            self._in_use.exit()
+
+    def _append(self, op: str, layer: Any, c_kv: Any, k_pe: Any, slots: Any, stream: Any) -> None:
+        s = Stream(stream, op, (c_kv, k_pe, slots))
         layer, c, c_stride, k, k_stride, sl = _validate_append_args(
             self._num_layers,
             self._device,
@@ -336,6 +359,7 @@ class KVCache:
                 ),
                 "snapmla_append",
             )
+        self._used_on(s)
 
     def fetch_dequant(
         self,
@@ -361,11 +385,20 @@ class KVCache:
 
         Returns:
             ``(c_kv, k_pe)``: the given outputs, or new CuPy arrays of dtype
-            ``ml_dtypes.bfloat16`` (``uint16`` holding the bits if CuPy refuses that dtype).
+            ``ml_dtypes.bfloat16`` (``uint16`` holding the bits if CuPy refuses that dtype),
+            allocated under the call's stream.
         """
         op = "KVCache.fetch_dequant"
-        self._require_open(op)
-        s = Stream(stream, op)
+        self._enter(op)
+        try:
+            return self._fetch_dequant(op, layer, slots, c_kv, k_pe, stream)
+        finally:
+            self._in_use.exit()
+
+    def _fetch_dequant(
+        self, op: str, layer: Any, slots: Any, c_kv: Any, k_pe: Any, stream: Any
+    ) -> tuple[Any, Any]:
+        s = Stream(stream, op, (slots, c_kv, k_pe))
         layer, sl, c, c_stride, k, k_stride = _validate_fetch_args(
             self._num_layers,
             self._device,
@@ -379,11 +412,11 @@ class KVCache:
         n = sl.shape[0]
         with on_device(op, self._device):
             if c is None:
-                c_kv, c_ptr = empty(op, (n, CONTENT_DIM), "bfloat16", self._device)
+                c_kv, c_ptr = empty(op, (n, CONTENT_DIM), "bfloat16", self._device, s)
             else:
                 c_ptr = c.ptr
             if k is None:
-                k_pe, k_ptr = empty(op, (n, ROPE_DIM), "bfloat16", self._device)
+                k_pe, k_ptr = empty(op, (n, ROPE_DIM), "bfloat16", self._device, s)
             else:
                 k_ptr = k.ptr
             if n == 0:
@@ -403,17 +436,30 @@ class KVCache:
                 ),
                 "snapmla_fetch_dequant",
             )
+        self._used_on(s)
         return c_kv, k_pe
 
     # ------------------------------------------------------------------------- lifetime
 
     def close(self) -> None:
-        """Destroy the C handle and drop the memory reference. Idempotent. Does not
-        synchronize: no work using the cache may be pending."""
-        handle, self._handle = self._handle, None
-        self._buffer = self._buffer_view = None
-        if handle is not None:
-            _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")
+        """Destroy the C handle and drop the memory. Idempotent, thread-safe, never blocks on
+        the GPU: waits only for calls of other threads still inside an operation with this
+        cache (raises ``SnapMLAError`` when called from inside one on this thread); owned
+        memory is freed stream-ordered after the queued work (see the class)."""
+        if not self._in_use.close("KVCache.close"):
+            return
+        try:
+            handle, self._handle = self._handle, None
+            owned, self._owned = self._owned, None
+            self._buffer = self._buffer_view = None
+            try:
+                if handle is not None:
+                    _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")
+            finally:
+                if owned is not None:
+                    owned.release()
+        finally:
+            self._in_use.closed_done()
 
     def __enter__(self) -> Self:
         return self
@@ -422,8 +468,11 @@ class KVCache:
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # at interpreter exit, anything may be gone
-            self.close()
+        # Never raises; at interpreter exit anything may be gone (the memory is then only
+        # dropped, see OwnedMemory.release). No operation can be in flight: each holds self.
+        with contextlib.suppress(Exception):
+            if getattr(self, "_in_use", None) is not None:
+                self.close()
 
     def __repr__(self) -> str:
         if self.closed and not hasattr(self, "_num_layers"):
@@ -434,6 +483,17 @@ class KVCache:
             f"device={self._device}, nbytes={self._nbytes}{state})"
         )
 
-    def _require_open(self, op: str) -> None:
-        if self._handle is None:
-            raise SnapMLAError(f"{op}: the cache is closed")
+    def _enter(self, op: str, argument: str | None = None) -> None:
+        """Count a call as inside an operation (``_in_use.exit()`` ends it), or refuse it when
+        the cache is closed."""
+        if self._handle is None or not self._in_use.enter():
+            if argument is None:
+                raise SnapMLAError(f"{op}: the cache is closed")
+            raise SnapMLAError(
+                f"{op}: argument '{argument}': the cache is closed", argument=argument
+            )
+
+    def _used_on(self, stream: Stream) -> None:
+        """After a launch on ``stream``: order the release of owned memory after it."""
+        if self._owned is not None:
+            self._owned.used_on(stream.handle(self._device))

@@ -2,20 +2,36 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
-from ._tensor import BF16, FP32, INT32, Checker, Stream, check_int, empty, extent, on_device
+from ._tensor import (
+    BF16,
+    FP32,
+    INT32,
+    Checker,
+    InUse,
+    OwnedMemory,
+    Stream,
+    check_int,
+    empty,
+    extent,
+    on_device,
+)
 from .cache import KVCache
 
 __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # decode(kernel=...) names -> snapmla_decode_kernel_t.
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
@@ -85,6 +101,14 @@ class DecodePlan:
     stay valid). The workspace is scratch shared by every ``decode`` call with this plan:
     calls on different streams must not run concurrently.
 
+    Lifetime: the plan and workspace are CuPy arrays allocated under the constructor's
+    stream; ``close()`` (or dropping the plan) frees them stream-ordered, never blocking on
+    the GPU: at once when only that stream used them, else once the work queued on the other
+    streams (``update``, ``decode``) has completed (``_tensor.OwnedMemory``). ``close()`` on
+    one thread waits for calls of other threads inside ``update`` or ``decode`` with this
+    plan; later calls are refused. CUDA graphs that captured calls with the plan hold its raw
+    addresses: keep the plan alive while they may be replayed.
+
     Attributes:
         config: The ``DecodeConfig``; also as ``batch_size``, ``q_len``, ``num_heads``,
             ``max_pages``, ``num_sm_parts``.
@@ -112,14 +136,18 @@ class DecodePlan:
             max_pages: Columns of the block table, >= 1.
             num_sm_parts: Split-KV parallelism, 0..65535; 0 derives it from the device's SM
                 count.
-            stream: CUDA stream of the planning launch (``None``: CuPy's current stream; an
-                int handle; an object with ``.ptr`` or ``.cuda_stream``).
+            stream: CUDA stream of the planning launch, under which the buffers are also
+                allocated: an int handle, or an object with ``.ptr`` (CuPy) or
+                ``.cuda_stream`` (PyTorch). ``None``: torch's current stream if
+                ``cache_seqlens`` is a torch tensor, else CuPy's current stream.
         """
+        self._owned: OwnedMemory | None = None
+        self._in_use = InUse()
         op = "DecodePlan"
         num_heads, q_len, max_pages, num_sm_parts = _validate_config_args(
             op, num_heads, q_len, max_pages, num_sm_parts
         )
-        s = Stream(stream, op)
+        s = Stream(stream, op, (cache_seqlens,))
         seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
         self.config = DecodeConfig(seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
         self.device = device
@@ -145,10 +173,11 @@ class DecodePlan:
             )
             self.plan_bytes = int(plan_bytes[0])
             self.workspace_bytes = int(workspace_bytes[0])
-            self._plan, self._plan_ptr = empty(op, (max(self.plan_bytes, 1),), "uint8", device)
-            self._workspace, self._workspace_ptr = empty(
-                op, (max(self.workspace_bytes, 1),), "uint8", device
+            plan, self._plan_ptr = empty(op, (max(self.plan_bytes, 1),), "uint8", device, s)
+            workspace, self._workspace_ptr = empty(
+                op, (max(self.workspace_bytes, 1),), "uint8", device, s
             )
+            self._owned = OwnedMemory((plan, workspace), s.handle(device), device)
             self._run(seqlens, s)
 
     @property
@@ -184,10 +213,51 @@ class DecodePlan:
             stream: CUDA stream of the planning launch, as for the constructor.
         """
         op = "DecodePlan.update"
-        s = Stream(stream, op)
-        seqlens, _ = _validate_seqlens(op, cache_seqlens, self.batch_size, self.device, s)
-        with on_device(op, self.device):
-            self._run(seqlens, s)
+        self._enter(op)
+        try:
+            s = Stream(stream, op, (cache_seqlens,))
+            seqlens, _ = _validate_seqlens(op, cache_seqlens, self.batch_size, self.device, s)
+            with on_device(op, self.device):
+                self._run(seqlens, s)
+        finally:
+            self._in_use.exit()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._in_use.closed
+
+    def close(self) -> None:
+        """Free the plan and workspace (stream-ordered, see the class). Idempotent,
+        thread-safe, never blocks on the GPU (raises ``SnapMLAError`` when called from inside
+        an operation with this plan on this thread)."""
+        if not self._in_use.close("DecodePlan.close"):
+            return
+        try:
+            owned, self._owned = self._owned, None
+            if owned is not None:
+                owned.release()
+        finally:
+            self._in_use.closed_done()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # never raises, also at interpreter exit
+            if getattr(self, "_in_use", None) is not None:
+                self.close()
+
+    def _enter(self, op: str, argument: str | None = None) -> None:
+        if not self._in_use.enter():
+            if argument is None:
+                raise SnapMLAError(f"{op}: the plan is closed")
+            raise SnapMLAError(
+                f"{op}: argument '{argument}': the plan is closed", argument=argument
+            )
 
     def _run(self, seqlens: TensorView, stream: Stream) -> None:
         ffi = _lib.ffi
@@ -200,6 +270,8 @@ class DecodePlan:
             ),
             "snapmla_decode_plan",
         )
+        if self._owned is not None:
+            self._owned.used_on(stream.handle(self.device))
 
     def __repr__(self) -> str:
         c = self.config
@@ -378,16 +450,23 @@ def decode(
             ``"reference"`` (the simple kernel that states the contract with fp32
             accumulation, within 2e-3 of its NumPy model; several times slower). Measured
             speeds and errors: README.
-        stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
-            ``.ptr`` or ``.cuda_stream``).
+        stream: CUDA stream: an int handle, or an object with ``.ptr`` (CuPy) or
+            ``.cuda_stream`` (PyTorch). ``None``: the current stream of the inputs'
+            framework: torch's current stream if any tensor argument is a torch tensor (so
+            that ``torch.cuda.graph`` capture works without ``stream=``), else CuPy's current
+            stream (for JAX inputs, the legacy default stream unless a CuPy stream is made
+            current). The producers' ``__dlpack__(stream=...)`` is given this stream.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.
 
+    Thread safety: the call counts as inside ``cache`` and ``plan`` until it returns, so a
+    ``close()`` of either on another thread waits for it.
+
     Returns:
         ``(out, lse)``: the given outputs, or new CuPy arrays (``out`` of dtype
         ``ml_dtypes.bfloat16``, or ``uint16`` holding the bits if CuPy refuses that dtype;
-        ``lse`` float32).
+        ``lse`` float32), allocated under the call's stream.
 
     Raises:
         SnapMLAError: An argument is refused (nothing is written) or the library failed.
@@ -395,11 +474,50 @@ def decode(
     op = "decode"
     if not isinstance(cache, KVCache):
         raise argument_error(op, "cache", "a snapmla.KVCache", type(cache).__name__)
-    if cache.closed:
-        raise SnapMLAError(f"{op}: argument 'cache': the cache is closed", argument="cache")
-    if not isinstance(plan, DecodePlan):
-        raise argument_error(op, "plan", "a snapmla.DecodePlan", type(plan).__name__)
-    s = Stream(stream, op)
+    cache._enter(op, "cache")
+    try:
+        if not isinstance(plan, DecodePlan):
+            raise argument_error(op, "plan", "a snapmla.DecodePlan", type(plan).__name__)
+        plan._enter(op, "plan")
+        try:
+            return _decode(
+                op,
+                cache,
+                layer,
+                q,
+                block_table,
+                cache_seqlens,
+                plan,
+                softmax_scale=softmax_scale,
+                causal=causal,
+                out=out,
+                lse=lse,
+                kernel=kernel,
+                stream=stream,
+            )
+        finally:
+            plan._in_use.exit()
+    finally:
+        cache._in_use.exit()
+
+
+def _decode(
+    op: str,
+    cache: KVCache,
+    layer: Any,
+    q: Any,
+    block_table: Any,
+    cache_seqlens: Any,
+    plan: DecodePlan,
+    *,
+    softmax_scale: Any,
+    causal: Any,
+    out: Any,
+    lse: Any,
+    kernel: Any,
+    stream: Any,
+) -> tuple[Any, Any]:
+    s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse))
     call = _validate_decode_args(
         cache.num_layers,
         cache.device,
@@ -423,12 +541,12 @@ def decode(
     with on_device(op, device):
         if call.out is None:
             out, out_ptr = empty(
-                op, (c.batch_size, c.q_len, c.num_heads, CONTENT_DIM), "bfloat16", device
+                op, (c.batch_size, c.q_len, c.num_heads, CONTENT_DIM), "bfloat16", device, s
             )
         else:
             out_ptr = call.out.ptr
         if call.lse is None:
-            lse, lse_ptr = empty(op, (c.batch_size, c.num_heads, c.q_len), "float32", device)
+            lse, lse_ptr = empty(op, (c.batch_size, c.num_heads, c.q_len), "float32", device, s)
         else:
             lse_ptr = call.lse.ptr
         args = ffi.new(
@@ -461,4 +579,7 @@ def decode(
             ),
             "snapmla_decode",
         )
+    cache._used_on(s)
+    if plan._owned is not None:
+        plan._owned.used_on(s.handle(device))
     return out, lse

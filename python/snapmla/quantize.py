@@ -103,19 +103,23 @@ def quantize_q(
             allocate that one): FP8 E4M3 ``[..., h, 512]`` (float8_e4m3fn, or uint8 raw
             bytes; 8-byte aligned), BF16 ``[..., h, 64]`` (16-byte aligned), fp32
             ``[..., h]``; contiguous, on ``q``'s device, not overlapping ``q`` or each other.
-        stream: CUDA stream (``None``: CuPy's current stream; an int handle; an object with
-            ``.ptr`` or ``.cuda_stream``).
+        stream: CUDA stream: an int handle, or an object with ``.ptr`` (CuPy) or
+            ``.cuda_stream`` (PyTorch). ``None``: torch's current stream if ``q`` or an
+            output is a torch tensor (so that CUDA graph capture works without ``stream=``),
+            else CuPy's current stream. The producers' ``__dlpack__(stream=...)`` is given it.
 
     Returns:
         ``(q_content, q_rope, q_scale)``: the given outputs, or new CuPy arrays of dtypes
         ``ml_dtypes.float8_e4m3fn``, ``ml_dtypes.bfloat16`` and ``float32`` (``uint8`` /
-        ``uint16`` holding the bits where CuPy refuses the ml_dtypes types).
+        ``uint16`` holding the bits where CuPy refuses the ml_dtypes types), allocated under
+        the call's stream.
 
     Raises:
         SnapMLAError: An argument is refused (nothing is written) or the library failed.
     """
     op = "quantize_q"
-    s = Stream(stream, op)
+    outputs = tuple(out) if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) else ()
+    s = Stream(stream, op, (q, *outputs))
     v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(q, out, s)
     lead = v.shape[:-2]
     given = (None, None, None) if out is None else tuple(out)
@@ -127,7 +131,7 @@ def quantize_q(
             given, views, shapes, ("float8_e4m3fn", "bfloat16", "float32")
         ):
             if view is None:
-                obj, ptr = empty(op, shape, dtype, device)
+                obj, ptr = empty(op, shape, dtype, device, s)
             else:
                 ptr = view.ptr
             results.append(obj)
