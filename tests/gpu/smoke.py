@@ -68,8 +68,9 @@ def main() -> int:
     print("out-of-range pages, lengths and slots: done")
 
     # A plan overwritten with garbage: every kernel must write NaN rows and nothing else.
-    plan._plan[:] = cupy.asarray(np.random.default_rng(1).integers(0, 256, plan._plan.size,
-                                                                    dtype=np.uint8))
+    buffer = plan._owned._buffers[0]  # the plan's device words (private, test only)
+    buffer[:] = cupy.asarray(np.random.default_rng(1).integers(0, 256, buffer.size,
+                                                              dtype=np.uint8))
     for kernel in ("fast", "reference"):
         out, lse = snapmla.decode(cache, 0, q, table, seqlens, plan, softmax_scale=192**-0.5,
                                   causal=True, kernel=kernel)

@@ -596,13 +596,14 @@ def test_corrupted_plan_gives_nan_rows(rng: np.random.Generator, corrupt: str) -
     for kernel in KERNELS:
         out, lse = run_decode(cache, case, kernel=kernel, plan=plan)
         check_decode(out, lse, *case.reference(), **tolerances(kernel), label=f"intact, {kernel}")
-    words = plan._plan.view(cupy.int32)  # the plan's device buffer (private, test only)
+    buffer = plan._owned._buffers[0]  # the plan's device words (private, test only)
+    words = buffer.view(cupy.int32)
     if corrupt == "magic":
         words[0] = 0
     elif corrupt == "num_parts":
         words[2] = 3
     else:
-        plan._plan[:] = cupy.asarray(rng.integers(0, 256, plan._plan.size, dtype=np.uint8))
+        buffer[:] = cupy.asarray(rng.integers(0, 256, buffer.size, dtype=np.uint8))
     for kernel in KERNELS:
         out, lse = run_decode(cache, case, kernel=kernel, plan=plan)
         assert_all_nan(out, f"out with a plan whose {corrupt} is wrong ({kernel})")
