@@ -1,14 +1,18 @@
-"""The driver check (a CUDA 13 runtime needs driver 580+), on a machine without a GPU: the
-driver's answers are faked."""
+"""The driver check (a CUDA 13 runtime needs driver 580+) and ``python -m snapmla --info``, on a
+machine without a GPU: the driver's answers are faked."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import snapmla
 from snapmla import _driver, _lib
+from snapmla.__main__ import info_lines
 
 OLD_PROC = """NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 19:15:30 UTC 2024
 GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)
@@ -72,3 +76,48 @@ def test_no_driver_query_on_this_machine_raises() -> None:
     version = _driver.driver_version()
     assert version is None or version > 1000
     assert isinstance(_driver.gpus(), list)
+
+
+def _info(monkeypatch, version, gpus, release="580.65.06") -> str:
+    monkeypatch.setattr(_driver, "driver_version", lambda: version)
+    monkeypatch.setattr(_driver, "driver_release", lambda: release)
+    monkeypatch.setattr(_driver, "gpus", lambda: gpus)
+    return "\n".join(info_lines())
+
+
+def test_info_without_driver(monkeypatch) -> None:
+    text = _info(monkeypatch, None, [])
+    assert f"snapmla {snapmla.__version__}" in text
+    assert "driver: no NVIDIA driver" in text
+    assert "decode kernels: none here: they need an sm_90 (Hopper) GPU" in text
+    assert f"CMake package: {snapmla.paths.cmake_prefix()}" in text
+
+
+def test_info_on_hopper(monkeypatch) -> None:
+    gpus = [_driver.Gpu(0, "NVIDIA A100", (8, 0)), _driver.Gpu(1, "NVIDIA H200", (9, 0))]
+    text = _info(monkeypatch, 13000, gpus)
+    assert "driver: 580.65.06, CUDA 13.0" in text
+    assert "1: NVIDIA H200 (compute capability 9.0)" in text
+    assert "decode kernels: seesaw (AUTO, FAST), reference (REFERENCE) on GPU 1" in text
+
+
+def test_info_on_other_gpus_or_old_driver(monkeypatch) -> None:
+    text = _info(monkeypatch, 13000, [_driver.Gpu(0, "NVIDIA L40S", (8, 9))])
+    assert "decode kernels: none here: they need an sm_90 (Hopper) GPU" in text
+    text = _info(monkeypatch, 12040, [_driver.Gpu(0, "NVIDIA H100", (9, 0))], "550.54.15")
+    assert "too old: the library needs driver 580 or newer" in text
+    assert "decode kernels: none here: the driver is too old" in text
+
+
+def test_info_command_exits_0() -> None:
+    """The real command, in a subprocess, on whatever this machine has (no GPU in CI)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "snapmla", "--info"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"snapmla {snapmla.__version__}\n"), done.stdout
+    assert "decode kernels:" in done.stdout and "CMake package:" in done.stdout
