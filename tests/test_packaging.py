@@ -59,6 +59,30 @@ def test_needs_no_cuda_runtime_or_cxx_runtime() -> None:
     assert not [n for n in needed if "libstdc++" in n], needed
 
 
+# glibc's own libraries: what a manylinux wheel may need without bundling (auditwheel's policy
+# lists these and a few more; libcuda.so.1 is opened at run time by the CUDA runtime, never
+# needed at link time, and tools/manylinux_wheel.sh excludes it from the wheel all the same).
+GLIBC_LIBRARIES = {
+    "libc.so.6",
+    "ld-linux-x86-64.so.2",
+    "libdl.so.2",
+    "libpthread.so.0",
+    "librt.so.1",
+    "libm.so.6",
+}
+
+
+def test_needs_only_glibc() -> None:
+    """What makes the wheel a manylinux one with nothing grafted into it (auditwheel repair
+    leaves the library as it is); the glibc symbol versions decide which manylinux tag."""
+    out = _run("readelf", "-d", str(_library()))
+    needed = set(re.findall(r"\(NEEDED\).*\[(.+)\]", out))
+    assert needed <= GLIBC_LIBRARIES, sorted(needed - GLIBC_LIBRARIES)
+    versions = set(re.findall(r"\(GLIBC_(\d+)\.(\d+)", _run("objdump", "-T", str(_library()))))
+    newest = max((int(a), int(b)) for a, b in versions)
+    print(f"needs {sorted(needed)}; newest glibc symbol version {newest[0]}.{newest[1]}")
+
+
 def test_carries_sm90a_code() -> None:
     data = _library().read_bytes()
     assert b"sm_90a" in data

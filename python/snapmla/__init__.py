@@ -46,12 +46,14 @@ __all__ = [
 def version() -> tuple[int, int, int]:
     """``(major, minor, patch)`` of the loaded shared library (loading it if needed).
 
+    Works whatever the NVIDIA driver (the driver check is left to the first GPU operation).
+
     Raises:
         SnapMLAError: The library is missing, cannot be loaded, or has another ABI major.
     """
-    from ._lib import lib, split_version
+    from ._lib import open_library, split_version
 
-    return split_version(int(lib().snapmla_version()))
+    return split_version(int(open_library().snapmla_version()))
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 
 Nothing here touches CUDA at import time. The shared library is opened on the first call that
 needs it (``lib()``), from ``$SNAPMLA_LIBRARY`` when set, else from the ``snapmla/lib/`` folder
-of the installed package, and is refused when its ABI version does not match these bindings.
+of the installed package, and is refused when its ABI version does not match these bindings, or
+when the NVIDIA driver is too old for the CUDA runtime inside it (``_driver.check_driver``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,20 @@ from typing import Any
 
 import cffi
 
+from . import _driver
 from ._errors import SnapMLAError
 
-__all__ = ["ABI_MAJOR", "ABI_MINOR", "CDEF", "check", "ffi", "lib", "library_path", "stream_t"]
+__all__ = [
+    "ABI_MAJOR",
+    "ABI_MINOR",
+    "CDEF",
+    "check",
+    "ffi",
+    "lib",
+    "library_path",
+    "open_library",
+    "stream_t",
+]
 
 # The header version these declarations mirror (SNAPMLA_VERSION_MAJOR / _MINOR). A library of
 # the same major and a minor at least this one provides every declared function and field.
@@ -163,6 +175,7 @@ ffi.cdef(CDEF)
 
 _lock = threading.Lock()
 _loaded: Any = None
+_driver_checked = False
 
 
 def library_path() -> str:
@@ -193,8 +206,9 @@ def check_version(version: int, path: str) -> None:
         )
 
 
-def lib() -> Any:
-    """The loaded library (cffi ``Lib``), opened and version-checked on the first call."""
+def open_library() -> Any:
+    """The loaded library (cffi ``Lib``), opened and version-checked on the first call, with no
+    driver check (``version()``, ``python -m snapmla --info``)."""
     global _loaded
     if _loaded is not None:
         return _loaded
@@ -213,6 +227,18 @@ def lib() -> Any:
             check_version(int(loaded.snapmla_version()), path)
             _loaded = loaded
     return _loaded
+
+
+def lib() -> Any:
+    """The loaded library (``open_library()``) for an operation: the first call also refuses an
+    NVIDIA driver older than the library's CUDA runtime needs (``SnapMLAError`` naming the
+    driver found and the minimum; ``_driver.check_driver``). No driver at all passes here."""
+    global _driver_checked
+    loaded = open_library()
+    if not _driver_checked:
+        _driver.check_driver()
+        _driver_checked = True
+    return loaded
 
 
 _ARGUMENT_RE = re.compile(r"'([A-Za-z_][A-Za-z0-9_.\[\]]*)'")
