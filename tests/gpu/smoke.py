@@ -56,10 +56,10 @@ def main() -> int:
     bad_table[1, 0] = -7
     bad_table[4, 1] = cache.num_pages + 1000
     bad_lens = cupy.asarray(np.array([-5, 1, 63, 64, max_pages * 64 + 1, 300], np.int32))
-    q = (rs.standard_normal((b, 2, 16, 576), dtype=cupy.float32) * 0.5).astype(bf16)
+    q_bad = (rs.standard_normal((b, 2, 16, 576), dtype=cupy.float32) * 0.5).astype(bf16)
     bad_plan = snapmla.DecodePlan(bad_lens, num_heads=16, q_len=2, max_pages=max_pages)
     for kernel in ("fast", "reference"):
-        out, lse = snapmla.decode(cache, 0, q, bad_table, bad_lens, bad_plan,
+        out, lse = snapmla.decode(cache, 0, q_bad, bad_table, bad_lens, bad_plan,
                                   softmax_scale=192**-0.5, causal=True, kernel=kernel)
     far = cupy.asarray(np.array([-1, cache.num_pages * 64, 2**40, 5], np.int64))
     cache.append(1, c_kv[:4], k_pe[:4], far)

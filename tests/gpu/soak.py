@@ -8,7 +8,7 @@ active request growing by one token per step (appended, as a decode step does), 
 one graph replay of plan update + decode (AUTO). Every ``--check-every`` steps the same inputs
 go through the reference kernel eagerly: the AUTO output must stay within the tensor-core tier
 of it (no drift), finite where a request is active and exactly 0 where a slot is empty; device
-memory must not grow. Prints steps run, requests served and the largest deviation; exit status
+memory must not grow after a warm-up. Prints steps run, requests served and the largest deviation; exit status
 1 on any failure.
 """
 
@@ -70,7 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         snapmla.decode(cache, 0, q_t, table_t, lens_t, plan, softmax_scale=SM_SCALE,
                        out=out, lse=lse, stream=s)
     torch.cuda.synchronize()
-    mem0 = torch.cuda.mem_get_info()[0]
+    # Device memory is compared from the end of a warm-up (a tenth of the steps): until then the
+    # caching allocators (torch's, CuPy's) grow their pools, which is not a leak (0d8aa48: 36 MiB
+    # in the first 300 steps, then flat to the last).
+    warmup = max(1, args.steps // 10)
+    mem0 = None
     worst, served, failures = 0.0, 0, []
     for step in range(args.steps):
         for slot in range(SLOTS):  # leave: finished or at the context limit
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         lens_t.copy_(torch.from_numpy(lens))
         q_t.normal_(0.0, 0.5)
         graph.replay()
+        if step == warmup:
+            torch.cuda.synchronize()
+            mem0 = torch.cuda.mem_get_info()[0]
         if step % args.check_every == 0 or step == args.steps - 1:
             want_out = torch.empty_like(out)
             want_lse = torch.empty_like(lse)
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{worst:.2e} (worst so far), free device memory {torch.cuda.mem_get_info()[0] >> 20} MiB",
                   flush=True)
     torch.cuda.synchronize()
-    grown = (mem0 - torch.cuda.mem_get_info()[0]) >> 20
+    grown = 0 if mem0 is None else (mem0 - torch.cuda.mem_get_info()[0]) >> 20
     if grown > 64:
         failures.append(f"device memory grew by {grown} MiB")
     print(f"soak: {args.steps} steps, {served} requests served, largest deviation from the "
