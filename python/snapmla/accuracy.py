@@ -7,9 +7,10 @@ attended by several pipelines, each compared with exact float64 attention on the
 inputs.
 
 Configurations (``CONFIGS``). Every FP8 configuration quantizes the queries the same way (the
-contract's per-(token, head) scale: FP8 ``q_nope``, BF16 ``q_pe`` pre-divided by the scale)
-and runs the same softmax / PV pipeline as ours: per 64-token block, ``P' = e * t_j`` (``t_j``
-= the token's V scale when the scheme has one per token, else 1 with V dequantized),
+contract's per-(token, head) scale: FP8 ``q_nope``, BF16 ``q_pe`` pre-divided by the scale;
+the query diagnostics ``ours-q-fp8x2`` and ``ours-q-bf16`` apart) and runs the same softmax /
+PV pipeline as ours: per 64-token block, ``P' = e * t_j`` (``t_j`` = the token's V scale when
+the scheme has one per token, else 1 with V dequantized),
 ``sigma = max P' / 448``, ``P8 = e4m3(P' / sigma)``, the block rescaling of the paper's
 equations 12 and 13. Only the KV-cache scheme differs. Arithmetic outside the FP8 / BF16 / fp32
 roundings that each scheme prescribes is float64.
@@ -21,6 +22,12 @@ roundings that each scheme prescribes is float64.
   NumPy model (``reference.decode_reference``) is ``ours-model`` and is what a CPU run reports.
 * ``ours-p-exact``: the contract with unquantized P (``decode_reference(quantize_p=False)``):
   the difference to ``ours-model`` is the error of the FP8 probabilities alone.
+* ``ours-q-fp8x2``: the contract's KV cache and FP8 P with the two-term FP8 query of issue #9
+  (``reference.quantize_q2``: ``q_nope ~ s1 * q_hi + s2 * q_lo``, two FP8 rows, the second on
+  the first's fp32 residual with its own per-row scale; the RoPE part as in the contract),
+  emulated (``decode_reference(q_terms=2)`` is its step-by-step model; no kernel runs it
+  yet). The summary compares its error with ``ours-q-bf16`` (the issue's target: at most
+  1.1x at every layer and context) and with ``ours-model``.
 * ``ours-q-bf16``: the contract's KV cache and FP8 P with the BF16 query left unquantized
   (emulated): the difference to ``ours-model`` is the error of the query's FP8 rounding.
 * ``bf16``: exact float64 attention on the BF16 inputs with the output rounded to BF16 (lse to
@@ -85,12 +92,14 @@ __all__ = [
     "main",
     "metrics",
     "quantize_kv_scheme",
+    "two_term_query_ratios",
 ]
 
 CONFIGS: dict[str, str] = {
     "ours": "snapmla kernel (GPU): RoPE-aware per-token FP8 KV, FP8 P per 64-token block",
     "ours-model": "the contract's NumPy model (decode_reference), FP8 P",
     "ours-p-exact": "the contract's NumPy model with unquantized P",
+    "ours-q-fp8x2": "the contract with the two-term FP8 query (q_hi + q_lo, emulated)",
     "ours-q-bf16": "the contract with the BF16 query left unquantized (emulated diagnostic)",
     "bf16": "exact attention on the BF16 inputs, output rounded to BF16",
     "A": "per-token scale over content and RoPE together, RoPE in FP8",
@@ -319,17 +328,30 @@ def quantize_kv_scheme(scheme: str, c_kv: Any, k_pe: Any, ops: Backend) -> Quant
     raise ValueError(f"unknown KV scheme {scheme!r}")
 
 
-def _quantized_queries(q: np.ndarray, ops: Backend, quantize: bool) -> tuple[Any, Any]:
+def _quantized_queries(
+    q: np.ndarray, ops: Backend, quantize: bool, q_terms: int = 1
+) -> tuple[Any, Any]:
     """``(q_content [R, 512], q_rope [R, 64])``: the query rows (ordered ``[s_q, h]``)
-    dequantized per the contract, or as given when not ``quantize``."""
+    dequantized per the contract (``q_terms=2``: the two-term query, content
+    ``s1 * (q_hi + rho * q_lo)`` with ``rho = fp32(s2 / s1)``, as the kernel would combine
+    it), or as given when not ``quantize``."""
     s_q, h = q.shape[1], q.shape[2]
     rows = s_q * h
     if not quantize:
         qf = ref._to_f64(q[0]).reshape(rows, ref.HEAD_DIM)
         return ops.asarray(qf[:, : ref.CONTENT_DIM]), ops.asarray(qf[:, ref.CONTENT_DIM :])
-    q8, qr, sq = ref.quantize_q(q[0])
+    if q_terms == 2:
+        q8, qr, sq, q_lo, s_lo = ref.quantize_q2(q[0])
+        rho = ref.q2_ratio(sq, s_lo).astype(np.float64).reshape(rows, 1)
+        q8f = ref._fp8_to_f64(q8).reshape(rows, ref.CONTENT_DIM)
+        q8f = q8f + rho * ref._fp8_to_f64(q_lo).reshape(rows, ref.CONTENT_DIM)
+    elif q_terms == 1:
+        q8, qr, sq = ref.quantize_q(q[0])
+        q8f = ref._fp8_to_f64(q8).reshape(rows, ref.CONTENT_DIM)
+    else:
+        raise ValueError(f"q_terms must be 1 or 2, got {q_terms!r}")
     sq = sq.astype(np.float64).reshape(rows, 1)
-    qc = ref._fp8_to_f64(q8).reshape(rows, ref.CONTENT_DIM) * sq
+    qc = q8f * sq
     qp = ref._to_f64(qr).reshape(rows, ref.ROPE_DIM) * sq
     return ops.asarray(qc), ops.asarray(qp)
 
@@ -412,6 +434,7 @@ def emulate(
     quantize_p: bool = True,
     kv_in: tuple[Any, Any] | None = None,
     quantize_q: bool = True,
+    q_terms: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Runs one configuration's pipeline on a workload (float64 emulation).
 
@@ -424,6 +447,8 @@ def emulate(
       kv_in: ``(c_kv, k_pe)`` already on the backend (float64), to save the transfer.
       quantize_q: the contract's query quantization (every FP8 configuration) or the BF16
         query as given (the ``ours-q-bf16`` diagnostic).
+      q_terms: 1, the contract's FP8 query; 2, the two-term FP8 query
+        (``reference.quantize_q2``, the ``ours-q-fp8x2`` configuration).
 
     Returns:
       ``(out float64 [1, s_q, h, 512], lse float64 [1, h, s_q])`` on the host.
@@ -431,7 +456,7 @@ def emulate(
     c_kv, k_pe = kv_in if kv_in is not None else (ops.asarray(w.c_kv), ops.asarray(w.k_pe))
     is_exact = scheme == "exact"
     kv = quantize_kv_scheme(scheme, c_kv, k_pe, ops)
-    qc, qr = _quantized_queries(w.q, ops, quantize=quantize_q and not is_exact)
+    qc, qr = _quantized_queries(w.q, ops, quantize=quantize_q and not is_exact, q_terms=q_terms)
     scale = float(np.float32(w.softmax_scale))
     z = _logits(qc, qr, kv, scale, ops)
     vis = _visibility(w.context, w.q_len, w.num_heads, ops)
@@ -675,6 +700,7 @@ def evaluate(
                 outs[name] = ref.decode_reference(
                     w.q, [kv], [n], w.softmax_scale, True, quantize_p=qp
                 )
+            outs["ours-q-fp8x2"] = emulate("ours", w, ops, kv_in=kv_in, q_terms=2)
             outs["ours-q-bf16"] = emulate("ours", w, ops, kv_in=kv_in, quantize_q=False)
             outs["bf16"] = (
                 ref._to_f64(ex_out.astype(np.float32).astype(ref.BF16)),
@@ -698,6 +724,7 @@ def evaluate(
                 "rel_l2_ours_model": total,
                 "rel_l2_p_exact": ref.rel_l2(outs["ours-p-exact"][0], ex_out),
                 "rel_l2_q_bf16": ref.rel_l2(outs["ours-q-bf16"][0], ex_out),
+                "rel_l2_q_fp8x2": ref.rel_l2(outs["ours-q-fp8x2"][0], ex_out),
                 "p_only_rel_l2": p_only, "p_share": p_share,
                 "q_only_rel_l2": q_only, "q_share": q_share,
             })
@@ -782,6 +809,34 @@ def _configs_in(results: Sequence[dict[str, Any]]) -> list[str]:
     return [c for c in CONFIGS if c in present]
 
 
+def two_term_query_ratios(results: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The two-term query's relative L2 error against exact attention over the BF16-query
+    diagnostic's and over the one-term model's, per (context, layer): ``{"vs_q_bf16":
+    {"max", "geomean"}, "vs_model": {"max", "geomean"}, "cases", "within_1_1x"}``
+    (``within_1_1x``: issue #9's target, ``ours-q-fp8x2 <= 1.1 * ours-q-bf16`` everywhere);
+    None when ``ours-q-fp8x2`` was not run."""
+    by = {(r["context"], r["layer"], r["config"]): r["rel_l2"] for r in results}
+    keys = sorted((c, ly) for (c, ly, cfg) in by if cfg == "ours-q-fp8x2")
+    if not keys:
+        return None
+
+    def summary(other: str) -> dict[str, float]:
+        ratios = [by[(c, ly, "ours-q-fp8x2")] / by[(c, ly, other)] for c, ly in keys]
+        logs = [math.log(x) for x in ratios if 0 < x < math.inf]
+        return {
+            "max": max(ratios),
+            "geomean": math.exp(sum(logs) / len(logs)) if logs else math.nan,
+        }
+
+    vs_bf16 = summary("ours-q-bf16")
+    return {
+        "vs_q_bf16": vs_bf16,
+        "vs_model": summary("ours-model"),
+        "cases": len(keys),
+        "within_1_1x": vs_bf16["max"] <= 1.1,
+    }
+
+
 def format_tables(report: dict[str, Any]) -> str:
     """Plain-text tables: per context, relative L2 per layer and configuration, the shares of
     FP8 P and of the query rounding, and the claims."""
@@ -815,6 +870,18 @@ def format_tables(report: dict[str, Any]) -> str:
         f"largest relative L2 of {who}: {claims['max_rel_l2']:.2%} "
         f"({'within' if claims['bound_1pct'] else 'above'} the 1% bound)"
     )
+    q2 = two_term_query_ratios(results)
+    if q2 is not None:
+        b, m = q2["vs_q_bf16"], q2["vs_model"]
+        lines.append(
+            f"two-term FP8 query (ours-q-fp8x2) / BF16 query (ours-q-bf16): largest "
+            f"{b['max']:.3f}x, geometric mean {b['geomean']:.3f}x over {q2['cases']} "
+            f"(layer, context) ({'within' if q2['within_1_1x'] else 'above'} issue #9's 1.1x)"
+        )
+        lines.append(
+            f"two-term FP8 query / one-term (ours-model): largest {m['max']:.3f}x, "
+            f"geometric mean {m['geomean']:.3f}x"
+        )
     if report.get("kernel_vs_model"):
         worst = max(k["rel_l2"] for k in report["kernel_vs_model"])
         lines.append(f"kernel vs its NumPy model: largest relative L2 {worst:.1e}")
@@ -894,6 +961,7 @@ _STYLE = {
     "ours": ("tab:red", "o", "-"),
     "ours-model": ("tab:red", "x", "--"),
     "ours-p-exact": ("tab:pink", ".", ":"),
+    "ours-q-fp8x2": ("tab:olive", "*", "-."),
     "ours-q-bf16": ("tab:brown", ".", ":"),
     "bf16": ("black", "s", ":"),
     "A": ("tab:blue", "^", "-"),
@@ -1154,6 +1222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "elapsed_s": elapsed,
     }
     report["claims"] = check_claims(report["results"])
+    report["two_term_query"] = two_term_query_ratios(report["results"])
     log("")
     print(format_tables(report))
     print(f"{mode_line}; {elapsed:.1f} s")

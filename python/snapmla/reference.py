@@ -6,9 +6,9 @@ ml_dtypes, never a GPU, and is what the test suites compare the CUDA kernels aga
 Three layers:
 
 * Quantization (bit-exact with the GPU): :func:`e4m3`, :func:`quantize_rows`,
-  :func:`quantize_kv`, :func:`quantize_q`, :func:`dequantize`. All arithmetic that the kernels do
-  in fp32 is done here in ``numpy.float32`` (IEEE division, round to nearest even), so the bytes
-  must match the kernels' bytes exactly.
+  :func:`quantize_kv`, :func:`quantize_q`, :func:`quantize_q2`, :func:`dequantize`. All
+  arithmetic that the kernels do in fp32 is done here in ``numpy.float32`` (IEEE division,
+  round to nearest even), so the bytes must match the kernels' bytes exactly.
 * The cache format: :func:`pack_page`, :func:`unpack_page`, :func:`write_tokens`,
   :func:`read_tokens`, :func:`gather_request`, :func:`fetch_dequant` build and read the byte
   image of a paged cache.
@@ -23,6 +23,56 @@ Three layers:
   1e-3 on inputs whose logits every accumulator holds exactly, 2e-2 / 5e-3 on random inputs,
   and within 1.15x of this model's own error against :func:`exact_attention` per
   ``snapmla.workload`` layer (``python -m snapmla.accuracy --kernel fast`` reports it).
+
+The two-term FP8 query (issue #9; specified and modelled here, no kernel implements it yet,
+and neither the C API nor ``snapmla.decode`` offers it). A query row's content ``q_nope`` is
+carried as two FP8 rows with their own per-row scales, ``q_nope ~ s1 * q_hi + s2 * q_lo``, so
+that its rounding drops from about 2^-4 to about 2^-8 relative while QK stays on FP8 tensor
+cores. With ``q`` the BF16 row's values as fp32 (exact) and every operation below an IEEE fp32
+operation rounding to nearest even (:func:`quantize_q2` is the bit-exact statement):
+
+* ``s1, q_hi, qr``: exactly the one-term quantization (:func:`quantize_q`):
+  ``s1 = max(amax(q_nope) / 448, 2^-32)``, ``q_hi = e4m3(q_nope / s1)``,
+  ``qr = bf16(q_pe / s1)``. The RoPE part gets no second term: it is BF16 already (2^-9
+  relative, finer than the two-term content), and stays pre-divided by ``s1``.
+* ``r = fmaf(-s1, q_hi, q_nope)`` per element: the residual with a single rounding (the
+  product of a 24-bit and a 4-bit significand is exact inside the FMA; the model computes the
+  exact value in float64 and rounds it to fp32 once). Exact cancellation gives ``+0``.
+* ``s2 = amax(r) / 448``, floored at ``s1 * 2^-16`` (:data:`Q_LO_SCALE_FLOOR`, an exact
+  power-of-two multiple of ``s1``): ``s2 = max(fp32(amax(r) / 448), s1 * 2^-16)``. The floor
+  is relative, not the absolute 2^-32 of ``s1``, so that the two-term form keeps the one-term
+  form's scale invariance (a power-of-two scaling of a row scales ``s1``, ``s2`` and nothing
+  else, down to ``s1``'s own floor); an absolute floor would round away the low term of rows
+  with ``amax(q_nope)`` below ~3e-6. It only binds when ``q_hi`` represents the row to
+  ``amax(r) < 448 * 2^-16 * s1`` (all-zero, or all exactly representable, residuals), where
+  ``|r| / s2 < 448`` still holds. It also makes the result independent of denormal flushing:
+  ``s2 >= 2^-48`` is normal, a nonzero ``q_lo`` needs ``|r| >= 2^-10 * s2 >= 2^-58`` (normal
+  in fp32), and a denormal ``amax(r) / 448`` loses to the floor, so a kernel compiled with
+  flush-to-zero produces the same bytes (a flushed ``r`` keeps its sign, and so does the
+  zero code it rounds to).
+* ``q_lo = e4m3(r / s2)`` (fp32 division, then one e4m3 rounding: RNE, saturating at 448;
+  ``fp32(amax(r) / 448)`` may round below ``amax(r) / 448``, as for ``s1``).
+* NaN: the floors are comparisons that keep NaN (``s < floor ? floor : s``, not ``fmaxf``). A
+  NaN in ``q_nope`` makes ``s1`` NaN, an inf makes it inf (``q_hi`` 0 or NaN, ``-inf * 0`` is
+  NaN); either way every ``r``, ``s2`` and every ``q_lo`` code of the row is NaN, and the row's
+  logits are NaN as in the one-term form. Finite rows give finite ``s1``, ``q_hi``, ``r``,
+  ``s2`` and ``q_lo``. (NaN in ``q_pe`` only reaches ``qr``, as today.)
+* Reconstruction: per element of a finite row, ``|q - s1*q_hi - s2*q_lo| <= 1.0001 *
+  (2^-8 |q| + 2^-14 s1 + 2^-10 s2)`` (``q_hi``'s and ``q_lo``'s relative half-ulps of 2^-4
+  each, their e4m3 subnormal half-steps of 2^-10, and the fp32 roundings of ``q / s1``, ``r``
+  and ``r / s2`` inside the 1.0001), against the one-term ``2^-4 |q| + 2^-10 s1``.
+
+The logit then takes a second content dot product in its own fp32 accumulator (FP8 x FP8 on
+the tensor cores, like the first), combined with one FFMA by the per-row ratio
+``rho = fp32(s2 / s1)`` (IEEE division, ``2^-16`` exactly at the floor) before the
+existing scaling::
+
+    acc_hi = q_hi . c8_j + qr . kr_j        (today's accumulator, scale s1)
+    acc_lo = q_lo . c8_j                     (the low term's, scale s2 = s1 * rho)
+    z_j    = fmaf(rho, acc_lo, acc_hi) * (s1 * softmax_scale) * s_j
+
+which :func:`decode_reference` models in float64 with ``q_terms=2`` (the dot products and the
+combination exact, ``rho`` the fp32 value); the softmax and PV are unchanged.
 """
 
 from __future__ import annotations
@@ -43,6 +93,7 @@ __all__ = [
     "PAGE_ROPE_OFFSET",
     "PAGE_SCALE_OFFSET",
     "PAGE_SIZE",
+    "Q_LO_SCALE_FLOOR",
     "ROPE_DIM",
     "attend_logits",
     "decode_reference",
@@ -54,8 +105,10 @@ __all__ = [
     "gather_request",
     "merge_lse",
     "pack_page",
+    "q2_ratio",
     "quantize_kv",
     "quantize_q",
+    "quantize_q2",
     "quantize_rows",
     "read_tokens",
     "rel_l2",
@@ -69,6 +122,7 @@ __all__ = [
 E4M3_MAX = 448.0  # kFp8Max: largest finite float8_e4m3fn
 MIN_SCALE = 2.0**-32  # kMinScale: floor of a token's (or query row's) content scale
 MIN_PROB_SCALE = 2.0**-64  # kMinProbScale: floor of a block's probability scale sigma
+Q_LO_SCALE_FLOOR = 2.0**-16  # two-term query: s2 >= s1 * 2^-16 (floor relative to s1)
 
 PAGE_SIZE = 64
 CONTENT_DIM = 512
@@ -233,6 +287,43 @@ def quantize_q(q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if q.shape[-1] != HEAD_DIM:
         raise ValueError(f"expected q [..., 576], got {q.shape}")
     return quantize_rows(q[..., :CONTENT_DIM], q[..., CONTENT_DIM:])
+
+
+def quantize_q2(
+    q: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Quantizes query rows in the two-term form (see the module docstring), bit-exactly.
+
+    Args:
+      q: BF16 ``[..., 576]`` (raw uint16 bits accepted), split into q_nope (512) | q_pe (64).
+
+    Returns:
+      ``(q_hi fp8 [..., 512], qr bf16 [..., 64], s1 fp32 [...], q_lo fp8 [..., 512],
+      s2 fp32 [...])``: the first three are :func:`quantize_q`'s, bit for bit; in fp32,
+      ``r = fmaf(-s1, q_hi, q_nope)`` (one rounding), ``s2 = max(amax(r) / 448, s1 * 2^-16)``
+      (NaN-propagating), ``q_lo = e4m3(r / s2)``, so that
+      ``q_nope ~ s1 * q_hi + s2 * q_lo`` to about 2^-8 relative.
+    """
+    q_hi, qr, s1 = quantize_q(q)
+    qn = _bf16_to_f32(_as_bf16(q)[..., :CONTENT_DIM]).astype(np.float64)
+    with np.errstate(all="ignore"):
+        # fmaf(-s1, q_hi, q): the exact value fits float64 (a 28-bit product within a factor
+        # ~2 of q, or 0), so float64 arithmetic then one cast is the FMA's single rounding.
+        prod = s1.astype(np.float64)[..., None] * _fp8_to_f64(q_hi)
+        r = (qn - prod).astype(np.float32)
+        amax = np.max(np.abs(r), axis=-1)  # 512 wide (quantize_q checks); propagates NaN
+        s2 = (amax.astype(np.float32) / np.float32(E4M3_MAX)).astype(np.float32)
+        floor = (s1 * np.float32(Q_LO_SCALE_FLOOR)).astype(np.float32)  # exact: s1 >= 2^-32
+        s2 = np.where(s2 < floor, floor, s2).astype(np.float32)  # NaN stays NaN
+        q_lo = e4m3(r / s2[..., None])  # fp32 division, then one e4m3 rounding
+    return q_hi, qr, s1, q_lo, s2
+
+
+def q2_ratio(s1: np.ndarray, s2: np.ndarray) -> np.ndarray:
+    """The two-term query's combination factor per row, ``rho = fp32(s2 / s1)`` (IEEE fp32
+    division): the logit's content part is ``acc_hi + rho * acc_lo`` at scale ``s1``."""
+    with np.errstate(all="ignore"):
+        return (np.asarray(s2, np.float32) / np.asarray(s1, np.float32)).astype(np.float32)
 
 
 def dequantize(
@@ -539,12 +630,13 @@ def decode_reference(
     softmax_scale: float,
     causal: bool,
     quantize_p: bool = True,
+    q_terms: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Models snapmla_decode step by step (contract v2) in float64.
 
     Args:
       q: BF16 ``[b, s_q, h, 576]`` (raw uint16 bits accepted); quantized here with
-        :func:`quantize_q`, bit-exactly as the kernel does.
+        :func:`quantize_q`, bit-exactly as the kernel does (or :func:`quantize_q2`).
       kv: per request, ``(content fp8 [n, 512], rope bf16 [n, 64], scale fp32 [n])`` in token
         order with ``n >= seqlen`` (tokens past seqlen are ignored), e.g. from
         :func:`quantize_kv` or :func:`gather_request`.
@@ -552,18 +644,28 @@ def decode_reference(
       softmax_scale: rounded to fp32 first, as the C API takes it.
       causal: bottom-right-aligned causal mask among the s_q new tokens.
       quantize_p: False skips the FP8 rounding of P'/sigma (isolates its share of the error).
+      q_terms: 1, the contract (one FP8 query row, :func:`quantize_q`); 2, the two-term FP8
+        query of the module docstring (:func:`quantize_q2`, not implemented by any kernel
+        yet): ``z_j = (acc_hi + rho * acc_lo) * s1 * softmax_scale * s_j`` with
+        ``rho = fp32(s2 / s1)``. The default's results are unchanged, bit for bit.
 
     Returns:
       ``(out float64 [b, s_q, h, 512], lse float64 [b, h, s_q])``; rows with no visible token
       get out 0 and lse +inf. Non-finite visible inputs make the rows that see them NaN.
     """
+    if q_terms not in (1, 2):
+        raise ValueError(f"q_terms must be 1 or 2, got {q_terms!r}")
     q = _as_bf16(q)
     seqlens = [int(n) for n in seqlens]
     _check_batch(q, seqlens, [len(x[2]) for x in kv])
     b, s_q, h, _ = q.shape
     rows = s_q * h
     scale = float(np.float32(softmax_scale))
-    q8, qr, sq = quantize_q(q)
+    if q_terms == 2:
+        q8, qr, sq, q_lo, s_lo = quantize_q2(q)
+        rho = q2_ratio(sq, s_lo).astype(np.float64)
+    else:
+        q8, qr, sq = quantize_q(q)
     out = np.zeros((b, s_q, h, CONTENT_DIM))
     lse = np.full((b, h, s_q), np.inf)
     for r in range(b):
@@ -571,6 +673,9 @@ def decode_reference(
         q8_r = _fp8_to_f64(q8[r]).reshape(rows, CONTENT_DIM)
         qr_r = _bf16_to_f32(qr[r]).astype(np.float64).reshape(rows, ROPE_DIM)
         row_scale = sq[r].astype(np.float64).reshape(rows) * scale  # s_q,i * softmax_scale
+        if q_terms == 2:
+            lo_r = _fp8_to_f64(q_lo[r]).reshape(rows, CONTENT_DIM)
+            rho_r = rho[r].reshape(rows)
         limit = visibility_limits(n, s_q, h, causal)
         content, rope, s_tok = kv[r]
         state = _SoftmaxState(rows, CONTENT_DIM)
@@ -580,7 +685,10 @@ def decode_reference(
             r_f = _bf16_to_f32(rope[c0:c1]).astype(np.float64)  # [k, 64]
             s_f = np.asarray(s_tok[c0:c1], dtype=np.float32).astype(np.float64)
             with np.errstate(all="ignore"):
-                z = (q8_r @ c_f.T + qr_r @ r_f.T) * row_scale[:, None] * s_f[None, :]
+                acc = q8_r @ c_f.T + qr_r @ r_f.T  # acc_hi
+                if q_terms == 2:
+                    acc = acc + rho_r[:, None] * (lo_r @ c_f.T)  # fmaf(rho, acc_lo, acc_hi)
+                z = acc * row_scale[:, None] * s_f[None, :]
             vis = np.arange(c0, c1)[None, :] <= limit[:, None]
             for j0 in range(0, c1 - c0, _BLOCK):  # c0 is a multiple of 64: blocks align
                 j1 = min(j0 + _BLOCK, c1 - c0)
