@@ -11,92 +11,46 @@ from pathlib import Path
 OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "wgmma_ops.cuh"
 
 
-def ss(name: str, n: int, k_type: str, k: int, trans: bool, init: bool = False) -> str:
-    """D (+)= A(smem desc) * B(smem desc); with init, D = A * B and D is write-only."""
+def wgmma(name: str, n: int, k_type: str, k: int, *, a_in_regs: bool, trans: bool = False,
+          init: bool = False) -> str:
+    """One wrapper: D (+)= A * B with B a shared-memory descriptor and A a descriptor or four
+    registers. ``init``: D = A * B with D an output only, so the compiler does not keep the
+    accumulator registers alive before the first product of a chain. ``trans`` adds the
+    transpose immediates that 16-bit types take."""
+    regs = n // 2
+    d = ", ".join(f"%{i}" for i in range(regs))
+    if a_in_regs:
+        a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
+        b_operand = f"%{regs + 4}"
+        params = "const uint32_t (&a)[4], uint64_t desc_b"
+        inputs = ['"r"(a[0])', '"r"(a[1])', '"r"(a[2])', '"r"(a[3])', '"l"(desc_b)']
+        a_text, b_text = f"A[64 x {k}] (registers, {k_type})", f"B[{n} x {k}]^T (K-major smem)."
+    else:
+        a_operand, b_operand = f"%{regs}", f"%{regs + 1}"
+        params = "uint64_t desc_a, uint64_t desc_b"
+        inputs = ['"l"(desc_a)', '"l"(desc_b)']
+        a_text = f"A[64 x {k}]"
+        b_text = f"B[{n} x {k}]^T, {k_type}, both K-major in shared memory."
     if init:
-        return ss_init(name, n, k_type, k, trans)
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
+        scale_d = '      "setp.ne.b32 p, 0, 0;\\n"'
+        op, constraint = "=", '"=f"'
+    else:
+        scale_d = f'      "setp.ne.b32 p, %{regs + len(inputs)}, 0;\\n"'
+        op, constraint = "(+)=", '"+f"'
+        params += ", int accumulate"
+        inputs.append('"r"(accumulate)')
     extra = ", 0, 0" if trans else ""
+    signature = f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {params}) {{"
     lines = [
-        f"// D[64 x {n}] (+)= A[64 x {k}] * B[{n} x {k}]^T, {k_type}, both K-major in shared memory.",
-        (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t desc_a, "
-        "uint64_t desc_b, int accumulate) {"),
+        f"// D[64 x {n}] {op} {a_text} * {b_text}",
+        signature,
         "  asm volatile(",
         '      "{\\n.reg .pred p;\\n"',
-        f'      "setp.ne.b32 p, %{regs + 2}, 0;\\n"',
+        scale_d,
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{extra};\\n}}\\n"',
-        "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
-        '      : "l"(desc_a), "l"(desc_b), "r"(accumulate));',
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-def ss_init(name: str, n: int, k_type: str, k: int, trans: bool) -> str:
-    """D = A(smem desc) * B(smem desc). D is an output only, so the compiler does not keep the
-    accumulator registers alive before the first product of a chain."""
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    extra = ", 0, 0" if trans else ""
-    lines = [
-        f"// D[64 x {n}] = A[64 x {k}] * B[{n} x {k}]^T, {k_type}, both K-major in shared memory.",
-        (f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t desc_a, "
-        "uint64_t desc_b) {"),
-        "  asm volatile(",
-        '      "{\\n.reg .pred p;\\n"',
-        '      "setp.ne.b32 p, 0, 0;\\n"',
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1{extra};\\n}}\\n"',
-        "      : " + ", ".join(f'"=f"(d[{i}])' for i in range(regs)),
-        '      : "l"(desc_a), "l"(desc_b));',
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-def rs_init(name: str, n: int, k_type: str, k: int) -> str:
-    """D = A(registers) * B(smem desc), D an output only."""
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
-    lines = [
-        f"// D[64 x {n}] = A[64 x {k}] (registers, {k_type}) * B[{n} x {k}]^T (K-major smem).",
-        (
-            f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], "
-            "uint64_t desc_b) {"
-        ),
-        "  asm volatile(",
-        '      "{\\n.reg .pred p;\\n"',
-        '      "setp.ne.b32 p, 0, 0;\\n"',
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"',
-        "      : " + ", ".join(f'"=f"(d[{i}])' for i in range(regs)),
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));',
-        "}",
-    ]
-    return "\n".join(lines)
-
-
-def rs(name: str, n: int, k_type: str, k: int) -> str:
-    """D (+)= A(registers) * B(smem desc)."""
-    regs = n // 2
-    d = ", ".join(f"%{i}" for i in range(regs))
-    a = ", ".join(f"%{regs + i}" for i in range(4))
-    lines = [
-        f"// D[64 x {n}] (+)= A[64 x {k}] (registers, {k_type}) * B[{n} x {k}]^T (K-major smem).",
-        (
-            f"__device__ __forceinline__ void {name}(float (&d)[{regs}], const uint32_t (&a)[4], "
-            "uint64_t desc_b, int accumulate) {"
-        ),
-        "  asm volatile(",
-        '      "{\\n.reg .pred p;\\n"',
-        f'      "setp.ne.b32 p, %{regs + 5}, 0;\\n"',
-        f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, {{{a}}}, %{regs + 4}, p, 1, 1;\\n}}\\n"',
-        "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
-        '      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));',
+        f'      "{{{d}}}, {a_operand}, {b_operand}, p, 1, 1{extra};\\n}}\\n"',
+        "      : " + ", ".join(f"{constraint}(d[{i}])" for i in range(regs)),
+        "      : " + ", ".join(inputs) + ");",
         "}",
     ]
     return "\n".join(lines)
@@ -114,28 +68,28 @@ def main() -> None:
         "namespace sm90 {",
         "",
         # QK: S[64 rows x 64 tokens], content (FP8) and RoPE (BF16)
-        ss("wgmma_m64n64k32_e4m3_ss", 64, "e4m3", 32, trans=False),
+        wgmma("wgmma_m64n64k32_e4m3_ss", 64, "e4m3", 32, a_in_regs=False),
         "",
-        ss("wgmma_m64n64k32_e4m3_ss_init", 64, "e4m3", 32, trans=False, init=True),
+        wgmma("wgmma_m64n64k32_e4m3_ss_init", 64, "e4m3", 32, a_in_regs=False, init=True),
         "",
-        ss("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, trans=True),
+        wgmma("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, a_in_regs=False, trans=True),
         "",
         # PV: O^T[64 latent x N rows] = V^T (registers) P^T (shared memory), N = query rows
-        rs("wgmma_m64n8k32_e4m3_rs", 8, "e4m3", 32),
+        wgmma("wgmma_m64n8k32_e4m3_rs", 8, "e4m3", 32, a_in_regs=True),
         "",
-        rs_init("wgmma_m64n8k32_e4m3_rs_init", 8, "e4m3", 32),
+        wgmma("wgmma_m64n8k32_e4m3_rs_init", 8, "e4m3", 32, a_in_regs=True, init=True),
         "",
-        rs("wgmma_m64n16k32_e4m3_rs", 16, "e4m3", 32),
+        wgmma("wgmma_m64n16k32_e4m3_rs", 16, "e4m3", 32, a_in_regs=True),
         "",
-        rs_init("wgmma_m64n16k32_e4m3_rs_init", 16, "e4m3", 32),
+        wgmma("wgmma_m64n16k32_e4m3_rs_init", 16, "e4m3", 32, a_in_regs=True, init=True),
         "",
-        rs("wgmma_m64n32k32_e4m3_rs", 32, "e4m3", 32),
+        wgmma("wgmma_m64n32k32_e4m3_rs", 32, "e4m3", 32, a_in_regs=True),
         "",
-        rs_init("wgmma_m64n32k32_e4m3_rs_init", 32, "e4m3", 32),
+        wgmma("wgmma_m64n32k32_e4m3_rs_init", 32, "e4m3", 32, a_in_regs=True, init=True),
         "",
-        rs("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32),
+        wgmma("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32, a_in_regs=True),
         "",
-        rs_init("wgmma_m64n64k32_e4m3_rs_init", 64, "e4m3", 32),
+        wgmma("wgmma_m64n64k32_e4m3_rs_init", 64, "e4m3", 32, a_in_regs=True, init=True),
         "",
         "}  // namespace sm90",
         "}  // namespace snapmla",
