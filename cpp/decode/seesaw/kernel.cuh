@@ -247,31 +247,35 @@ __global__ void __launch_bounds__(kThreads, 1)
         // Per-row constants, re-read each block rather than held in registers across PV.
         row_factor[0] = s.q_scale[r0] * p.scale_log2;
         row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
+        // u = S s_k and the row maxima; in a block some row does not see whole, invisible
+        // tokens are -inf.
+        auto scaled_logits = [&](auto full_tag) {
+          constexpr bool kFull = decltype(full_tag)::value;
+          int limit[2];
+          if constexpr (!kFull) {
+            limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
+            limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+          }
+#pragma unroll
+          for (int nn = 0; nn < 8; ++nn) {
+            const float2 k2 = k_scales(nn);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              const int e = 4 * nn + c;
+              const float u = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
+              if constexpr (kFull) {
+                z[e] = u;
+              } else {
+                z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
+              }
+              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+            }
+          }
+        };
         if (full) {
-#pragma unroll
-          for (int nn = 0; nn < 8; ++nn) {
-            const float2 k2 = k_scales(nn);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int e = 4 * nn + c;
-              z[e] = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
-              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
-            }
-          }
+          scaled_logits(std::true_type{});
         } else {
-          const int limit[2] = {visibility_limit(p, tile * kRowsM + r0, seqlen),
-                                visibility_limit(p, tile * kRowsM + r0 + 8, seqlen)};
-#pragma unroll
-          for (int nn = 0; nn < 8; ++nn) {
-            const float2 k2 = k_scales(nn);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int e = 4 * nn + c;
-              const bool visible = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2];
-              z[e] = visible ? (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x) : -INFINITY;
-              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
-            }
-          }
+          scaled_logits(std::false_type{});
         }
 #pragma unroll
         for (int ri = 0; ri < 2; ++ri) {
