@@ -12,11 +12,15 @@
 //            [256 w, 256 w + 256) for every block: 4 m-tiles of 64 latent rows x 2 k-steps of
 //            32 tokens. V^T is built straight into wgmma A registers from the TMA'd content
 //            tile (ldmatrix.trans + one byte permute per register): no transpose pass, no V^T
-//            buffer. Each block's product lands in a zeroed fp32 temporary that the CUDA cores
-//            add into O = gamma O + T (the rescale every online softmax pays anyway).
-//   TMA      a ring of kStages pages; each stage is refilled in three parts by the threads that
-//            last read them: each warpgroup its content half after its PV, the owner the RoPE
-//            tile and the scales after its softmax. full[stage] counts those three arrivals.
+//            buffer. The product goes in groups of (m-tile, half the rows), two in flight, each
+//            into a zeroed fp32 temporary that the CUDA cores add into O = gamma O + T (the
+//            rescale every online softmax pays anyway). Order: the owner's softmax of block i,
+//            then its PV of block i - 1 (the other's) and of block i.
+//   TMA      a ring of kStages pages; each stage is refilled in three parts by an elected thread
+//            of the warpgroup that last read it: each warpgroup its content half after its PV,
+//            the owner the RoPE tile and the scales after its softmax (issued after its next
+//            PV, past the softmax's proxy fence). full[stage] counts those three arrivals.
+//   P8 and the row statistics live in kPBuffers buffers, handed over by named barriers.
 //
 // Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
 //   V^T A fragment of warp v, m-tile m, k-step ks: M-row 16 v + g <-> latent d = base + 2 g,
