@@ -375,7 +375,8 @@ assert [
     getattr(DLTensor, f).offset
     for f in ("data", "device", "ndim", "dtype", "shape", "strides", "byte_offset")
 ] == [0, 8, 16, 20, 24, 32, 40]
-_string_at = ctypes.string_at
+# ctypes.string_at is a Python wrapper around this foreign function (a third of the cost).
+_string_at = getattr(ctypes, "_string_at", ctypes.string_at)
 _int64s: dict[int, struct.Struct] = {}
 
 

@@ -14,6 +14,7 @@ from . import _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
+from ._lib import CTYPES as _CT
 from ._tensor import (
     BF16,
     FP32,
@@ -78,6 +79,25 @@ def _check_args_layout() -> None:
 
 
 _check_args_layout()
+
+
+def _plan_buffers(plan: DecodePlan) -> tuple[Any, Any, Any]:
+    """The plan's buffers as the C calls take them (``const void*`` plan, ``void*`` workspace,
+    ``void*`` plan), cast once per plan and kept (re-cast if the addresses changed)."""
+    cached = plan.__dict__.get("_c_buffers")
+    ptrs = (plan._plan_ptr, plan._workspace_ptr)
+    if cached is None or cached[0] != ptrs:
+        ffi = _lib.ffi
+        cached = (
+            ptrs,
+            (
+                ffi.cast(_CT["const void*"], ptrs[0]),
+                ffi.cast(_CT["void*"], ptrs[1]),
+                ffi.cast(_CT["void*"], ptrs[0]),
+            ),
+        )
+        plan._c_buffers = cached
+    return cached[1]
 
 
 @dataclass(frozen=True)
@@ -302,8 +322,8 @@ class DecodePlan:
         _lib.check(
             _lib.lib().snapmla_decode_plan(
                 self._c_config,
-                ffi.cast("const int32_t*", seqlens.ptr),
-                ffi.cast("void*", self._plan_ptr),
+                ffi.cast(_CT["const int32_t*"], seqlens.ptr),
+                _plan_buffers(self)[2],
                 stream.c(self.device),
             ),
             "snapmla_decode_plan",
@@ -646,13 +666,7 @@ def _decode(
             out_ptr & _U64,
             lse_ptr & _U64,
         )
-        buffers = getattr(plan, "_c_buffers", None)
-        if buffers is None:  # cast once per plan (a plan built without __init__ has none)
-            buffers = (
-                ffi.cast("const void*", plan._plan_ptr),
-                ffi.cast("void*", plan._workspace_ptr),
-            )
-            plan._c_buffers = buffers
+        buffers = _plan_buffers(plan)
         _lib.check(
             _lib.lib().snapmla_decode(
                 cache._handle,
