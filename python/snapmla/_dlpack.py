@@ -244,6 +244,24 @@ class TensorView:
         init(self, "numel", math.prod(shape))
         init(self, "_extent", None)
 
+    def with_keepalive(self, keepalive: Any) -> TensorView:
+        """The same view holding ``keepalive`` instead (what a memoized view is handed out
+        as)."""
+        clone = _new_view(TensorView)
+        init = _set_slot
+        init(clone, "ptr", self.ptr)
+        init(clone, "shape", self.shape)
+        init(clone, "strides", self.strides)
+        init(clone, "dtype", self.dtype)
+        init(clone, "device_type", self.device_type)
+        init(clone, "device_id", self.device_id)
+        init(clone, "itemsize", self.itemsize)
+        init(clone, "read_only", self.read_only)
+        init(clone, "keepalive", keepalive)
+        init(clone, "numel", self.numel)
+        init(clone, "_extent", self._extent)
+        return clone
+
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"TensorView is immutable (cannot set {name!r})")
 
@@ -298,6 +316,9 @@ class TensorView:
         return extent
 
 
+_new_view = object.__new__
+
+
 def _refuse(op: str, argument: str, what: str) -> SnapMLAError:
     return SnapMLAError(f"{op}: argument '{argument}': {what}", argument=argument)
 
@@ -326,6 +347,12 @@ def view(
         SnapMLAError: ``obj`` is not a DLPack tensor, its export failed, or its capsule is
             already consumed or of an unsupported DLPack major version.
     """
+    return _read_capsule(export(obj, stream, op, argument), obj, op, argument)
+
+
+def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argument: str) -> Any:
+    """``obj.__dlpack__(...)``'s capsule, asked for as ``view`` says (the first half of
+    ``view``; ``_read_capsule`` is the second)."""
     if not hasattr(obj, "__dlpack__"):
         raise _refuse(
             op,
@@ -356,7 +383,7 @@ def view(
         raise
     except Exception as exc:  # BufferError, ValueError, RuntimeError ... from the producer
         raise _refuse(op, argument, f"its __dlpack__() failed: {exc}") from exc
-    return _read_capsule(capsule, obj, op, argument)
+    return capsule
 
 
 _STREAM_DEVICES = frozenset((CUDA, CUDA_MANAGED, ROCM))
@@ -386,6 +413,38 @@ def _read_int64s(address: int, count: int) -> tuple[int, ...]:
     if reader is None:
         reader = _int64s.setdefault(count, struct.Struct(f"={count}q"))
     return reader.unpack(_string_at(address, 8 * count))
+
+
+_NDIM_AND_POINTERS = struct.Struct("=i4xQQ")  # DLTensor.ndim, then shape and strides pointers
+_MAX_KEY_NDIM = 64
+
+
+def capsule_key(capsule: Any) -> bytes | None:
+    """The bytes of everything ``_read_capsule`` reads from ``capsule``, for memoizing what was
+    derived from them: the DLPack version, flags and DLTensor fields (not the manager context,
+    deleter or the shape / strides pointers) and the shape and strides arrays. ``None`` when
+    the capsule is not one that ``_read_capsule`` would accept without a closer look (it then
+    reads it, and refuses it if need be)."""
+    if type(capsule).__name__ != "PyCapsule":
+        return None
+    name = _capsule_get_name(capsule)
+    if name == b"dltensor_versioned":
+        raw = _string_at(_capsule_get_pointer(capsule, name), 80)
+        tensor = raw[32:]
+        head = b"V" + raw[:8] + raw[24:32]  # version, flags
+    elif name == b"dltensor":
+        tensor = _string_at(_capsule_get_pointer(capsule, name), 48)
+        head = b"L"
+    else:
+        return None
+    ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(tensor, 16)
+    if not 0 < ndim <= _MAX_KEY_NDIM or not shape_ptr:
+        return None
+    nbytes = 8 * ndim
+    key = head + tensor[:24] + tensor[40:] + _string_at(shape_ptr, nbytes)
+    if strides_ptr:
+        return key + b"S" + _string_at(strides_ptr, nbytes)
+    return key + b"C"
 
 
 def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
