@@ -337,6 +337,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     mode = "real" if args.real else "fake" if args.fake or not _gpu_visible() else "real"
+    if mode == "fake" and args.default_stream:
+        raise SystemExit("--default-stream needs --real (fake mode has no torch or CuPy stream)")
     snapmla = import_snapmla()
     batches = [int(b) for b in args.batch.split(",")]
     ops = [o for o in args.ops.split(",") if o]
