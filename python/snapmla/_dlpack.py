@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from ._errors import SnapMLAError
@@ -182,9 +182,11 @@ def dlpack_stream(handle: int) -> int:
     return 1 if handle == 0 else handle
 
 
-@dataclass(frozen=True)
+_set_slot = object.__setattr__
+
+
 class TensorView:
-    """What snapmla reads of a DLPack tensor.
+    """What snapmla reads of a DLPack tensor (immutable).
 
     Attributes:
         ptr: Address of element ``[0, ..., 0]`` (``data + byte_offset``); 0 when ``data`` is NULL.
@@ -196,27 +198,87 @@ class TensorView:
         itemsize: Bytes per element (rounded up for sub-byte types).
         read_only: The producer flagged the tensor read-only (DLPack >= 1.0).
         keepalive: ``(producer object, capsule)``; holding it keeps the memory valid.
+        numel: Number of elements (computed once).
+
+    A ``__slots__`` class rather than a frozen dataclass: it is built for every tensor argument
+    of every call, and that construction was a measurable part of the host overhead (issue
+    #10). ``byte_extent()`` is computed once and kept.
     """
 
-    ptr: int
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: str
-    device_type: int
-    device_id: int
-    itemsize: int
-    read_only: bool = False
-    keepalive: Any = field(default=None, repr=False, compare=False)
+    __slots__ = (
+        "_extent",
+        "device_id",
+        "device_type",
+        "dtype",
+        "itemsize",
+        "keepalive",
+        "numel",
+        "ptr",
+        "read_only",
+        "shape",
+        "strides",
+    )
+
+    def __init__(
+        self,
+        ptr: int,
+        shape: tuple[int, ...],
+        strides: tuple[int, ...],
+        dtype: str,
+        device_type: int,
+        device_id: int,
+        itemsize: int,
+        read_only: bool = False,
+        keepalive: Any = None,
+    ) -> None:
+        init = _set_slot
+        init(self, "ptr", ptr)
+        init(self, "shape", shape)
+        init(self, "strides", strides)
+        init(self, "dtype", dtype)
+        init(self, "device_type", device_type)
+        init(self, "device_id", device_id)
+        init(self, "itemsize", itemsize)
+        init(self, "read_only", read_only)
+        init(self, "keepalive", keepalive)
+        init(self, "numel", math.prod(shape))
+        init(self, "_extent", None)
+
+    def with_keepalive(self, keepalive: Any) -> TensorView:
+        """The same view holding ``keepalive`` instead (what a memoized view is handed out
+        as)."""
+        clone = _new_view(TensorView)
+        init = _set_slot
+        init(clone, "ptr", self.ptr)
+        init(clone, "shape", self.shape)
+        init(clone, "strides", self.strides)
+        init(clone, "dtype", self.dtype)
+        init(clone, "device_type", self.device_type)
+        init(clone, "device_id", self.device_id)
+        init(clone, "itemsize", self.itemsize)
+        init(clone, "read_only", self.read_only)
+        init(clone, "keepalive", keepalive)
+        init(clone, "numel", self.numel)
+        init(clone, "_extent", self._extent)
+        return clone
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"TensorView is immutable (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"TensorView is immutable (cannot delete {name!r})")
+
+    def __repr__(self) -> str:
+        return (
+            f"TensorView(ptr={self.ptr:#x}, shape={self.shape}, strides={self.strides}, "
+            f"dtype={self.dtype!r}, device={self.device!r}, itemsize={self.itemsize}, "
+            f"read_only={self.read_only})"
+        )
 
     @property
     def ndim(self) -> int:
         """Number of dimensions."""
         return len(self.shape)
-
-    @property
-    def numel(self) -> int:
-        """Number of elements."""
-        return math.prod(self.shape)
 
     @property
     def device(self) -> str:
@@ -226,7 +288,7 @@ class TensorView:
     def is_contiguous(self) -> bool:
         """Compact row-major (strides of size-1 dimensions are ignored; an empty tensor is
         contiguous, whatever strides its producer reports)."""
-        if 0 in self.shape:
+        if self.numel == 0:
             return True
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
@@ -237,33 +299,28 @@ class TensorView:
 
     def byte_extent(self) -> tuple[int, int]:
         """``[start, end)`` byte addresses spanned by the elements (empty tensor: ``(ptr, ptr)``)."""
+        extent = self._extent
+        if extent is not None:
+            return extent
         if self.numel == 0:
-            return self.ptr, self.ptr
-        low = high = 0
-        for size, stride in zip(self.shape, self.strides):
-            if stride >= 0:
-                high += (size - 1) * stride
-            else:
-                low += (size - 1) * stride
-        return self.ptr + low * self.itemsize, self.ptr + (high + 1) * self.itemsize
+            extent = (self.ptr, self.ptr)
+        else:
+            low = high = 0
+            for size, stride in zip(self.shape, self.strides):
+                if stride >= 0:
+                    high += (size - 1) * stride
+                else:
+                    low += (size - 1) * stride
+            extent = (self.ptr + low * self.itemsize, self.ptr + (high + 1) * self.itemsize)
+        _set_slot(self, "_extent", extent)
+        return extent
+
+
+_new_view = object.__new__
 
 
 def _refuse(op: str, argument: str, what: str) -> SnapMLAError:
     return SnapMLAError(f"{op}: argument '{argument}': {what}", argument=argument)
-
-
-def _export(obj: Any, kwargs: dict[str, Any], op: str, argument: str) -> Any:
-    """Call ``obj.__dlpack__``, asking for a versioned capsule first (DLPack >= 1.0)."""
-    try:
-        try:
-            return obj.__dlpack__(max_version=(1, 0), **kwargs)
-        except TypeError:
-            # A producer older than DLPack 1.0 has no max_version keyword.
-            return obj.__dlpack__(**kwargs)
-    except SnapMLAError:
-        raise
-    except Exception as exc:  # BufferError, ValueError, RuntimeError ... from the producer
-        raise _refuse(op, argument, f"its __dlpack__() failed: {exc}") from exc
 
 
 def view(
@@ -290,6 +347,12 @@ def view(
         SnapMLAError: ``obj`` is not a DLPack tensor, its export failed, or its capsule is
             already consumed or of an unsupported DLPack major version.
     """
+    return _read_capsule(export(obj, stream, op, argument), obj, op, argument)
+
+
+def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argument: str) -> Any:
+    """``obj.__dlpack__(...)``'s capsule, asked for as ``view`` says (the first half of
+    ``view``; ``_read_capsule`` is the second)."""
     if not hasattr(obj, "__dlpack__"):
         raise _refuse(
             op,
@@ -297,17 +360,91 @@ def view(
             f"expected a DLPack tensor (an object with __dlpack__), got "
             f"{type(obj).__module__}.{type(obj).__qualname__}",
         )
-    kwargs: dict[str, Any] = {}
+    handle = None
     if hasattr(obj, "__dlpack_device__"):
         try:
-            device_type, device_id = (int(x) for x in obj.__dlpack_device__())
+            device_type, device_id = obj.__dlpack_device__()
+            device_type, device_id = int(device_type), int(device_id)
         except Exception as exc:
             raise _refuse(op, argument, f"its __dlpack_device__() failed: {exc}") from exc
-        if device_type in (CUDA, CUDA_MANAGED, ROCM) and stream is not None:
+        if stream is not None and device_type in _STREAM_DEVICES:
             handle = stream(device_id) if callable(stream) else stream
-            kwargs["stream"] = dlpack_stream(int(handle))
-    capsule = _export(obj, kwargs, op, argument)
-    return _read_capsule(capsule, obj, op, argument)
+            handle = dlpack_stream(int(handle))
+    try:
+        try:
+            if handle is None:
+                capsule = obj.__dlpack__(max_version=(1, 0))
+            else:
+                capsule = obj.__dlpack__(max_version=(1, 0), stream=handle)
+        except TypeError:
+            # A producer older than DLPack 1.0 has no max_version keyword.
+            capsule = obj.__dlpack__() if handle is None else obj.__dlpack__(stream=handle)
+    except SnapMLAError:
+        raise
+    except Exception as exc:  # BufferError, ValueError, RuntimeError ... from the producer
+        raise _refuse(op, argument, f"its __dlpack__() failed: {exc}") from exc
+    return capsule
+
+
+_STREAM_DEVICES = frozenset((CUDA, CUDA_MANAGED, ROCM))
+
+# The bytes of DLManagedTensorVersioned up to the end of its DLTensor (native byte order, no
+# padding: the offsets are checked against ctypes' layout below): version (major, minor),
+# manager_ctx, deleter, flags, then the DLTensor: data, device (type, id), ndim, dtype (code,
+# bits, lanes), shape, strides, byte_offset.
+_VERSIONED = struct.Struct("=II8x8xQQiiiBBHQQQ")
+# DLManagedTensor starts with its DLTensor.
+_LEGACY = struct.Struct("=QiiiBBHQQQ")
+assert _VERSIONED.size == ctypes.sizeof(DLManagedTensorVersioned)
+assert DLManagedTensorVersioned.dl_tensor.offset == 32 and ctypes.sizeof(DLTensor) == 48
+assert _LEGACY.size == ctypes.sizeof(DLTensor)
+assert [
+    getattr(DLTensor, f).offset
+    for f in ("data", "device", "ndim", "dtype", "shape", "strides", "byte_offset")
+] == [0, 8, 16, 20, 24, 32, 40]
+# ctypes.string_at is a Python wrapper around this foreign function (a third of the cost).
+_string_at = getattr(ctypes, "_string_at", ctypes.string_at)
+_int64s: dict[int, struct.Struct] = {}
+
+
+def _read_int64s(address: int, count: int) -> tuple[int, ...]:
+    """``count`` int64 values at ``address`` (a producer's shape or strides array)."""
+    reader = _int64s.get(count)
+    if reader is None:
+        reader = _int64s.setdefault(count, struct.Struct(f"={count}q"))
+    return reader.unpack(_string_at(address, 8 * count))
+
+
+_NDIM_AND_POINTERS = struct.Struct("=i4xQQ")  # DLTensor.ndim, then shape and strides pointers
+_MAX_KEY_NDIM = 64
+
+
+def capsule_key(capsule: Any) -> bytes | None:
+    """The bytes of everything ``_read_capsule`` reads from ``capsule``, for memoizing what was
+    derived from them: the DLPack version, flags and DLTensor fields (not the manager context,
+    deleter or the shape / strides pointers) and the shape and strides arrays. ``None`` when
+    the capsule is not one that ``_read_capsule`` would accept without a closer look (it then
+    reads it, and refuses it if need be)."""
+    if type(capsule).__name__ != "PyCapsule":
+        return None
+    name = _capsule_get_name(capsule)
+    if name == b"dltensor_versioned":
+        raw = _string_at(_capsule_get_pointer(capsule, name), 80)
+        tensor = raw[32:]
+        head = b"V" + raw[:8] + raw[24:32]  # version, flags
+    elif name == b"dltensor":
+        tensor = _string_at(_capsule_get_pointer(capsule, name), 48)
+        head = b"L"
+    else:
+        return None
+    ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(tensor, 16)
+    if not 0 < ndim <= _MAX_KEY_NDIM or not shape_ptr:
+        return None
+    nbytes = 8 * ndim
+    key = head + tensor[:24] + tensor[40:] + _string_at(shape_ptr, nbytes)
+    if strides_ptr:
+        return key + b"S" + _string_at(strides_ptr, nbytes)
+    return key + b"C"
 
 
 def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
@@ -316,48 +453,78 @@ def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
             op, argument, f"its __dlpack__() returned {type(capsule).__name__}, not a capsule"
         )
     name = _capsule_get_name(capsule)
-    read_only = False
     if name == b"dltensor_versioned":
-        managed_v = DLManagedTensorVersioned.from_address(_capsule_get_pointer(capsule, name))
-        if managed_v.version.major != 1:
+        (
+            major,
+            minor,
+            flags,
+            data,
+            device_type,
+            device_id,
+            ndim,
+            code,
+            bits,
+            lanes,
+            shape_ptr,
+            strides_ptr,
+            byte_offset,
+        ) = _VERSIONED.unpack(_string_at(_capsule_get_pointer(capsule, name), _VERSIONED.size))
+        if major != 1:
             raise _refuse(
                 op,
                 argument,
-                f"expected a DLPack 1.x tensor, got DLPack {managed_v.version.major}."
-                f"{managed_v.version.minor}",
+                f"expected a DLPack 1.x tensor, got DLPack {major}.{minor}",
             )
-        tensor = managed_v.dl_tensor
-        read_only = bool(managed_v.flags & FLAG_READ_ONLY)
+        read_only = bool(flags & FLAG_READ_ONLY)
     elif name == b"dltensor":
-        tensor = DLManagedTensor.from_address(_capsule_get_pointer(capsule, name)).dl_tensor
+        (
+            data,
+            device_type,
+            device_id,
+            ndim,
+            code,
+            bits,
+            lanes,
+            shape_ptr,
+            strides_ptr,
+            byte_offset,
+        ) = _LEGACY.unpack(_string_at(_capsule_get_pointer(capsule, name), _LEGACY.size))
+        read_only = False
     elif name in (b"used_dltensor", b"used_dltensor_versioned"):
         raise _refuse(op, argument, "its DLPack capsule was already consumed")
     else:
         raise _refuse(op, argument, f"unknown DLPack capsule name {name!r}")
 
-    ndim = int(tensor.ndim)
     if ndim < 0:
         raise _refuse(op, argument, f"invalid DLPack ndim {ndim}")
-    shape = tuple(int(tensor.shape[i]) for i in range(ndim))
-    if any(size < 0 for size in shape):
-        raise _refuse(op, argument, f"invalid DLPack shape {list(shape)}")
-    if ndim > 0 and tensor.strides:
-        strides = tuple(int(tensor.strides[i]) for i in range(ndim))
+    if ndim == 0:
+        shape: tuple[int, ...] = ()
+    elif not shape_ptr:
+        raise _refuse(op, argument, f"invalid DLPack shape (NULL for ndim {ndim})")
+    else:
+        shape = _read_int64s(shape_ptr, ndim)
+        for size in shape:
+            if size < 0:
+                raise _refuse(op, argument, f"invalid DLPack shape {list(shape)}")
+    if ndim > 0 and strides_ptr:
+        strides = _read_int64s(strides_ptr, ndim)
     else:
         strides = _compact_strides(shape)
-    dtype = tensor.dtype
-    code, bits, lanes = int(dtype.code), int(dtype.bits), int(dtype.lanes)
     return TensorView(
-        ptr=int(tensor.data or 0) + int(tensor.byte_offset),
-        shape=shape,
-        strides=strides,
-        dtype=dtype_name(code, bits, lanes),
-        device_type=int(tensor.device.device_type),
-        device_id=int(tensor.device.device_id),
-        itemsize=max(1, (bits * lanes + 7) // 8),
-        read_only=read_only,
-        keepalive=(obj, capsule),
+        data + byte_offset,
+        shape,
+        strides,
+        _dtype_names.get((code, bits, lanes)) or dtype_name(code, bits, lanes),
+        device_type,
+        device_id,
+        max(1, (bits * lanes + 7) // 8),
+        read_only,
+        (obj, capsule),
     )
+
+
+# (code, bits, lanes) -> name, for lanes == 1 (the common case, looked up first).
+_dtype_names = {(code, bits, 1): name for (code, bits), name in _DTYPE_NAMES.items()}
 
 
 def _compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:

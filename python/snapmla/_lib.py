@@ -266,6 +266,21 @@ def check(status: int, what: str) -> None:
     )
 
 
+_STREAM_T = ffi.typeof("snapmla_stream_t")
+
+# Pointer types resolved once: ffi.cast with a ctype skips the parse cache's lookup (issue #10).
+CTYPES = {
+    name: ffi.typeof(name)
+    for name in (
+        "void*",
+        "const void*",
+        "float*",
+        "const int32_t*",
+        "const int64_t*",
+    )
+}
+
+
 def stream_t(handle: int) -> Any:
     """A ``snapmla_stream_t`` for a raw CUDA stream handle (0 = the legacy default stream)."""
-    return ffi.cast("snapmla_stream_t", handle)
+    return ffi.cast(_STREAM_T, handle)

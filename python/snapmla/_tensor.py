@@ -10,13 +10,14 @@ are checked last. CuPy is imported only when a stream must be resolved or memory
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
-from . import _dlpack
+from . import _dlpack, _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 
@@ -68,6 +69,11 @@ def _shape_text(shape: Sequence[int | str]) -> str:
 
 
 def _shape_matches(got: Sequence[int], want: Sequence[int | str]) -> bool:
+    if len(got) == len(want) and (not want or want[0] != "..."):
+        for g, w in zip(got, want):
+            if g != w and isinstance(w, int):
+                return False
+        return True
     if want and want[0] == "...":
         want = want[1:]
         if len(got) < len(want):
@@ -80,16 +86,26 @@ def _shape_matches(got: Sequence[int], want: Sequence[int | str]) -> bool:
 
 def check_int(value: Any, op: str, argument: str, low: int, high: int | None = None) -> int:
     """``value`` as an ``int`` in ``[low, high]`` (``high=None``: no upper bound), else refuse."""
-    expected = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    if isinstance(value, bool):
-        raise argument_error(op, argument, expected, repr(value))
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise argument_error(op, argument, expected, f"{type(value).__name__} {value!r}") from None
-    if number < low or (high is not None and number > high):
-        raise argument_error(op, argument, expected, str(number))
-    return number
+    if type(value) is int:  # the common case; bool is a subclass, never this type
+        if low <= value and (high is None or value <= high):
+            return value
+        number = value
+    else:
+        if isinstance(value, bool):
+            raise argument_error(op, argument, _int_expected(low, high), repr(value))
+        try:
+            number = operator.index(value)
+        except TypeError:
+            raise argument_error(
+                op, argument, _int_expected(low, high), f"{type(value).__name__} {value!r}"
+            ) from None
+        if low <= number and (high is None or number <= high):
+            return number
+    raise argument_error(op, argument, _int_expected(low, high), str(number))
+
+
+def _int_expected(low: int, high: int | None) -> str:
+    return f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
 
 
 def cupy_module(op: str) -> Any:
@@ -104,24 +120,61 @@ def cupy_module(op: str) -> Any:
     return cupy
 
 
-@contextlib.contextmanager
-def on_device(op: str, device: int) -> Iterator[None]:
-    """Make ``device`` the current CUDA device for the body (through CuPy when importable;
-    without CuPy the current device is left as it is and the C library checks it)."""
+# Whether ``import cupy`` failed with ImportError once: it is not tried again (a failed import
+# searches sys.path, tens of microseconds at every call; issue #10).
+_cupy_missing = False
+
+
+def _cupy_if_importable() -> Any:
+    """The ``cupy`` module, or ``None`` when it cannot be imported (ImportError)."""
+    global _cupy_missing
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        return cupy
+    if _cupy_missing:
+        return None
     try:
         import cupy
     except ImportError:
-        yield
-        return
-    try:
-        context = cupy.cuda.Device(device)
-        context.__enter__()
-    except Exception as exc:
-        raise SnapMLAError(f"{op}: cannot make CUDA device {device} current: {exc}") from exc
-    try:
-        yield
-    finally:
-        context.__exit__(None, None, None)
+        _cupy_missing = True
+        return None
+    return cupy
+
+
+class _OnDevice:
+    """The context of ``on_device``."""
+
+    __slots__ = ("_context", "_device", "_op")
+
+    def __init__(self, op: str, device: int) -> None:
+        self._op = op
+        self._device = device
+        self._context: Any = None
+
+    def __enter__(self) -> None:
+        cupy = _cupy_if_importable()
+        if cupy is None:
+            return
+        try:
+            context = cupy.cuda.Device(self._device)
+            context.__enter__()
+        except Exception as exc:
+            raise SnapMLAError(
+                f"{self._op}: cannot make CUDA device {self._device} current: {exc}"
+            ) from exc
+        self._context = context
+
+    def __exit__(self, *exc_info: object) -> None:
+        context, self._context = self._context, None
+        if context is not None:
+            context.__exit__(None, None, None)
+
+
+def on_device(op: str, device: int) -> _OnDevice:
+    """A context making ``device`` the current CUDA device for the body (through CuPy when
+    importable; without CuPy the current device is left as it is and the C library checks
+    it)."""
+    return _OnDevice(op, device)
 
 
 class Stream:
@@ -188,14 +241,24 @@ class Stream:
 
     def c(self, device: int) -> Any:
         """The stream as the C API's ``snapmla_stream_t``."""
-        from ._lib import stream_t
-
-        return stream_t(self.handle(device))
+        handle = self._handle
+        if handle is None:
+            handle = self.handle(device)
+        return _lib.stream_t(handle)
 
 
 _STREAM_EXPECTED = (
     "None, a CUDA stream handle (int in [0, 2^64)), or an object with .ptr or .cuda_stream"
 )
+
+
+# Views that passed Checker.tensor, by (capsule_key, dtypes, shape, layout, writable, align):
+# a call with the same tensor (same DLPack bytes: address, device, dtype, shape, strides,
+# flags) and the same expectations skips the parsing and the checks that depend on nothing
+# else (issue #10: host overhead). The views hold no producer object or capsule. Cleared
+# when full; dict operations are atomic under the GIL, and a lost entry only costs a check.
+_checked: dict[tuple[Any, ...], TensorView] = {}
+_MEMO_SIZE = 4096
 
 
 class Checker:
@@ -242,8 +305,24 @@ class Checker:
                 checked for an empty tensor (the C API does not read its pointer).
             align_note: Why (shown in messages); default: the element type.
         """
-        stream = None if self.stream is None else self.stream.handle
-        v = _dlpack.view(obj, stream=stream, op=self.op, argument=argument)
+        stream = self.stream
+        if stream is not None:  # the handle once resolved, else the resolver
+            stream = stream.handle if stream._handle is None else stream._handle
+        capsule = _dlpack.export(obj, stream, self.op, argument)
+        # A tensor whose DLPack bytes (see capsule_key) passed these same checks before
+        # passes them again: hand out that view, holding this call's capsule.
+        key = _dlpack.capsule_key(capsule)
+        if key is not None:
+            memo_key = (key, dtypes, shape, layout, writable, align)
+            try:
+                checked = _checked.get(memo_key)
+            except TypeError:  # an unhashable shape or dtypes (never from snapmla's ops)
+                checked = memo_key = key = None
+            if checked is not None:
+                v = checked.with_keepalive((obj, capsule))
+                self.views.append((argument, v))
+                return v
+        v = _dlpack._read_capsule(capsule, obj, self.op, argument)
         if v.dtype not in dtypes:
             raise argument_error(self.op, argument, _dtype_text(dtypes), v.dtype)
         if not _shape_matches(v.shape, shape):
@@ -271,15 +350,23 @@ class Checker:
         if writable and v.read_only:
             raise argument_error(self.op, argument, "a writable tensor", "a read-only one")
         if v.numel > 0:
-            self._check_address(v, argument, align or v.itemsize, align_note or f"{v.dtype}")
+            self._check_address(v, argument, align or v.itemsize, align_note)
         self.views.append((argument, v))
+        if key is not None:
+            if len(_checked) >= _MEMO_SIZE:
+                _checked.clear()
+            _checked[memo_key] = v.with_keepalive(None)
         return v
 
     def _check_address(self, v: TensorView, argument: str, align: int, note: str) -> None:
-        """The C API's checks of a pointer: aligned, and the bytes spanned addressable."""
+        """The C API's checks of a pointer: aligned, and the bytes spanned addressable
+        (``note``: why that alignment; empty: the element type)."""
         if v.ptr % align:
             raise argument_error(
-                self.op, argument, f"a {align}-byte aligned address ({note})", f"{v.ptr:#x}"
+                self.op,
+                argument,
+                f"a {align}-byte aligned address ({note or v.dtype})",
+                f"{v.ptr:#x}",
             )
         start, end = v.byte_extent()
         if end - start > MAX_SPAN_BYTES:
@@ -350,8 +437,10 @@ class Checker:
                 )
 
 
+@functools.lru_cache(maxsize=256)
 def extent(ptr: int, nbytes: int) -> TensorView:
-    """A flat byte range as a view, for ``Checker.no_overlap`` (e.g. the cache's memory)."""
+    """A flat byte range as a view, for ``Checker.no_overlap`` (e.g. the cache's memory; the
+    views are immutable, so the same one is returned for the same range)."""
     return TensorView(
         ptr=ptr,
         shape=(nbytes,),
@@ -549,6 +638,9 @@ class OwnedMemory:
         sweep_released()
 
 
+_get_ident = threading.get_ident
+
+
 class InUse:
     """Counts the calls inside an object's operations, so that ``close()`` on one thread waits
     for the operations in flight on others instead of freeing what they use.
@@ -562,7 +654,10 @@ class InUse:
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
+        # enter() and exit() take the lock directly (cheaper than the Condition's Python-level
+        # __enter__); only close() waits on the condition, and exit() notifies only then.
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._inside: dict[int, int] = {}
         self._closing = False
         self._closed = False
@@ -572,22 +667,25 @@ class InUse:
         return self._closing
 
     def enter(self) -> bool:
-        with self._cond:
+        tid = _get_ident()
+        with self._lock:
             if self._closing:
                 return False
-            tid = threading.get_ident()
-            self._inside[tid] = self._inside.get(tid, 0) + 1
+            inside = self._inside
+            inside[tid] = inside.get(tid, 0) + 1
             return True
 
     def exit(self) -> None:
-        with self._cond:
-            tid = threading.get_ident()
-            count = self._inside.get(tid, 0) - 1
+        tid = _get_ident()
+        with self._lock:
+            inside = self._inside
+            count = inside.get(tid, 0) - 1
             if count > 0:
-                self._inside[tid] = count
+                inside[tid] = count
             else:
-                self._inside.pop(tid, None)
-            if not self._inside:
+                inside.pop(tid, None)
+            # Only close() waits for the calls inside, and only once _closing is set.
+            if not inside and self._closing:
                 self._cond.notify_all()
 
     def close(self, op: str) -> bool:

@@ -9,6 +9,7 @@ from . import _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
+from ._lib import CTYPES as _CT
 from ._tensor import (
     ADDRESS_SPACE,
     BF16,
@@ -46,8 +47,7 @@ def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int,
         raise argument_error(
             op,
             "num_layers",
-            f"at most {most} layers of {pages} pages (the cache's bytes must be at most "
-            "2^63 - 1)",
+            f"at most {most} layers of {pages} pages (the cache's bytes must be at most 2^63 - 1)",
             str(layers),
         )
     return layers, pages
@@ -349,11 +349,11 @@ class KVCache:
                 _lib.lib().snapmla_append(
                     self._handle,
                     layer,
-                    ffi.cast("const void*", c.ptr),
+                    ffi.cast(_CT["const void*"], c.ptr),
                     c_stride,
-                    ffi.cast("const void*", k.ptr),
+                    ffi.cast(_CT["const void*"], k.ptr),
                     k_stride,
-                    ffi.cast("const int64_t*", sl.ptr),
+                    ffi.cast(_CT["const int64_t*"], sl.ptr),
                     n,
                     s.c(self._device),
                 ),
@@ -426,11 +426,11 @@ class KVCache:
                 _lib.lib().snapmla_fetch_dequant(
                     self._handle,
                     layer,
-                    ffi.cast("const int64_t*", sl.ptr),
+                    ffi.cast(_CT["const int64_t*"], sl.ptr),
                     n,
-                    ffi.cast("void*", c_ptr),
+                    ffi.cast(_CT["void*"], c_ptr),
                     c_stride,
-                    ffi.cast("void*", k_ptr),
+                    ffi.cast(_CT["void*"], k_ptr),
                     k_stride,
                     s.c(self._device),
                 ),

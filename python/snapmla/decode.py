@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
+from ._lib import CTYPES as _CT
 from ._tensor import (
     BF16,
     FP32,
@@ -40,6 +42,62 @@ MAX_BATCH = 65536
 MAX_SM_PARTS = 65535
 _INT32_MAX = 2**31 - 1
 OUT_ALIGNMENT = 16  # the combine kernel's 16-byte stores
+
+# snapmla_decode_args_t written in one pack_into (ffi.new with a dict of 14 fields and cast
+# pointers was the largest fixed cost of a decode call, issue #10). Native byte order, no
+# padding: the offsets are checked against cffi's layout of the struct below.
+_ARGS_FIELDS = (
+    ("struct_size", "Q"),
+    ("layer", "i"),
+    ("causal", "i"),
+    ("softmax_scale", "f"),
+    ("kernel", "i"),
+    ("q", "Q"),
+    ("q_stride_batch", "q"),
+    ("q_stride_token", "q"),
+    ("q_stride_head", "q"),
+    ("block_table", "Q"),
+    ("block_table_stride", "q"),
+    ("cache_seqlens", "Q"),
+    ("out", "Q"),
+    ("lse", "Q"),
+)
+_ARGS = struct.Struct("=" + "".join(code for _, code in _ARGS_FIELDS))
+_ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
+_ARGS_SIZE = _lib.ffi.sizeof("snapmla_decode_args_t")
+_U64 = 2**64 - 1  # pointers wrap as ffi.cast wraps them
+
+
+def _check_args_layout() -> None:
+    offset = 0
+    for name, code in _ARGS_FIELDS:
+        if _lib.ffi.offsetof("snapmla_decode_args_t", name) != offset:
+            raise ImportError(f"snapmla: unexpected layout of snapmla_decode_args_t.{name}")
+        offset += struct.calcsize("=" + code)
+    if offset != _ARGS_SIZE:
+        raise ImportError("snapmla: unexpected size of snapmla_decode_args_t")
+
+
+_check_args_layout()
+
+
+def _plan_buffers(plan: DecodePlan) -> tuple[Any, Any, Any]:
+    """The plan's buffers as the C calls take them (``const void*`` plan, ``void*`` workspace,
+    ``void*`` plan), cast once per plan and kept (re-cast if the addresses changed)."""
+    cached = plan.__dict__.get("_c_buffers")
+    ptrs = (plan._plan_ptr, plan._workspace_ptr)
+    if cached is None or cached[0] != ptrs:
+        ffi = _lib.ffi
+        cached = (
+            ptrs,
+            (
+                ffi.cast(_CT["const void*"], ptrs[0]),
+                ffi.cast(_CT["void*"], ptrs[1]),
+                ffi.cast(_CT["void*"], ptrs[0]),
+            ),
+        )
+        plan._c_buffers = cached
+    return cached[1]
 
 
 @dataclass(frozen=True)
@@ -264,8 +322,8 @@ class DecodePlan:
         _lib.check(
             _lib.lib().snapmla_decode_plan(
                 self._c_config,
-                ffi.cast("const int32_t*", seqlens.ptr),
-                ffi.cast("void*", self._plan_ptr),
+                ffi.cast(_CT["const int32_t*"], seqlens.ptr),
+                _plan_buffers(self)[2],
                 stream.c(self.device),
             ),
             "snapmla_decode_plan",
@@ -281,8 +339,7 @@ class DecodePlan:
         )
 
 
-@dataclass(frozen=True)
-class _DecodeCall:
+class _DecodeCall(NamedTuple):
     """Checked arguments of one ``decode`` call (``out`` / ``lse`` ``None``: allocate)."""
 
     layer: int
@@ -324,7 +381,113 @@ def _validate_decode_args(
         raise argument_error(
             op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
         )
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real):
+    scale = _check_softmax_scale(op, softmax_scale)
+
+    spec = _decode_spec(config)
+    s_q, h, max_pages = config.q_len, config.num_heads, config.max_pages
+    checker = Checker(op, stream)
+    qv = checker.tensor(
+        q, "q", dtypes=BF16, shape=spec.q_shape, layout="inner", shape_note=spec.note
+    )
+    head_stride = checker.stride(qv, "q", 2, HEAD_DIM, "head")
+    token_stride = checker.stride(qv, "q", 1, HEAD_DIM, "token", h * head_stride)
+    batch_stride = checker.stride(qv, "q", 0, HEAD_DIM, "batch", s_q * token_stride)
+    bt = checker.tensor(
+        block_table,
+        "block_table",
+        dtypes=INT32,
+        shape=spec.block_table_shape,
+        layout="inner",
+        shape_note=spec.block_table_note,
+    )
+    bt_stride = checker.stride(bt, "block_table", 0, max_pages, "row")
+    sl = checker.tensor(
+        cache_seqlens,
+        "cache_seqlens",
+        dtypes=INT32,
+        shape=spec.seqlens_shape,
+        shape_note=spec.seqlens_note,
+    )
+    ov = None
+    if out is not None:
+        ov = checker.tensor(
+            out,
+            "out",
+            dtypes=BF16,
+            shape=spec.out_shape,
+            writable=True,
+            shape_note=spec.note,
+            align=OUT_ALIGNMENT,
+            align_note="the combine kernel's 16-byte stores",
+        )
+    lv = None
+    if lse is not None:
+        lv = checker.tensor(
+            lse, "lse", dtypes=FP32, shape=spec.lse_shape, writable=True, shape_note=spec.note
+        )
+    checker.devices(device)
+    if plan_device != device:
+        raise argument_error(op, "plan", f"a plan made on cuda:{device}", f"cuda:{plan_device}")
+    if ov is not None or lv is not None:
+        inputs = [
+            ("the cache", extent(*cache_extent)),
+            ("q", qv),
+            ("block_table", bt),
+            ("cache_seqlens", sl),
+        ]
+        if ov is not None:
+            checker.no_overlap("out", ov, [*inputs, ("lse", lv)])
+        if lv is not None:
+            checker.no_overlap("lse", lv, inputs)
+    return _DecodeCall(
+        layer,
+        KERNELS[kernel],
+        scale,
+        bool(causal),
+        qv,
+        (batch_stride, token_stride, head_stride),
+        bt,
+        bt_stride,
+        sl,
+        ov,
+        lv,
+    )
+
+
+@dataclass(frozen=True)
+class _DecodeSpec:
+    """The shapes ``decode`` expects for one plan config, and their notes in messages."""
+
+    q_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    lse_shape: tuple[int, ...]
+    block_table_shape: tuple[int, ...]
+    seqlens_shape: tuple[int, ...]
+    note: str
+    block_table_note: str
+    seqlens_note: str
+
+
+@functools.lru_cache(maxsize=256)
+def _decode_spec(config: DecodeConfig) -> _DecodeSpec:
+    b, s_q, h, max_pages = config.batch_size, config.q_len, config.num_heads, config.max_pages
+    return _DecodeSpec(
+        q_shape=(b, s_q, h, HEAD_DIM),
+        out_shape=(b, s_q, h, CONTENT_DIM),
+        lse_shape=(b, h, s_q),
+        block_table_shape=(b, max_pages),
+        seqlens_shape=(b,),
+        note=f" (from the plan: batch_size {b}, q_len {s_q}, num_heads {h})",
+        block_table_note=f" (from the plan: batch_size {b}, max_pages {max_pages})",
+        seqlens_note=f" (from the plan: batch_size {b})",
+    )
+
+
+def _check_softmax_scale(op: str, softmax_scale: Any) -> float:
+    """``softmax_scale`` as a float, finite and > 0, also as fp32 (the C API takes a float)."""
+    if type(softmax_scale) is not float and (
+        isinstance(softmax_scale, bool) or not isinstance(softmax_scale, numbers.Real)
+    ):
         raise argument_error(
             op, "softmax_scale", "a finite number > 0", type(softmax_scale).__name__
         )
@@ -335,80 +498,15 @@ def _validate_decode_args(
         raise argument_error(
             op, "softmax_scale", "a finite number > 0 (also as fp32)", repr(softmax_scale)
         )
+    return scale
 
-    b, s_q, h, max_pages = config.batch_size, config.q_len, config.num_heads, config.max_pages
-    note = f" (from the plan: batch_size {b}, q_len {s_q}, num_heads {h})"
-    checker = Checker(op, stream)
-    qv = checker.tensor(
-        q, "q", dtypes=BF16, shape=(b, s_q, h, HEAD_DIM), layout="inner", shape_note=note
-    )
-    head_stride = checker.stride(qv, "q", 2, HEAD_DIM, "head")
-    token_stride = checker.stride(qv, "q", 1, HEAD_DIM, "token", h * head_stride)
-    batch_stride = checker.stride(qv, "q", 0, HEAD_DIM, "batch", s_q * token_stride)
-    bt = checker.tensor(
-        block_table,
-        "block_table",
-        dtypes=INT32,
-        shape=(b, max_pages),
-        layout="inner",
-        shape_note=f" (from the plan: batch_size {b}, max_pages {max_pages})",
-    )
-    bt_stride = checker.stride(bt, "block_table", 0, max_pages, "row")
-    sl = checker.tensor(
-        cache_seqlens,
-        "cache_seqlens",
-        dtypes=INT32,
-        shape=(b,),
-        shape_note=f" (from the plan: batch_size {b})",
-    )
-    ov = None
-    if out is not None:
-        ov = checker.tensor(
-            out,
-            "out",
-            dtypes=BF16,
-            shape=(b, s_q, h, CONTENT_DIM),
-            writable=True,
-            shape_note=note,
-            align=OUT_ALIGNMENT,
-            align_note="the combine kernel's 16-byte stores",
-        )
-    lv = None
-    if lse is not None:
-        lv = checker.tensor(
-            lse, "lse", dtypes=FP32, shape=(b, h, s_q), writable=True, shape_note=note
-        )
-    checker.devices(device)
-    if plan_device != device:
-        raise argument_error(op, "plan", f"a plan made on cuda:{device}", f"cuda:{plan_device}")
-    inputs = [
-        ("the cache", extent(*cache_extent)),
-        ("q", qv),
-        ("block_table", bt),
-        ("cache_seqlens", sl),
-    ]
-    if ov is not None:
-        checker.no_overlap("out", ov, [*inputs, ("lse", lv)])
-    if lv is not None:
-        checker.no_overlap("lse", lv, inputs)
-    return _DecodeCall(
-        layer=layer,
-        kernel=KERNELS[kernel],
-        softmax_scale=scale,
-        causal=bool(causal),
-        q=qv,
-        q_strides=(batch_stride, token_stride, head_stride),
-        block_table=bt,
-        block_table_stride=bt_stride,
-        cache_seqlens=sl,
-        out=ov,
-        lse=lv,
-    )
+
+_FLOAT32 = struct.Struct("f")
 
 
 def _to_float32(value: float) -> float:
     try:
-        return struct.unpack("f", struct.pack("f", value))[0]
+        return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
     except OverflowError:
         return math.inf
 
@@ -549,32 +647,33 @@ def _decode(
             lse, lse_ptr = empty(op, (c.batch_size, c.num_heads, c.q_len), "float32", device, s)
         else:
             lse_ptr = call.lse.ptr
-        args = ffi.new(
-            "snapmla_decode_args_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_args_t"),
-                "layer": call.layer,
-                "causal": int(call.causal),
-                "softmax_scale": call.softmax_scale,
-                "kernel": call.kernel,
-                "q": ffi.cast("const void*", call.q.ptr),
-                "q_stride_batch": call.q_strides[0],
-                "q_stride_token": call.q_strides[1],
-                "q_stride_head": call.q_strides[2],
-                "block_table": ffi.cast("const int32_t*", call.block_table.ptr),
-                "block_table_stride": call.block_table_stride,
-                "cache_seqlens": ffi.cast("const int32_t*", call.cache_seqlens.ptr),
-                "out": ffi.cast("void*", out_ptr),
-                "lse": ffi.cast("float*", lse_ptr),
-            },
+        args = ffi.new(_ARGS_T)
+        _ARGS.pack_into(
+            ffi.buffer(args),
+            0,
+            _ARGS_SIZE,
+            call.layer,
+            int(call.causal),
+            call.softmax_scale,
+            call.kernel,
+            call.q.ptr & _U64,
+            call.q_strides[0],
+            call.q_strides[1],
+            call.q_strides[2],
+            call.block_table.ptr & _U64,
+            call.block_table_stride,
+            call.cache_seqlens.ptr & _U64,
+            out_ptr & _U64,
+            lse_ptr & _U64,
         )
+        buffers = _plan_buffers(plan)
         _lib.check(
             _lib.lib().snapmla_decode(
                 cache._handle,
                 plan._c_config,
                 args,
-                ffi.cast("const void*", plan._plan_ptr),
-                ffi.cast("void*", plan._workspace_ptr),
+                buffers[0],
+                buffers[1],
                 s.c(device),
             ),
             "snapmla_decode",

@@ -9,11 +9,14 @@ from . import _lib
 from ._dlpack import TensorView
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, ROPE_DIM
+from ._lib import CTYPES as _CT
 from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device
 
 __all__ = ["quantize_q"]
 
 MAX_QUANTIZE_HEADS = 1024
+# Why the outputs' alignments (4: the element size, no note).
+_ALIGN_NOTES = {8: "the kernel's 8-byte stores", 16: "the kernel's 16-byte stores"}
 
 
 def _token_stride(op: str, v: TensorView, default: int) -> int:
@@ -78,7 +81,7 @@ def _validate_quantize_args(
                 shape=shape,
                 writable=True,
                 align=align,
-                align_note=f"the kernel's {align}-byte stores" if align > 4 else "",
+                align_note=_ALIGN_NOTES.get(align, ""),
             )
         )
     device = checker.devices(None)
@@ -140,14 +143,14 @@ def quantize_q(
             ffi = _lib.ffi
             _lib.check(
                 _lib.lib().snapmla_quantize_q(
-                    ffi.cast("const void*", v.ptr),
+                    ffi.cast(_CT["const void*"], v.ptr),
                     n,
                     h,
                     token_stride,
                     head_stride,
-                    ffi.cast("void*", ptrs[0]),
-                    ffi.cast("void*", ptrs[1]),
-                    ffi.cast("float*", ptrs[2]),
+                    ffi.cast(_CT["void*"], ptrs[0]),
+                    ffi.cast(_CT["void*"], ptrs[1]),
+                    ffi.cast(_CT["float*"], ptrs[2]),
                     s.c(device),
                 ),
                 "snapmla_quantize_q",
