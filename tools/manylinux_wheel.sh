@@ -11,10 +11,8 @@
 #
 # A manylinux_2_28 wheel must be built on glibc 2.28 or older: on a newer system the C++ and CUDA
 # runtimes linked in bind newer glibc symbols (pthread_* @GLIBC_2.34 and more), and auditwheel
-# refuses, naming them. Release builds run in the manylinux_2_28 image:
-#
-#   docker run --rm -v "$PWD":/src -w /src quay.io/pypa/manylinux_2_28_x86_64 \
-#     bash tools/manylinux_wheel.sh
+# refuses, naming them. Release builds run in PyPA's manylinux_2_28_x86_64 build image, with
+# this checkout mounted as the working directory, as `bash tools/manylinux_wheel.sh`
 #
 # (there nvcc comes from the cuda-toolkit wheels, as in .ci/run). SNAPMLA_PLAT picks another tag;
 # SNAPMLA_PLAT=host picks the one this machine's glibc allows (CI, on a newer distribution).
