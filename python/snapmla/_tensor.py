@@ -15,11 +15,14 @@ import operator
 import sys
 import threading
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _dlpack, _lib
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 __all__ = [
     "BF16",
@@ -706,3 +709,33 @@ class InUse:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+class Closable:
+    """The lifetime manners shared by the objects whose ``close()`` an ``InUse`` guards
+    (``self._in_use``): ``with obj:`` closes it on exit, dropping it closes it without ever
+    raising (at interpreter exit anything may be gone; no operation can be in flight then, since
+    each holds the object), and a call on a closed object is refused by ``_refuse_closed``."""
+
+    _in_use: InUse
+    _what = "the object"  # how refusals name it: "the cache", "the plan"
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if getattr(self, "_in_use", None) is not None:
+                self.close()
+
+    def _refuse_closed(self, op: str, argument: str | None) -> SnapMLAError:
+        if argument is None:
+            return SnapMLAError(f"{op}: {self._what} is closed")
+        return SnapMLAError(f"{op}: argument '{argument}': {self._what} is closed",
+                            argument=argument)

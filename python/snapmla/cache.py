@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _lib
 from ._dlpack import TensorView
@@ -17,6 +16,7 @@ from ._tensor import (
     INT64,
     MAX_SPAN_BYTES,
     Checker,
+    Closable,
     InUse,
     OwnedMemory,
     Stream,
@@ -28,9 +28,6 @@ from ._tensor import (
 )
 
 __all__ = ["KVCache"]
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 _INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
@@ -146,7 +143,7 @@ def _validate_fetch_args(
     return layer, s, c, c_stride, k, k_stride
 
 
-class KVCache:
+class KVCache(Closable):
     """A paged FP8 MLA KV cache on one GPU, in the byte format documented in ``snapmla.h``.
 
     Each of ``num_layers`` layers holds ``num_pages`` pages of 64 token slots; token slot ``t``
@@ -166,6 +163,8 @@ class KVCache:
     ("the cache is closed"). CUDA graphs that captured calls with the cache hold its raw
     addresses: keep the cache open while they may be replayed.
     """
+
+    _what = "the cache"
 
     def __init__(
         self,
@@ -461,19 +460,6 @@ class KVCache:
         finally:
             self._in_use.closed_done()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # Never raises; at interpreter exit anything may be gone (the memory is then only
-        # dropped, see OwnedMemory.release). No operation can be in flight: each holds self.
-        with contextlib.suppress(Exception):
-            if getattr(self, "_in_use", None) is not None:
-                self.close()
-
     def __repr__(self) -> str:
         if self.closed and not hasattr(self, "_num_layers"):
             return "KVCache(<not created>)"
@@ -487,11 +473,7 @@ class KVCache:
         """Count a call as inside an operation (``_in_use.exit()`` ends it), or refuse it when
         the cache is closed."""
         if self._handle is None or not self._in_use.enter():
-            if argument is None:
-                raise SnapMLAError(f"{op}: the cache is closed")
-            raise SnapMLAError(
-                f"{op}: argument '{argument}': the cache is closed", argument=argument
-            )
+            raise self._refuse_closed(op, argument)
 
     def _used_on(self, stream: Stream) -> None:
         """After a launch on ``stream``: order the release of owned memory after it."""

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import numbers
 import struct
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from . import _lib
 from ._dlpack import TensorView
-from ._errors import SnapMLAError, argument_error
+from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
 from ._lib import CTYPES as _CT
 from ._tensor import (
@@ -20,6 +19,7 @@ from ._tensor import (
     FP32,
     INT32,
     Checker,
+    Closable,
     InUse,
     OwnedMemory,
     Stream,
@@ -31,9 +31,6 @@ from ._tensor import (
 from .cache import KVCache
 
 __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
-
-if TYPE_CHECKING:
-    from typing_extensions import Self
 
 # decode(kernel=...) names -> snapmla_decode_kernel_t.
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
@@ -150,7 +147,7 @@ def _validate_seqlens(
     return v, checker.devices(device)
 
 
-class DecodePlan:
+class DecodePlan(Closable):
     """The split-KV schedule of one decode step, with its device workspace.
 
     Built on the device from ``cache_seqlens`` (no host synchronization); serves every layer
@@ -173,6 +170,8 @@ class DecodePlan:
         device: CUDA device ordinal (that of ``cache_seqlens``).
         plan_bytes, workspace_bytes: Sizes of the two device buffers (CuPy arrays).
     """
+
+    _what = "the plan"
 
     def __init__(
         self,
@@ -298,24 +297,9 @@ class DecodePlan:
         finally:
             self._in_use.closed_done()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        with contextlib.suppress(Exception):  # never raises, also at interpreter exit
-            if getattr(self, "_in_use", None) is not None:
-                self.close()
-
     def _enter(self, op: str, argument: str | None = None) -> None:
         if not self._in_use.enter():
-            if argument is None:
-                raise SnapMLAError(f"{op}: the plan is closed")
-            raise SnapMLAError(
-                f"{op}: argument '{argument}': the plan is closed", argument=argument
-            )
+            raise self._refuse_closed(op, argument)
 
     def _run(self, seqlens: TensorView, stream: Stream) -> None:
         ffi = _lib.ffi
