@@ -39,7 +39,9 @@ from snapmla import _tensor
 
 pytestmark = pytest.mark.gpu
 
-SLEEP_CYCLES = 4_000_000_000  # ~2 s on an H200: still pending when dropped (0.25 s was not, 0d8aa48)
+SLEEP_CYCLES = (
+    4_000_000_000  # ~2 s on an H200: still pending when dropped (0.25 s was not, 0d8aa48)
+)
 
 
 def _same(out, lse, want: tuple[np.ndarray, np.ndarray], label: str) -> None:
@@ -115,13 +117,17 @@ def test_default_stream_is_torchs_current_stream(rng: np.random.Generator) -> No
 
 
 def _overwrite_free_memory(nbytes: int, rounds: int = 4) -> list:
-    """Allocate and fill with 0xFF (NaN in FP8, BF16, fp32) on the legacy default stream."""
+    """Allocate and fill with 0xFF (NaN in FP8, BF16, fp32) on the legacy default stream.
+
+    By cudaMemsetAsync, not CuPy's ``fill``: on a fresh machine the first ``fill`` compiles a
+    kernel, which took longer than the sleep meant to keep the decode pending (0d8aa48, 383283d).
+    """
     cupy = cupy_module()
     junk = []
     with cupy.cuda.Stream.null:
         for _ in range(rounds):
             a = cupy.empty(nbytes, np.uint8)
-            a.fill(0xFF)
+            cupy.cuda.runtime.memsetAsync(a.data.ptr, 0xFF, nbytes, 0)
             junk.append(a)
     return junk
 
