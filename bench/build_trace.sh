@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Development machine: build bench/seesaw_trace.cu into .carry/bin for a GPU call, twice: the
+# timing binary (seesaw_trace) and the per-CTA clock64 timeline (seesaw_timeline, compiled with
+# -DSNAPMLA_SEESAW_TRACE). On the GPU machine:
+#   .carry/bin/seesaw_trace 32 128 16384      # batch heads seqlen [q_len [min part cost]]
+#   .carry/bin/seesaw_timeline 32 128 16384
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
+mkdir -p .carry/bin
+src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
+     cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
+     cpp/decode/seesaw/instantiations/n64.cu)
+flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
+"$NVCC" "${flags[@]}" "${src[@]}" -o .carry/bin/seesaw_trace &
+"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_TRACE "${src[@]}" -o .carry/bin/seesaw_timeline &
+wait -n && wait -n
+git rev-parse --short HEAD > .carry/bin/COMMIT
+echo "built .carry/bin/seesaw_trace and seesaw_timeline at $(cat .carry/bin/COMMIT)"
