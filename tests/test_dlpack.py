@@ -415,6 +415,47 @@ def test_no_stream_for_cpu_and_none_stream() -> None:
     assert cuda.calls[-1] == {"stream": 1, "max_version": (1, 0)}
 
 
+class _TorchLikeTensor(FakeTensor):
+    """A fake producer that passes for a PyTorch tensor (module name), for _producer_stream."""
+
+
+_TorchLikeTensor.__module__ = "torch.fake"
+
+
+@pytest.mark.parametrize(
+    ("current", "handle", "passed"), [(0, 0, None), (77, 77, None), (77, 0, 1), (0, 77, 77)]
+)
+def test_no_handshake_when_the_stream_is_the_producers_current_one(
+    monkeypatch: pytest.MonkeyPatch, current: int, handle: int, passed: int | None
+) -> None:
+    # PyTorch's handshake costs more than the rest of a decode call's host path (issue #10);
+    # on the producer's own current stream it has nothing to order, so it is skipped.
+    import sys
+    import types
+
+    asked = []
+
+    def current_raw_stream(device: int) -> int:
+        asked.append(device)
+        return current
+
+    torch = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_getCurrentRawStream=current_raw_stream)
+    )
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    fake = _TorchLikeTensor((2, 512), "bfloat16", device=CUDA1)
+    view(fake, stream=handle)
+    assert asked == [1]
+    if passed is None:
+        assert fake.calls == [{"max_version": (1, 0)}]
+    else:
+        assert fake.calls == [{"stream": passed, "max_version": (1, 0)}]
+    # Other producers always get the stream.
+    other = FakeTensor((2, 512), "bfloat16", device=CUDA1)
+    view(other, stream=current)
+    assert other.stream_seen == (1 if current == 0 else current) and asked == [1]
+
+
 def test_dlpack_stream_mapping() -> None:
     assert dlpack_stream(0) == 1
     assert dlpack_stream(5) == 5

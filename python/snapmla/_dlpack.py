@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import math
 import struct
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -368,8 +369,12 @@ def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argumen
         except Exception as exc:
             raise _refuse(op, argument, f"its __dlpack_device__() failed: {exc}") from exc
         if stream is not None and device_type in _STREAM_DEVICES:
-            handle = stream(device_id) if callable(stream) else stream
-            handle = dlpack_stream(int(handle))
+            handle = int(stream(device_id) if callable(stream) else stream)
+            # The stream the producer's pending work is on already: nothing to order, and
+            # PyTorch's stream handshake (an ExternalStream, a current-stream query, device
+            # checks) was half of the host time of a decode call (issue #10).
+            current = _producer_stream(obj, device_id)
+            handle = None if current == handle else dlpack_stream(handle)
     try:
         try:
             if handle is None:
@@ -387,6 +392,22 @@ def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argumen
 
 
 _STREAM_DEVICES = frozenset((CUDA, CUDA_MANAGED, ROCM))
+
+
+def _producer_stream(obj: Any, device_id: int) -> int | None:
+    """The producer's current stream handle on ``device_id`` where it is known cheaply (PyTorch:
+    its current raw stream, 0 for the legacy default stream), else None."""
+    if not type(obj).__module__.startswith("torch"):
+        return None
+    torch = sys.modules.get("torch")
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    if raw is None:
+        return None
+    try:
+        return int(raw(device_id))
+    except Exception:  # noqa: BLE001 (no CUDA build, a bad device: the handshake decides)
+        return None
+
 
 # The bytes of DLManagedTensorVersioned up to the end of its DLTensor (native byte order, no
 # padding: the offsets are checked against ctypes' layout below): version (major, minor),
