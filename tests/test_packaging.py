@@ -138,6 +138,8 @@ def _kernel(kernels: dict[str, list[str]], part: str) -> list[str]:
 
 
 SEESAW_WIDTHS = (16, 32, 64)  # PV's wgmma N, one instantiation each (cpp/decode/seesaw)
+# m-tiles of the other warpgroup's block issued before the softmax (kEarlyMTiles, kernel.cuh)
+SEESAW_EARLY_MTILES = {16: 4, 32: 0, 64: 0}
 
 
 def _seesaw(n: int) -> list[str]:
@@ -160,15 +162,25 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int) -> None:
     shared memory, 16 FP8 QGMMA m64n64k32 over the content and 4 BF16 HGMMA m64n64k16 over the
     RoPE, emitted once; PV with V^T in registers, FP8 QGMMA m64n(N/2)k32 in groups of half the
     query rows, a whole block being 4 m-tiles x 2 halves x 2 k-steps (each copy the compiler
-    inlines is a whole block); nothing else on the tensor cores. ptxas has silently dropped a
+    inlines is a whole block), and the early PV (the other warpgroup's block, its first m-tiles
+    issued before the softmax) as whole-N QGMMA m64nNk32; nothing else on the tensor cores. ptxas has silently dropped a
     whole QK round before (a rewrite that never reached main): this catches that without a
     GPU. Prints the kernel's size in instructions (the per-block count is ncu's, NOTES.md)."""
     sass = _seesaw(n)
     gmma = _wgmma(sass)
     pv = gmma.pop((f"QGMMA.64x{n // 2}x32", "reg"), 0)
-    assert pv > 0 and pv % 16 == 0, (pv, gmma)
+    early_tiles = SEESAW_EARLY_MTILES[n]
+    early = gmma.pop((f"QGMMA.64x{n}x32", "reg"), 0) if early_tiles else 0
+    # The early PV: whole-N wgmmas, 2 k-steps per early m-tile, in edge and full variants.
+    assert early % (2 * early_tiles or 1) == 0 and (early > 0) == (early_tiles > 0), (early, gmma)
+    # Half-N groups: whole blocks (16) and the other's block past its early m-tiles.
+    late = 4 * (4 - early_tiles) if early_tiles else 0
+    copies = [
+        a for a in range(1, pv // 16 + 1) if late and (pv - 16 * a) % late == 0 or pv == 16 * a
+    ]
+    assert pv > 0 and copies, (pv, late, gmma)
     assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
-    print(f"seesaw N={n}: {len(sass)} SASS instructions, {pv // 16} inlined PV copies")
+    print(f"seesaw N={n}: {len(sass)} SASS instructions, {pv} half-N and {early} early PV wgmmas")
 
 
 # The N = 64 instantiation spills a few scalars (O^T alone is 128 registers a thread); strict:

@@ -58,8 +58,8 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 
 // Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each warpgroup records clock64 at
 // the events below for its first kTraceBlocks blocks. Compiled out unless SNAPMLA_SEESAW_TRACE.
-enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrPublished, kTrPvStart, kTrPvEnd,
-                  kTrEvents };
+enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kTrPfree, kTrPublished,
+                  kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd, kTrEvents };
 constexpr int kTraceBlocks = 64;
 #ifdef SNAPMLA_SEESAW_TRACE
 #define SEESAW_TRACE(block, event)                                                             \
@@ -75,12 +75,27 @@ constexpr int kTraceBlocks = 64;
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
+#ifndef SNAPMLA_SEESAW_EARLY32
+#define SNAPMLA_SEESAW_EARLY32 0
+#endif
+constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
+
 template <int kN>
 __global__ void __launch_bounds__(kThreads, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kNTiles = kN / 8;
+  // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
+  // temporaries and their A fragments live across it); 0: every PV after the softmax.
+  constexpr int kEarlyMTiles = kN == 16 ? kMTiles : kN == 32 ? kEarlyTiles32 : 0;
+  // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
+  // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
+  // block i - 1 (just read by the early PV) and, one iteration late, the content half and the
+  // RoPE and scales of the own block i - 2. Otherwise warp 0 refills after each PV.
+  constexpr bool kRefillInSoftmax = kEarlyMTiles == kMTiles;
+  constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
+  static_assert(!kRefillInSoftmax || 16 * kRefillWarp >= kN, "the refill warp runs no softmax");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte alignment (128B swizzle atoms) by pointer arithmetic, keeping the address space.
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(
@@ -132,8 +147,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
     // come out NaN.
-    // The page ids are read ahead by the caller: a global load here would stall the warp that
-    // the whole warpgroup's next wgmma waits for.
+    // The caller reads the page id (page_of below for the refills).
     auto load_content_half = [&](int i, int half, int32_t page) {
       uint64_t* bar = full_of(i);
       if (!page_ok(page)) {
@@ -225,7 +239,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
     // statistics published for both warpgroups' PV.
     auto softmax_publish = [&](int i) {
-      wgmma_wait<0>();
+      // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
+      wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
       fence_regs(sa);
       fence_regs(sb);
       SEESAW_TRACE(i, kTrQkDone);
@@ -287,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // The previous block's statistics (its owner is the other warpgroup).
       float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
       if (i > 0) {
-        named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+        if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
         SEESAW_TRACE(i, kTrStats);
         if (softmax_warp) {
           const RowStats& ps = s.stats[(i - 1) % kPBuffers];
@@ -333,6 +348,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         } else {
           p_prime(std::false_type{});
         }
+        SEESAW_TRACE(i, kTrExp);
         e_sum[0] *= kExpUnshift;
         e_sum[1] *= kExpUnshift;
 #pragma unroll
@@ -351,8 +367,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
         p8_words(z, inv_sig, w);
       }
+      SEESAW_TRACE(i, kTrP8);
       // PV(i - kPBuffers) by the other warpgroup read this buffer
       if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
+      SEESAW_TRACE(i, kTrPfree);
       if (softmax_warp) {
         store_p8(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
         if (t == 0) {
@@ -370,30 +388,76 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_barrier_arrive(kBarPready + (i & 1), kThreads);
       SEESAW_TRACE(i, kTrPublished);
       named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
+      SEESAW_TRACE(i, kTrWgSynced);
     };
 
     // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
     // kEdge: a block some row does not see whole (branching inside would stall the wgmma
     // pipeline, so the caller picks the variant).
-    auto pv_block = [&](int i, auto edge_tag) {
-      constexpr bool kEdge = decltype(edge_tag)::value;
-      SharedStorage::Stage& st = stage_of(i);
-      mbar_wait(full_of(i), phase_of(i));
-      SEESAW_TRACE(i, kTrPvStart);
-      const int tok0 = (seg.blk_lo + i) * kBlockN;
-      const RowStats& ps = s.stats[i % kPBuffers];
-      // Past-context tokens and NaN codes zeroed in blocks some row does not see whole (a NaN
-      // there must not reach rows whose P8 is 0); elsewhere a NaN in V reaches every row
-      // through its logit anyway.
+    // V^T A fragments of m-tile m (both k-steps) of block i's stage. Past-context tokens and NaN
+    // codes are zeroed in blocks some row does not see whole (a NaN there must not reach rows
+    // whose P8 is 0); elsewhere a NaN in V reaches every row through its logit anyway.
+    auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
+      const uint32_t chunk = smem_u32(stage_of(i).content[2 * wg + m / 2]) + ldsm_off[m & 1];
       uint32_t vmask[2][2];
-      if constexpr (kEdge) {
-        const int valid = min(max(seqlen - tok0, 0), kBlockN);
+      if constexpr (decltype(edge_tag)::value) {
+        const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
         }
       }
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+        vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
+        if constexpr (decltype(edge_tag)::value) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+        }
+      }
+    };
+    auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
+
+    // ---- the early PV (kEarlyMTiles > 0): m-tiles [0, kEarlyMTiles) of the other warpgroup's
+    // block i - 1, issued right after QK(i) into whole-N temporaries and left in flight under
+    // the softmax of block i; promoted after it. The A fragments stay untouched until then.
+    float early[kEarlyMTiles > 0 ? kEarlyMTiles : 1][kNRegs];
+    uint32_t early_a[kEarlyMTiles > 0 ? kEarlyMTiles : 1][2][4];
+    auto pv_issue_early = [&](int i, auto edge_tag) {
+      mbar_wait(full_of(i), phase_of(i));
+      const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+#pragma unroll
+      for (int m = 0; m < kEarlyMTiles; ++m) v_fragments(i, m, edge_tag, early_a[m]);
+      wgmma_fence();
+#pragma unroll
+      for (int m = 0; m < kEarlyMTiles; ++m) {
+        wgmma_pv<kN, true>(early[m], early_a[m][0], p_desc.at(0));
+        wgmma_pv<kN, false>(early[m], early_a[m][1], p_desc.at(32));
+      }
+    };
+    auto pv_promote_early = [&](int i) {
+      const RowStats& ps = s.stats[i % kPBuffers];
+#pragma unroll
+      for (int m = 0; m < kEarlyMTiles; ++m) {
+        fence_regs(early[m]);
+#pragma unroll
+        for (int col = 0; col < kNTiles; ++col) {
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, early[m][4 * col + c]);
+          }
+        }
+      }
+    };
+
+    // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
+    auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
+      constexpr int kM0 = decltype(m0_tag)::value;
+      mbar_wait(full_of(i), phase_of(i));
+      SEESAW_TRACE(i, kTrPvStart);
+      const RowStats& ps = s.stats[i % kPBuffers];
       // The block's product in groups of (m-tile, half of the N query rows), each into a zeroed
       // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
       // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
@@ -401,7 +465,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
       float tmp[2][kHalfN / 2];
       auto promote = [&](int q) {
-        const int m = q / 2, h = q % 2;
+        const int m = kM0 + q / 2, h = q % 2;
         fence_regs(tmp[q % 2]);
 #pragma unroll
         for (int nn = 0; nn < kHalfN / 8; ++nn) {
@@ -415,20 +479,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       };
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        const uint32_t chunk = smem_u32(st.content[2 * wg + m / 2]) + ldsm_off[m & 1];
+      for (int m = kM0; m < kMTiles; ++m) {
         uint32_t a[2][4];
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
-          if constexpr (kEdge) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-          }
-        }
+        v_fragments(i, m, edge_tag, a);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int q = 2 * m + h;
+          const int q = 2 * (m - kM0) + h;
           const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
           wgmma_fence();
           wgmma_pv<kHalfN, true>(tmp[q % 2], a[0], p_desc.at(rows));
@@ -441,30 +497,51 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       wgmma_wait<0>();
-      promote(2 * kMTiles - 1);
+      promote(2 * (kMTiles - kM0) - 1);
       SEESAW_TRACE(i, kTrPvEnd);
     };
-    auto pv = [&](int i) {
-      if ((seg.blk_lo + i + 1) * kBlockN > min_limit) {
-        pv_block(i, std::true_type{});
+    using AllTiles = std::integral_constant<int, 0>;
+    using LateTiles = std::integral_constant<int, kEarlyMTiles>;
+    auto pv = [&](int i) {  // the own block: every m-tile
+      if (is_edge(i)) {
+        pv_block(i, std::true_type{}, AllTiles{});
       } else {
-        pv_block(i, std::false_type{});
+        pv_block(i, std::false_type{}, AllTiles{});
       }
     };
-    auto refill_content = [&](int i, int32_t page_ahead) {  // this warpgroup's half is free
-      if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, wg, page_ahead);
+    auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
+      if constexpr (kEarlyMTiles < kMTiles) {
+        if (is_edge(i)) {
+          pv_block(i, std::true_type{}, LateTiles{});
+        } else {
+          pv_block(i, std::false_type{}, LateTiles{});
+        }
+      }
     };
-    auto refill_rope_scale = [&](int i, int32_t page_ahead) {  // the owner's QK and softmax ran
-      if (wtid == 0 && i + kStages < n) load_rope_scale(i + kStages, page_ahead);
+    // Page ids of the refills, 32 at a time: lane j of the refill warp of each warpgroup holds
+    // pages[page_base + j]. A global load per refill would stall the warp that the whole
+    // warpgroup's next wgmma waits for (by its latency, or at the softmax's proxy fence, which
+    // waits for loads in flight); this way one load in 32 blocks is waited for.
+    int32_t page_lane = -1;
+    int page_base = -1;
+    auto page_of = [&](int blk) -> int32_t {  // every lane of the refill warp; blk rising
+      const int base = blk & ~31;
+      if (base != page_base) {
+        page_base = base;
+        page_lane = base + lane < n ? pages[base + lane] : -1;
+      }
+      return __shfl_sync(0xffffffffu, page_lane, blk & 31);
     };
-    // Page ids of the refills of iteration i (blocks i - 1 + kStages and i + kStages), read
-    // after the softmax's proxy fence (which would wait for them) and used after a PV.
-    auto pages_ahead = [&](int i, int32_t* prev, int32_t* own) {
-      *prev = -1;
-      *own = -1;
-      if (wtid == 0) {
-        if (i > 0 && i - 1 + kStages < n) *prev = pages[i - 1 + kStages];
-        if (i + kStages < n) *own = pages[i + kStages];
+    auto refill_content = [&](int i) {  // this warpgroup's half of block i's stage is free
+      if (warp == kRefillWarp && i + kStages < n) {
+        const int32_t page = page_of(i + kStages);
+        if (lane == 0) load_content_half(i + kStages, wg, page);
+      }
+    };
+    auto refill_rope_scale = [&](int i) {  // the owner's QK and softmax of block i ran
+      if (warp == kRefillWarp && i + kStages < n) {
+        const int32_t page = page_of(i + kStages);
+        if (lane == 0) load_rope_scale(i + kStages, page);
       }
     };
 
@@ -473,17 +550,43 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
     for (int i = wg; i < n; i += 2) {
       issue_qk(i);
-      softmax_publish(i);
-      int32_t page_prev, page_own;
-      pages_ahead(i, &page_prev, &page_own);
-      if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
-        pv(i - 1);
-        if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
-        refill_content(i - 1, page_prev);
+      if constexpr (kEarlyMTiles > 0) {
+        if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
+          named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+          if (is_edge(i - 1)) {
+            pv_issue_early(i - 1, std::true_type{});
+          } else {
+            pv_issue_early(i - 1, std::false_type{});
+          }
+        }
+        wgmma_commit();  // empty without a previous block: the softmax waits for all but one
       }
-      refill_rope_scale(i, page_own);
+      if constexpr (kRefillInSoftmax) {
+        // QK(i) and the early PV of block i - 1 are done (the latter only a little after the
+        // former), so the refill warp may reuse what they read. Blocks rising (page_of).
+        wgmma_wait<0>();
+        if (warp == kRefillWarp) {
+          if (i >= 2) {  // the own block i - 2: its PV and softmax ran an iteration ago
+            refill_content(i - 2);
+            refill_rope_scale(i - 2);
+          }
+          if (i > 0) refill_content(i - 1);
+        }
+      }
+      softmax_publish(i);
+      if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
+      SEESAW_TRACE(i, kTrEarlyDone);
+      if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
+        if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
+        pv_late(i - 1);
+        if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
+        SEESAW_TRACE(i, kTrPfreeArrived);
+        if constexpr (!kRefillInSoftmax) refill_content(i - 1);
+      }
+      if constexpr (!kRefillInSoftmax) refill_rope_scale(i);
+      SEESAW_TRACE(i, kTrRefill);
       pv(i);
-      refill_content(i, page_own);
+      if constexpr (!kRefillInSoftmax) refill_content(i);
     }
     if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
       named_barrier(kBarPready + ((n - 1) & 1), kThreads);
