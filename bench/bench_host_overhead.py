@@ -245,6 +245,33 @@ def build_calls(
         "quantize_q": lambda: quantize_q(q_tokens, out=q_outs, stream=s),
     }
     keep = (cache, plan, cache_buffer, q, block_table, seqlens, out, lse)
+    if mode == "real":
+        # The same calls through snapmla.torch's custom ops (torch tensors, torch's current
+        # stream, no DLPack): the path issue #10 wants at or under 10 us.
+        import snapmla.torch as smt
+
+        t_cache = cache_buffer.view(NUM_LAYERS, NUM_PAGES, snapmla.PAGE_BYTES)
+        t_plan, t_ws = smt.decode_buffers(batch, num_heads=NUM_HEADS, max_pages=MAX_PAGES)
+        smt.plan(t_plan, seqlens, num_heads=NUM_HEADS, max_pages=MAX_PAGES)
+        calls["torch_decode"] = lambda: smt.decode(
+            t_cache,
+            0,
+            q,
+            block_table,
+            seqlens,
+            t_plan,
+            t_ws,
+            softmax_scale=SOFTMAX_SCALE,
+            out=out,
+            lse=lse,
+        )
+        calls["torch_plan"] = lambda: smt.plan(
+            t_plan, seqlens, num_heads=NUM_HEADS, max_pages=MAX_PAGES
+        )
+        calls["torch_append"] = lambda: smt.append(t_cache, 0, c_kv, k_pe, slots)
+        calls["torch_fetch"] = lambda: smt.fetch_dequant(t_cache, 0, slots, c_kv=c_out, k_pe=k_out)
+        calls["torch_quantize"] = lambda: smt.quantize_q(q_tokens, out=q_outs)
+        keep = (*keep, t_cache, t_plan, t_ws)
     if mode == "fake":
         calls["producer"] = lambda: q.__dlpack__(max_version=(1, 0), stream=1)
     return calls, sync, keep
@@ -329,6 +356,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="OPS",
         help="cProfile the given ops (default decode) at the first batch size instead of timing",
     )
+    p.add_argument(
+        "--no-torch-ops",
+        dest="torch_ops",
+        action="store_false",
+        help="real mode: leave out the snapmla.torch custom-op calls (torch_*)",
+    )
     p.add_argument("--top", type=int, default=25, help="functions shown by --profile")
     p.add_argument("--out", help="write the figures as JSON here")
     return p
@@ -347,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"unknown op {o!r}; known: {', '.join(OPS)}")
     if args.profile:
         calls, _, keep = build_calls(snapmla, mode, batches[0], args.default_stream)
-        profile(calls, args.profile.split(","), args.iters, args.top)
+        profile(calls, [o for o in args.profile.split(",") if o in calls], args.iters, args.top)
         del keep
         return 0
 
@@ -356,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'op':<15}{'batch':>6}{'median':>10}{'p90':>10}{'min':>10}{'mean':>10}")
     for batch in batches:
         calls, sync, keep = build_calls(snapmla, mode, batch, args.default_stream)
-        names = ops + (["producer"] if "producer" in calls else [])
+        extra = [k for k in calls if k == "producer" or (k.startswith("torch_") and args.torch_ops)]
+        names = ops + extra
         for name in names:
             r = time_call(calls[name], args.iters, args.warmup, sync)
             results.setdefault(name, {})[str(batch)] = r

@@ -1,0 +1,754 @@
+"""PyTorch custom ops over snapmla's C API: ``torch.library`` ops that ``torch.compile``
+(``fullgraph=True``) traces and CUDA graphs capture, on memory PyTorch allocates.
+
+Everything here takes and returns ``torch.Tensor`` and runs on PyTorch's current stream of the
+tensors' device (inside ``torch.cuda.graph(...)``: the capture stream). Tensors are read by
+their attributes (no DLPack, no stream handshake); each argument's dtype, shape, layout and
+device are checked here, and the C library checks the rest (ranges, strides, alignment), so
+a bad argument raises ``snapmla.SnapMLAError`` naming it and nothing is written.
+
+    import torch, snapmla.torch as smt
+
+    cache = smt.empty_cache(num_layers, num_pages, device="cuda")  # uint8 [L, P, 41216]
+    plan, workspace = smt.decode_buffers(max_batch, num_heads=128, max_pages=max_pages,
+                                         device="cuda")             # sized once, any batch <= max
+    smt.append(cache, layer, c_kv, k_pe, slots)                      # torch.ops.snapmla.append
+    smt.plan(plan, cache_seqlens, num_heads=128, max_pages=max_pages)  # once per step
+    out, lse = smt.decode(cache, layer, q, block_table, cache_seqlens, plan, workspace,
+                          softmax_scale=192 ** -0.5)
+
+The ops (``torch.ops.snapmla.*``, schemas with exact ``mutates_args`` and fake
+implementations): ``append`` (mutates ``cache``), ``fetch_dequant`` (``c_kv``, ``k_pe``),
+``quantize_q`` (its three outputs), ``plan`` (``plan``), ``decode`` (``workspace``, ``out``,
+``lse``). The functions of this module allocate missing outputs and call them.
+
+The cache tensor is the cache: the C handle over its memory is made on first use and kept,
+keyed by (address, layers, pages, device); ``release(cache)`` drops it. A plan and workspace
+sized for a batch serve every smaller batch (and ``decode_buffers`` checks the sizes grow with
+the batch), so a graph captured at a padded batch stays valid.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from . import _lib
+from ._errors import argument_error
+from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
+from .decode import _ARGS, _ARGS_SIZE, _ARGS_T, _U64, KERNELS, MAX_BATCH, MAX_SM_PARTS
+
+__all__ = [
+    "append",
+    "decode",
+    "decode_buffers",
+    "empty_cache",
+    "fetch_dequant",
+    "plan",
+    "quantize_q",
+    "release",
+]
+
+Tensor = torch.Tensor
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _describe(t: Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')} {list(t.shape)} on {t.device}"
+
+
+def _check(
+    op: str,
+    name: str,
+    t: Any,
+    dtypes: tuple[torch.dtype, ...],
+    shape: tuple[int | None, ...],
+    *,
+    contiguous: bool = False,
+    inner: bool = False,
+    device: torch.device | None = None,
+) -> None:
+    """``t`` is a CUDA tensor of one of ``dtypes`` and ``shape`` (``None``: any size), on
+    ``device`` if given; ``contiguous``: compact row-major; ``inner``: unit last stride."""
+    if not isinstance(t, Tensor):
+        raise argument_error(op, name, "a torch.Tensor", type(t).__name__)
+    want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
+    dims = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
+    if t.dtype not in dtypes or t.dim() != len(shape):
+        raise argument_error(op, name, f"{want} {dims}", _describe(t))
+    if any(s is not None and s != got for s, got in zip(shape, t.shape)):
+        raise argument_error(op, name, f"{want} {dims}", _describe(t))
+    if t.device.type != "cuda":
+        raise argument_error(op, name, "a CUDA tensor", _describe(t))
+    if device is not None and t.device != device:
+        raise argument_error(op, name, f"a tensor on {device}", _describe(t))
+    if contiguous and not t.is_contiguous():
+        raise argument_error(op, name, "a contiguous tensor", f"strides {list(t.stride())}")
+    if inner and t.dim() > 0 and t.size(-1) > 1 and t.stride(-1) != 1:
+        raise argument_error(
+            op, name, "unit stride in the last dimension", f"strides {list(t.stride())}"
+        )
+
+
+def _span(t: Tensor) -> tuple[int, int]:
+    """[first, last + 1) bytes ``t`` can touch (empty for an empty tensor)."""
+    if t.numel() == 0:
+        return (0, 0)
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    start = t.data_ptr()
+    return (start, start + (last + 1) * t.element_size())
+
+
+def _no_overlap(op: str, outputs: dict[str, Tensor], inputs: dict[str, Tensor]) -> None:
+    """No output shares bytes with an input or with another output."""
+    spans = {name: _span(t) for name, t in {**inputs, **outputs}.items()}
+    for out_name in outputs:
+        s0, e0 = spans[out_name]
+        for other, (s1, e1) in spans.items():
+            if other != out_name and s0 < e1 and s1 < e0:
+                raise argument_error(
+                    op, out_name, f"no bytes in common with '{other}'", "overlapping memory"
+                )
+
+
+# ------------------------------------------------------------------ device and stream
+
+_get_device = getattr(torch._C, "_cuda_getDevice", None)
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def _stream(device: torch.device) -> Any:
+    """PyTorch's current stream on ``device``, as the C calls take it."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _raw_stream is not None:
+        return _lib.stream_t(int(_raw_stream(index)))
+    return _lib.stream_t(int(torch.cuda.current_stream(index).cuda_stream))
+
+
+class _OnDevice:
+    """Make ``device`` current for the body when it is not (the C library refuses a call whose
+    cache lives on another device than the current one)."""
+
+    __slots__ = ("_guard", "_index")
+
+    def __init__(self, device: torch.device) -> None:
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._guard: Any = None
+
+    def __enter__(self) -> None:
+        current = _get_device() if _get_device is not None else torch.cuda.current_device()
+        if current != self._index:
+            self._guard = torch.cuda.device(self._index)
+            self._guard.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        if self._guard is not None:
+            self._guard.__exit__(*exc)
+
+
+# ------------------------------------------------------------------------------ cache
+
+_handles: dict[tuple[int, int, int, int], Any] = {}
+_handles_lock = threading.Lock()
+
+
+def empty_cache(num_layers: int, num_pages: int, device: Any = None) -> Tensor:
+    """A cache's memory, allocated by PyTorch: uint8 ``[num_layers, num_pages, 41216]`` (the
+    byte format of ``snapmla.h``; contents undefined until appended). ``device``: a CUDA
+    device (``None``: the current one)."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return torch.empty((num_layers, num_pages, PAGE_BYTES), dtype=torch.uint8, device=device)
+
+
+def _check_cache(op: str, cache: Any) -> None:
+    _check(op, "cache", cache, (torch.uint8,), (None, None, PAGE_BYTES), contiguous=True)
+
+
+def _handle(cache: Tensor) -> Any:
+    """The C handle over ``cache``'s memory, made on first use and kept."""
+    num_layers, num_pages = cache.shape[0], cache.shape[1]
+    key = (cache.data_ptr(), num_layers, num_pages, cache.device.index)
+    handle = _handles.get(key)
+    if handle is not None:
+        return handle
+    with _handles_lock:
+        handle = _handles.get(key)
+        if handle is None:
+            ffi = _lib.ffi
+            config = ffi.new(
+                "snapmla_cache_config_t*",
+                {
+                    "struct_size": ffi.sizeof("snapmla_cache_config_t"),
+                    "num_layers": num_layers,
+                    "num_pages": num_pages,
+                    "page_size": 0,
+                    "device": cache.device.index,
+                    "memory": ffi.cast("void*", cache.data_ptr()),
+                    "memory_bytes": cache.numel(),
+                },
+            )
+            out = ffi.new("snapmla_cache_t*")
+            _lib.check(_lib.lib().snapmla_cache_create(config, out), "snapmla_cache_create")
+            handle = _handles[key] = out[0]
+    return handle
+
+
+def release(cache: Tensor) -> bool:
+    """Destroy the C handle kept for ``cache`` (if any; the memory stays PyTorch's). Call it
+    before freeing a cache whose address may later hold a cache of another shape... or never:
+    a handle is a few dozen host bytes and is keyed by the shape too. Returns whether one was
+    kept."""
+    _check_cache("release", cache)
+    key = (cache.data_ptr(), cache.shape[0], cache.shape[1], cache.device.index)
+    with _handles_lock:
+        handle = _handles.pop(key, None)
+    if handle is None:
+        return False
+    _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")
+    return True
+
+
+# -------------------------------------------------------------------------- the ops
+# Each op: the real implementation (checks, then one C call on the current stream) and a fake
+# one (the same checks of what a fake tensor has: dtypes, shapes; it returns nothing new).
+
+_CT = _lib.CTYPES
+
+
+def _ptr(t: Tensor, ctype: str = "const void*") -> Any:
+    return _lib.ffi.cast(_CT[ctype], t.data_ptr())
+
+
+def _append_checks(op: str, cache: Tensor, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
+    _check_cache(op, cache)
+    _check(
+        op, "c_kv", c_kv, (torch.bfloat16,), (None, CONTENT_DIM), inner=True, device=cache.device
+    )
+    n = c_kv.shape[0]
+    _check(op, "k_pe", k_pe, (torch.bfloat16,), (n, ROPE_DIM), inner=True, device=cache.device)
+    _check(op, "slots", slots, (torch.int64,), (n,), contiguous=True, device=cache.device)
+
+
+@torch.library.custom_op("snapmla::append", mutates_args=("cache",))
+def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
+    op = "snapmla.torch.append"
+    _append_checks(op, cache, c_kv, k_pe, slots)
+    _no_overlap(op, {"cache": cache}, {"c_kv": c_kv, "k_pe": k_pe, "slots": slots})
+    with _OnDevice(cache.device):
+        _lib.check(
+            _lib.lib().snapmla_append(
+                _handle(cache),
+                layer,
+                _ptr(c_kv),
+                c_kv.stride(0),
+                _ptr(k_pe),
+                k_pe.stride(0),
+                _ptr(slots, "const int64_t*"),
+                c_kv.shape[0],
+                _stream(cache.device),
+            ),
+            "snapmla_append",
+        )
+
+
+@_append.register_fake
+def _(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
+    _append_checks("snapmla.torch.append", cache, c_kv, k_pe, slots)
+
+
+def _fetch_checks(op: str, cache: Tensor, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
+    _check_cache(op, cache)
+    _check(op, "slots", slots, (torch.int64,), (None,), contiguous=True, device=cache.device)
+    n = slots.shape[0]
+    _check(op, "c_kv", c_kv, (torch.bfloat16,), (n, CONTENT_DIM), inner=True, device=cache.device)
+    _check(op, "k_pe", k_pe, (torch.bfloat16,), (n, ROPE_DIM), inner=True, device=cache.device)
+
+
+@torch.library.custom_op("snapmla::fetch_dequant", mutates_args=("c_kv", "k_pe"))
+def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
+    op = "snapmla.torch.fetch_dequant"
+    _fetch_checks(op, cache, slots, c_kv, k_pe)
+    _no_overlap(op, {"c_kv": c_kv, "k_pe": k_pe}, {"cache": cache, "slots": slots})
+    with _OnDevice(cache.device):
+        _lib.check(
+            _lib.lib().snapmla_fetch_dequant(
+                _handle(cache),
+                layer,
+                _ptr(slots, "const int64_t*"),
+                slots.shape[0],
+                _ptr(c_kv, "void*"),
+                c_kv.stride(0),
+                _ptr(k_pe, "void*"),
+                k_pe.stride(0),
+                _stream(cache.device),
+            ),
+            "snapmla_fetch_dequant",
+        )
+
+
+@_fetch_dequant.register_fake
+def _(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
+    _fetch_checks("snapmla.torch.fetch_dequant", cache, slots, c_kv, k_pe)
+
+
+_FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), torch.uint8) if d is not None)
+
+
+def _quantize_checks(
+    op: str, q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor
+) -> tuple[int, int, int, int]:
+    """(tokens, heads, token stride, head stride) of ``q`` ``[..., h, 576]``."""
+    if not isinstance(q, Tensor) or q.dim() < 2:
+        _check(op, "q", q, (torch.bfloat16,), (None, None, HEAD_DIM))
+    lead = tuple(q.shape[:-2])
+    _check(op, "q", q, (torch.bfloat16,), (*([None] * len(lead)), None, HEAD_DIM), inner=True)
+    h = q.shape[-2]
+    n = 1
+    for size in lead:
+        n *= size
+    # The leading dimensions must flatten to one token stride.
+    token_stride = q.stride(-3) if lead else HEAD_DIM * h
+    for i in range(len(lead) - 1):
+        if lead[i] > 1 and q.stride(i) != q.stride(i + 1) * q.shape[i + 1]:
+            raise argument_error(
+                op,
+                "q",
+                "leading dimensions that flatten to one token stride",
+                f"strides {list(q.stride())}",
+            )
+    _check(
+        op, "q_content", q_content, _FP8, (*lead, h, CONTENT_DIM), contiguous=True, device=q.device
+    )
+    _check(
+        op,
+        "q_rope",
+        q_rope,
+        (torch.bfloat16,),
+        (*lead, h, ROPE_DIM),
+        contiguous=True,
+        device=q.device,
+    )
+    _check(op, "q_scale", q_scale, (torch.float32,), (*lead, h), contiguous=True, device=q.device)
+    return n, h, token_stride, q.stride(-2)
+
+
+@torch.library.custom_op("snapmla::quantize_q", mutates_args=("q_content", "q_rope", "q_scale"))
+def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -> None:
+    op = "snapmla.torch.quantize_q"
+    n, h, token_stride, head_stride = _quantize_checks(op, q, q_content, q_rope, q_scale)
+    _no_overlap(op, {"q_content": q_content, "q_rope": q_rope, "q_scale": q_scale}, {"q": q})
+    if n == 0:
+        return
+    with _OnDevice(q.device):
+        _lib.check(
+            _lib.lib().snapmla_quantize_q(
+                _ptr(q),
+                n,
+                h,
+                token_stride,
+                head_stride,
+                _ptr(q_content, "void*"),
+                _ptr(q_rope, "void*"),
+                _ptr(q_scale, "float*"),
+                _stream(q.device),
+            ),
+            "snapmla_quantize_q",
+        )
+
+
+@_quantize_q.register_fake
+def _(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -> None:
+    _quantize_checks("snapmla.torch.quantize_q", q, q_content, q_rope, q_scale)
+
+
+# ----------------------------------------------------------------- plan and decode
+
+_configs: dict[tuple[int, ...], Any] = {}
+_sizes: dict[tuple[int, ...], tuple[int, int]] = {}
+
+
+def _config(batch: int, q_len: int, num_heads: int, max_pages: int, num_sm_parts: int) -> Any:
+    """A ``snapmla_decode_config_t`` for this shape, built once and kept (never mutated)."""
+    key = (batch, q_len, num_heads, max_pages, num_sm_parts)
+    config = _configs.get(key)
+    if config is None:
+        ffi = _lib.ffi
+        config = ffi.new(
+            "snapmla_decode_config_t*",
+            {
+                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
+                "batch_size": batch,
+                "q_len": q_len,
+                "num_heads": num_heads,
+                "max_pages": max_pages,
+                "num_sm_parts": num_sm_parts,
+            },
+        )
+        if len(_configs) > 4096:
+            _configs.clear()
+        _configs[key] = config
+    return config
+
+
+def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
+    """(plan bytes, workspace bytes) of a config on ``device`` (the SM count matters when
+    num_sm_parts is 0), asked of the library once per config and device."""
+    key = (device.index, *config_key)
+    sizes = _sizes.get(key)
+    if sizes is None:
+        ffi = _lib.ffi
+        plan_bytes, workspace_bytes = ffi.new("size_t*"), ffi.new("size_t*")
+        with _OnDevice(device):
+            _lib.check(
+                _lib.lib().snapmla_decode_buffer_sizes(
+                    _config(*config_key), plan_bytes, workspace_bytes
+                ),
+                "snapmla_decode_buffer_sizes",
+            )
+        sizes = _sizes[key] = (int(plan_bytes[0]), int(workspace_bytes[0]))
+    return sizes
+
+
+def decode_buffers(
+    batch_size: int,
+    *,
+    num_heads: int,
+    max_pages: int,
+    q_len: int = 1,
+    num_sm_parts: int = 0,
+    device: Any = None,
+) -> tuple[Tensor, Tensor]:
+    """The plan and workspace of decode steps of up to ``batch_size`` requests, allocated by
+    PyTorch (uint8, 1-D): they serve every batch size up to ``batch_size`` with the same
+    ``num_heads``, ``max_pages``, ``q_len`` and ``num_sm_parts``."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise argument_error("snapmla.torch.decode_buffers", "device", "a CUDA device", str(device))
+    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
+        raise argument_error(
+            "snapmla.torch.decode_buffers",
+            "batch_size",
+            f"an int in 1..{MAX_BATCH}",
+            repr(batch_size),
+        )
+    plan_bytes, workspace_bytes = _buffer_sizes(
+        device, batch_size, q_len, num_heads, max_pages, num_sm_parts
+    )
+    plan_t = torch.empty(max(plan_bytes, 1), dtype=torch.uint8, device=device)
+    workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
+    return plan_t, workspace
+
+
+def _check_buffer(op: str, name: str, t: Any, nbytes: int, device: torch.device) -> None:
+    _check(op, name, t, (torch.uint8,), (None,), contiguous=True, device=device)
+    if t.shape[0] < nbytes:
+        raise argument_error(
+            op,
+            name,
+            f"at least {nbytes} bytes for this config (decode_buffers)",
+            f"{t.shape[0]} bytes",
+        )
+
+
+def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor) -> None:
+    _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
+    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
+        raise argument_error(
+            op, "cache_seqlens", f"[b] with b in 1..{MAX_BATCH}", _describe(cache_seqlens)
+        )
+    _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
+
+
+@torch.library.custom_op("snapmla::plan", mutates_args=("plan",))
+def _plan(
+    plan: Tensor,
+    cache_seqlens: Tensor,
+    q_len: int,
+    num_heads: int,
+    max_pages: int,
+    num_sm_parts: int,
+) -> None:
+    op = "snapmla.torch.plan"
+    _plan_checks(op, plan, cache_seqlens)
+    key = (cache_seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
+    _no_overlap(op, {"plan": plan}, {"cache_seqlens": cache_seqlens})
+    device = cache_seqlens.device
+    with _OnDevice(device):
+        # The sizes first: they also check the config's ranges, naming the field.
+        _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
+        _lib.check(
+            _lib.lib().snapmla_decode_plan(
+                _config(*key),
+                _ptr(cache_seqlens, "const int32_t*"),
+                _ptr(plan, "void*"),
+                _stream(device),
+            ),
+            "snapmla_decode_plan",
+        )
+
+
+@_plan.register_fake
+def _(
+    plan: Tensor,
+    cache_seqlens: Tensor,
+    q_len: int,
+    num_heads: int,
+    max_pages: int,
+    num_sm_parts: int,
+) -> None:
+    _plan_checks("snapmla.torch.plan", plan, cache_seqlens)
+
+
+def _decode_checks(
+    op: str,
+    cache: Tensor,
+    q: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    plan: Tensor,
+    workspace: Tensor,
+    out: Tensor,
+    lse: Tensor,
+) -> tuple[int, int, int, int]:
+    """(b, s_q, h, max_pages) of a decode call."""
+    _check_cache(op, cache)
+    d = cache.device
+    _check(op, "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM), inner=True, device=d)
+    b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
+    _check(op, "block_table", block_table, (torch.int32,), (b, None), inner=True, device=d)
+    _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (b,), contiguous=True, device=d)
+    _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=d)
+    _check(op, "workspace", workspace, (torch.uint8,), (None,), contiguous=True, device=d)
+    _check(op, "out", out, (torch.bfloat16,), (b, s_q, h, CONTENT_DIM), contiguous=True, device=d)
+    _check(op, "lse", lse, (torch.float32,), (b, h, s_q), contiguous=True, device=d)
+    return b, s_q, h, block_table.shape[1]
+
+
+@torch.library.custom_op("snapmla::decode", mutates_args=("workspace", "out", "lse"))
+def _decode(
+    cache: Tensor,
+    layer: int,
+    q: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    plan: Tensor,
+    workspace: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    kernel: int,
+    num_sm_parts: int,
+) -> None:
+    op = "snapmla.torch.decode"
+    b, s_q, h, max_pages = _decode_checks(
+        op, cache, q, block_table, cache_seqlens, plan, workspace, out, lse
+    )
+    _no_overlap(
+        op,
+        {"out": out, "lse": lse, "workspace": workspace},
+        {
+            "cache": cache,
+            "q": q,
+            "block_table": block_table,
+            "cache_seqlens": cache_seqlens,
+            "plan": plan,
+        },
+    )
+    key = (b, s_q, h, max_pages, num_sm_parts)
+    device = cache.device
+    ffi = _lib.ffi
+    args = ffi.new(_ARGS_T)
+    with _OnDevice(device):
+        plan_bytes, workspace_bytes = _buffer_sizes(device, *key)
+        _check_buffer(op, "plan", plan, plan_bytes, device)
+        _check_buffer(op, "workspace", workspace, workspace_bytes, device)
+        _ARGS.pack_into(
+            ffi.buffer(args),
+            0,
+            _ARGS_SIZE,
+            layer,
+            int(bool(causal)),
+            float(softmax_scale),
+            kernel,
+            q.data_ptr() & _U64,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            block_table.data_ptr() & _U64,
+            block_table.stride(0),
+            cache_seqlens.data_ptr() & _U64,
+            out.data_ptr() & _U64,
+            lse.data_ptr() & _U64,
+        )
+        _lib.check(
+            _lib.lib().snapmla_decode(
+                _handle(cache),
+                _config(*key),
+                args,
+                _ptr(plan),
+                _ptr(workspace, "void*"),
+                _stream(device),
+            ),
+            "snapmla_decode",
+        )
+
+
+@_decode.register_fake
+def _(
+    cache: Tensor,
+    layer: int,
+    q: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    plan: Tensor,
+    workspace: Tensor,
+    out: Tensor,
+    lse: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    kernel: int,
+    num_sm_parts: int,
+) -> None:
+    _decode_checks(
+        "snapmla.torch.decode", cache, q, block_table, cache_seqlens, plan, workspace, out, lse
+    )
+
+
+# ------------------------------------------------------------- the public functions
+
+
+def append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
+    """Quantize ``n`` tokens into ``layer`` of ``cache`` (``snapmla.KVCache.append``'s
+    contract): ``c_kv`` BF16 ``[n, 512]``, ``k_pe`` BF16 ``[n, 64]`` (unit inner stride),
+    ``slots`` int64 ``[n]`` (negative: skipped)."""
+    torch.ops.snapmla.append(cache, layer, c_kv, k_pe, slots)
+
+
+def fetch_dequant(
+    cache: Tensor,
+    layer: int,
+    slots: Tensor,
+    *,
+    c_kv: Tensor | None = None,
+    k_pe: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Gather ``slots`` (int64 ``[n]``) of ``layer`` and dequantize them to BF16; returns
+    ``(c_kv [n, 512], k_pe [n, 64])``, the given outputs or new tensors."""
+    op = "snapmla.torch.fetch_dequant"
+    _check_cache(op, cache)
+    _check(op, "slots", slots, (torch.int64,), (None,), contiguous=True, device=cache.device)
+    n, device = slots.shape[0], cache.device
+    if c_kv is None:
+        c_kv = torch.empty((n, CONTENT_DIM), dtype=torch.bfloat16, device=device)
+    if k_pe is None:
+        k_pe = torch.empty((n, ROPE_DIM), dtype=torch.bfloat16, device=device)
+    torch.ops.snapmla.fetch_dequant(cache, layer, slots, c_kv, k_pe)
+    return c_kv, k_pe
+
+
+def quantize_q(
+    q: Tensor, *, out: tuple[Tensor, Tensor, Tensor] | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Quantize query rows (``snapmla.quantize_q``'s contract): ``q`` BF16 ``[..., h, 576]``;
+    returns ``(q_content float8_e4m3fn [..., h, 512], q_rope bf16 [..., h, 64], q_scale fp32
+    [..., h])``, the given outputs or new tensors."""
+    if out is None:
+        _check(
+            "snapmla.torch.quantize_q",
+            "q",
+            q,
+            (torch.bfloat16,),
+            (*([None] * max(q.dim() - 1, 1) if isinstance(q, Tensor) else [None]), HEAD_DIM),
+        )
+        lead = tuple(q.shape[:-1])
+        fp8 = getattr(torch, "float8_e4m3fn", torch.uint8)
+        out = (
+            torch.empty((*lead, CONTENT_DIM), dtype=fp8, device=q.device),
+            torch.empty((*lead, ROPE_DIM), dtype=torch.bfloat16, device=q.device),
+            torch.empty(lead, dtype=torch.float32, device=q.device),
+        )
+    torch.ops.snapmla.quantize_q(q, *out)
+    return out
+
+
+def plan(
+    plan: Tensor,
+    cache_seqlens: Tensor,
+    *,
+    num_heads: int,
+    max_pages: int,
+    q_len: int = 1,
+    num_sm_parts: int = 0,
+) -> None:
+    """Build the step's split-KV schedule into ``plan`` (from ``decode_buffers``) from
+    ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
+    launch, no host synchronization."""
+    _check_config("snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts)
+    torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
+
+
+def _check_config(op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any) -> None:
+    for name, value, low, high in (
+        ("num_heads", num_heads, 1, MAX_HEADS),
+        ("q_len", q_len, 1, MAX_Q_LEN),
+        ("max_pages", max_pages, 1, (2**31 - 1) // 64),
+        ("num_sm_parts", num_sm_parts, 0, MAX_SM_PARTS),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise argument_error(op, name, f"an int in {low}..{high}", repr(value))
+
+
+def decode(
+    cache: Tensor,
+    layer: int,
+    q: Tensor,
+    block_table: Tensor,
+    cache_seqlens: Tensor,
+    plan: Tensor,
+    workspace: Tensor,
+    *,
+    softmax_scale: float,
+    causal: bool = True,
+    kernel: str = "auto",
+    num_sm_parts: int = 0,
+    out: Tensor | None = None,
+    lse: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """FP8 MLA decode of one layer (``snapmla.decode``'s contract) with a plan built by
+    ``plan`` for the same ``cache_seqlens``: ``q`` BF16 ``[b, s_q, h, 576]``, ``block_table``
+    int32 ``[b, max_pages]``; returns ``(out bf16 [b, s_q, h, 512], lse fp32 [b, h, s_q])``,
+    the given outputs or new tensors. ``kernel``: ``"auto"``, ``"fast"`` or ``"reference"``."""
+    if kernel not in KERNELS:
+        raise argument_error(
+            "snapmla.torch.decode", "kernel", " or ".join(map(repr, KERNELS)), repr(kernel)
+        )
+    if out is None or lse is None:
+        _check("snapmla.torch.decode", "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM))
+        b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
+        if out is None:
+            out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=torch.bfloat16, device=q.device)
+        if lse is None:
+            lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
+    torch.ops.snapmla.decode(
+        cache,
+        layer,
+        q,
+        block_table,
+        cache_seqlens,
+        plan,
+        workspace,
+        out,
+        lse,
+        float(softmax_scale),
+        bool(causal),
+        KERNELS[kernel],
+        num_sm_parts,
+    )
+    return out, lse

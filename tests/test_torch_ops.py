@@ -1,0 +1,195 @@
+"""snapmla.torch without a GPU: the ops' schemas (exact mutations), their fake implementations
+(checks that name the argument), torch.compile(fullgraph=True) of a decode step on fake CUDA
+tensors, the host-side helpers. The GPU half is tests/gpu/test_torch_ops.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+smt = pytest.importorskip("snapmla.torch")
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import snapmla
+from snapmla import _lib
+
+MUTATES = {
+    "append": {"cache"},
+    "fetch_dequant": {"c_kv", "k_pe"},
+    "quantize_q": {"q_content", "q_rope", "q_scale"},
+    "plan": {"plan"},
+    "decode": {"workspace", "out", "lse"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(MUTATES))
+def test_schema_mutates_exactly_the_outputs(name: str) -> None:
+    schema = getattr(torch.ops.snapmla, name).default._schema
+    mutated = {
+        a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write
+    }
+    assert mutated == MUTATES[name], schema
+    assert not schema.returns, schema  # outputs are given: nothing aliases a new tensor
+
+
+def _fake_step_inputs(b: int = 2, h: int = 16, s_q: int = 1, max_pages: int = 4) -> dict[str, Any]:
+    cuda = "cuda"
+    return {
+        "cache": torch.empty(2, 8, snapmla.PAGE_BYTES, dtype=torch.uint8, device=cuda),
+        "q": torch.empty(b, s_q, h, 576, dtype=torch.bfloat16, device=cuda),
+        "bt": torch.empty(b, max_pages, dtype=torch.int32, device=cuda),
+        "sl": torch.empty(b, dtype=torch.int32, device=cuda),
+        "plan": torch.empty(4096, dtype=torch.uint8, device=cuda),
+        "ws": torch.empty(1 << 20, dtype=torch.uint8, device=cuda),
+        "c_kv": torch.empty(b, 512, dtype=torch.bfloat16, device=cuda),
+        "k_pe": torch.empty(b, 64, dtype=torch.bfloat16, device=cuda),
+        "slots": torch.empty(b, dtype=torch.int64, device=cuda),
+    }
+
+
+def _step(cache, q, bt, sl, plan, ws, c_kv, k_pe, slots):
+    smt.append(cache, 0, c_kv, k_pe, slots)
+    smt.plan(plan, sl, num_heads=q.shape[2], q_len=q.shape[1], max_pages=bt.shape[1])
+    out, lse = smt.decode(cache, 0, q, bt, sl, plan, ws, softmax_scale=0.1)
+    return out, lse
+
+
+def test_decode_step_compiles_fullgraph() -> None:
+    """Dynamo traces a whole step (no graph break); the GPU test compiles it with Inductor,
+    which also functionalizes the mutations, and checks it against eager."""
+    graphs = []
+
+    def record(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with FakeTensorMode():
+        x = _fake_step_inputs()
+        out, lse = torch.compile(_step, fullgraph=True, backend=record)(**x)
+        assert tuple(out.shape) == (2, 1, 16, 512) and out.dtype == torch.bfloat16
+        assert tuple(lse.shape) == (2, 16, 1) and lse.dtype == torch.float32
+    code = graphs[0].code
+    order = [code.index(f"torch.ops.snapmla.{op}") for op in ("append", "plan", "decode")]
+    assert order == sorted(order), code
+
+
+def test_fake_decode_checks_name_the_argument() -> None:
+    with FakeTensorMode():
+        x = _fake_step_inputs()
+        out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 16, 1, dtype=torch.float32, device="cuda")
+        args = [
+            x["cache"],
+            0,
+            x["q"],
+            x["bt"],
+            x["sl"],
+            x["plan"],
+            x["ws"],
+            out,
+            lse,
+            0.1,
+            True,
+            0,
+            0,
+        ]
+        torch.ops.snapmla.decode(*args)
+
+        def cuda(*shape: int, dtype: Any, strides: Any = None) -> Any:
+            if strides is None:
+                return torch.empty(*shape, dtype=dtype, device="cuda")
+            return torch.empty_strided(shape, strides, dtype=dtype, device="cuda")
+
+        for index, bad, name in (
+            (2, cuda(2, 1, 16, 576, dtype=torch.float32), "q"),
+            (2, cuda(2, 1, 16, 576, dtype=torch.bfloat16, strides=(9216, 9216, 576, 2)), "q"),
+            (3, cuda(1, 4, dtype=torch.int32), "block_table"),
+            (4, cuda(2, dtype=torch.int64), "cache_seqlens"),
+            (7, lse, "out"),
+            (8, out, "lse"),
+            (0, cuda(2, 8, 100, dtype=torch.uint8), "cache"),
+            (6, cuda(1024, dtype=torch.uint8, strides=(2,)), "workspace"),
+        ):
+            wrong = list(args)
+            wrong[index] = bad
+            with pytest.raises(snapmla.SnapMLAError, match=f"argument '{name}'"):
+                torch.ops.snapmla.decode(*wrong)
+
+
+def test_fake_append_and_fetch_checks() -> None:
+    with FakeTensorMode():
+        x = _fake_step_inputs()
+        smt.append(x["cache"], 0, x["c_kv"], x["k_pe"], x["slots"])
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'k_pe'"):
+            smt.append(
+                x["cache"],
+                0,
+                x["c_kv"],
+                torch.empty(1, 64, dtype=torch.bfloat16, device="cuda"),
+                x["slots"],
+            )
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'slots'"):
+            smt.append(
+                x["cache"],
+                0,
+                x["c_kv"],
+                x["k_pe"],
+                torch.empty(2, dtype=torch.int32, device="cuda"),
+            )
+        c, k = smt.fetch_dequant(x["cache"], 0, x["slots"])
+        assert tuple(c.shape) == (2, 512) and tuple(k.shape) == (2, 64)
+        qc, _, qs = smt.quantize_q(x["q"])
+        assert tuple(qc.shape) == (2, 1, 16, 512) and tuple(qs.shape) == (2, 1, 16)
+
+
+def test_real_ops_refuse_cpu_tensors() -> None:
+    cache = torch.empty(1, 1, snapmla.PAGE_BYTES, dtype=torch.uint8)
+    c_kv = torch.zeros(1, 512, dtype=torch.bfloat16)
+    k_pe = torch.zeros(1, 64, dtype=torch.bfloat16)
+    slots = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'cache': expected a CUDA tensor"):
+        smt.append(cache, 0, c_kv, k_pe, slots)
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'kernel'"):
+        smt.decode(cache, 0, c_kv, c_kv, c_kv, cache, cache, softmax_scale=1.0, kernel="fastest")
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'num_heads'"):
+        smt.plan(cache, slots, num_heads=0, max_pages=1)
+
+
+def test_no_overlap_names_both_tensors() -> None:
+    base = torch.zeros(1024, dtype=torch.uint8)
+    smt._no_overlap("op", {"out": base[:100]}, {"q": base[100:200]})
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'out'.*'q'"):
+        smt._no_overlap("op", {"out": base[:101]}, {"q": base[100:200]})
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'a'.*'b'"):
+        smt._no_overlap("op", {"a": base[:10], "b": base[5:20]}, {})
+    strided = base.view(8, 128)[:, :4]  # 8 rows of 4 bytes, 128 apart: spans 900 bytes
+    assert smt._span(strided) == (base.data_ptr(), base.data_ptr() + 7 * 128 + 4)
+    assert smt._span(base[:0]) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    ("heads", "q_len", "max_pages", "parts"),
+    [(16, 1, 64, 132), (128, 1, 256, 66), (16, 4, 1024, 132)],
+)
+def test_plan_and_workspace_grow_with_the_batch(
+    heads: int, q_len: int, max_pages: int, parts: int
+) -> None:
+    """decode_buffers sizes the buffers for the largest batch; that serves every smaller one
+    only if neither size shrinks as the batch grows (num_sm_parts given: no GPU asked)."""
+    lib = _lib.lib()
+    ffi = _lib.ffi
+    plan_b, ws_b = ffi.new("size_t*"), ffi.new("size_t*")
+    last = (0, 0)
+    for b in [*range(1, 130), 255, 256, 257, 1000, 4096, 65536]:
+        _lib.check(
+            lib.snapmla_decode_buffer_sizes(
+                smt._config(b, q_len, heads, max_pages, parts), plan_b, ws_b
+            ),
+            "sizes",
+        )
+        sizes = (int(plan_b[0]), int(ws_b[0]))
+        assert sizes[0] >= last[0] and sizes[1] >= last[1], (b, sizes, last)
+        last = sizes
