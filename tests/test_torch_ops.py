@@ -1,6 +1,6 @@
 """snapmla.torch without a GPU: the ops' schemas (exact mutations), their fake implementations
 (checks that name the argument), torch.compile(fullgraph=True) of a decode step on fake CUDA
-tensors, the host-side helpers. The GPU half is tests/gpu/test_torch_ops.py."""
+tensors, the host-side helpers. The GPU half is tests/gpu/test_torch_ops_gpu.py."""
 
 from __future__ import annotations
 
