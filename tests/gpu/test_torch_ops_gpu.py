@@ -126,13 +126,15 @@ def test_opcheck_every_op(rng: np.random.Generator) -> None:
     )
     qq = to_torch(ref_rows(rng, (4, 16, 576)))
     outs = smt.quantize_q(qq)
-    torch.library.opcheck(ops.quantize_q.default, (qq, *(torch.empty_like(t) for t in outs)))
+    # q_content as raw bytes: opcheck's schema test multiplies tensors, which float8 lacks.
+    raw = (torch.empty(outs[0].shape, dtype=torch.uint8, device="cuda"), *map(torch.empty_like, outs[1:]))
+    torch.library.opcheck(ops.quantize_q.default, (qq, *raw))
 
 
 def _step(cache, layers, q, bt, sl, plan, workspace, c_kv, k_pe, slots, max_pages):
     """A decode step of ``layers`` layers: append the new tokens, plan, decode each layer."""
     outs = []
-    smt.plan(plan, sl, num_heads=q.shape[2], q_len=q.shape[1], max_pages=max_pages)
+    smt.plan(plan, sl, num_heads=q.shape[3], q_len=q.shape[2], max_pages=max_pages)
     for layer in range(layers):
         smt.append(cache, layer, c_kv[layer], k_pe[layer], slots)
         out, _ = smt.decode(cache, layer, q[layer], bt, sl, plan, workspace, softmax_scale=SM_SCALE)
@@ -193,7 +195,7 @@ def test_refusals_name_the_argument(rng: np.random.Generator) -> None:
         smt.decode(
             cache, 0, q.float(), bt, sl, plan, workspace, softmax_scale=SM_SCALE, out=out, lse=lse
         )
-    with pytest.raises(snapmla.SnapMLAError, match="'layer'"):
+    with pytest.raises(snapmla.SnapMLAError, match="layer'"):
         smt.decode(cache, 7, q, bt, sl, plan, workspace, softmax_scale=SM_SCALE, out=out, lse=lse)
     with pytest.raises(snapmla.SnapMLAError, match="'workspace'"):
         smt.decode(
