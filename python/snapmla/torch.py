@@ -73,13 +73,22 @@ def _check(
 ) -> None:
     """``t`` is a CUDA tensor of one of ``dtypes`` and ``shape`` (``None``: any size), on
     ``device`` if given; ``contiguous``: compact row-major; ``inner``: unit last stride."""
+    # The common case in a few C-level comparisons (host overhead, issue #10).
+    if (
+        isinstance(t, Tensor)
+        and t.dtype in dtypes
+        and t.is_cuda
+        and (t.shape == shape if None not in shape else _shape_ok(t.shape, shape))
+        and (device is None or t.device == device)
+        and (not contiguous or t.is_contiguous())
+        and (not inner or t.dim() == 0 or t.size(-1) <= 1 or t.stride(-1) == 1)
+    ):
+        return
     if not isinstance(t, Tensor):
         raise argument_error(op, name, "a torch.Tensor", type(t).__name__)
     want = " or ".join(str(d).replace("torch.", "") for d in dtypes)
     dims = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
-    if t.dtype not in dtypes or t.dim() != len(shape):
-        raise argument_error(op, name, f"{want} {dims}", _describe(t))
-    if any(s is not None and s != got for s, got in zip(shape, t.shape)):
+    if t.dtype not in dtypes or not _shape_ok(t.shape, shape):
         raise argument_error(op, name, f"{want} {dims}", _describe(t))
     if t.device.type != "cuda":
         raise argument_error(op, name, "a CUDA tensor", _describe(t))
@@ -87,18 +96,23 @@ def _check(
         raise argument_error(op, name, f"a tensor on {device}", _describe(t))
     if contiguous and not t.is_contiguous():
         raise argument_error(op, name, "a contiguous tensor", f"strides {list(t.stride())}")
-    if inner and t.dim() > 0 and t.size(-1) > 1 and t.stride(-1) != 1:
-        raise argument_error(
-            op, name, "unit stride in the last dimension", f"strides {list(t.stride())}"
-        )
+    raise argument_error(
+        op, name, "unit stride in the last dimension", f"strides {list(t.stride())}"
+    )
+
+
+def _shape_ok(got: Any, want: tuple[int | None, ...]) -> bool:
+    return len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got))
 
 
 def _span(t: Tensor) -> tuple[int, int]:
     """[first, last + 1) bytes ``t`` can touch (empty for an empty tensor)."""
     if t.numel() == 0:
         return (0, 0)
-    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     start = t.data_ptr()
+    if t.is_contiguous():
+        return (start, start + t.nbytes)
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
     return (start, start + (last + 1) * t.element_size())
 
 
@@ -215,6 +229,39 @@ def release(cache: Tensor) -> bool:
 # -------------------------------------------------------------------------- the ops
 # Each op: the real implementation (checks, then one C call on the current stream) and a fake
 # one (the same checks of what a fake tensor has: dtypes, shapes; it returns nothing new).
+# Registered with torch.library.Library rather than torch.library.custom_op: the latter's
+# Python dispatch wrapper cost ~18 us a call on our CPU machine against ~2 us (issue #10).
+# The real implementation is registered for CUDA and CPU (where it refuses the tensors by
+# name); the schemas state exactly which arguments each op writes.
+
+_LIBRARY = torch.library.Library("snapmla", "DEF")
+SCHEMAS = {
+    "append": "append(Tensor(a!) cache, SymInt layer, Tensor c_kv, Tensor k_pe, Tensor slots) -> ()",
+    "fetch_dequant": "fetch_dequant(Tensor cache, SymInt layer, Tensor slots, Tensor(a!) c_kv, Tensor(b!) k_pe) -> ()",
+    "quantize_q": "quantize_q(Tensor q, Tensor(a!) q_content, Tensor(b!) q_rope, Tensor(c!) q_scale) -> ()",
+    "plan": "plan(Tensor(a!) plan, Tensor cache_seqlens, SymInt q_len, SymInt num_heads, SymInt max_pages, SymInt num_sm_parts) -> ()",
+    "decode": "decode(Tensor cache, SymInt layer, Tensor q, Tensor block_table, Tensor cache_seqlens, Tensor plan, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, float softmax_scale, bool causal, SymInt kernel, SymInt num_sm_parts) -> ()",
+}
+for _schema in SCHEMAS.values():
+    _LIBRARY.define(_schema)
+
+
+def _real(name: str) -> Any:
+    def register(fn: Any) -> Any:
+        for key in ("CUDA", "CPU"):
+            _LIBRARY.impl(name, fn, key)
+        return fn
+
+    return register
+
+
+def _fake(name: str) -> Any:
+    def register(fn: Any) -> Any:
+        torch.library.register_fake(f"snapmla::{name}", fn, lib=_LIBRARY)
+        return fn
+
+    return register
+
 
 _CT = _lib.CTYPES
 
@@ -233,7 +280,7 @@ def _append_checks(op: str, cache: Tensor, c_kv: Tensor, k_pe: Tensor, slots: Te
     _check(op, "slots", slots, (torch.int64,), (n,), contiguous=True, device=cache.device)
 
 
-@torch.library.custom_op("snapmla::append", mutates_args=("cache",))
+@_real("append")
 def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
     op = "snapmla.torch.append"
     _append_checks(op, cache, c_kv, k_pe, slots)
@@ -255,7 +302,7 @@ def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor
         )
 
 
-@_append.register_fake
+@_fake("append")
 def _(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
     _append_checks("snapmla.torch.append", cache, c_kv, k_pe, slots)
 
@@ -268,7 +315,7 @@ def _fetch_checks(op: str, cache: Tensor, slots: Tensor, c_kv: Tensor, k_pe: Ten
     _check(op, "k_pe", k_pe, (torch.bfloat16,), (n, ROPE_DIM), inner=True, device=cache.device)
 
 
-@torch.library.custom_op("snapmla::fetch_dequant", mutates_args=("c_kv", "k_pe"))
+@_real("fetch_dequant")
 def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
     op = "snapmla.torch.fetch_dequant"
     _fetch_checks(op, cache, slots, c_kv, k_pe)
@@ -290,7 +337,7 @@ def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe:
         )
 
 
-@_fetch_dequant.register_fake
+@_fake("fetch_dequant")
 def _(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
     _fetch_checks("snapmla.torch.fetch_dequant", cache, slots, c_kv, k_pe)
 
@@ -336,7 +383,7 @@ def _quantize_checks(
     return n, h, token_stride, q.stride(-2)
 
 
-@torch.library.custom_op("snapmla::quantize_q", mutates_args=("q_content", "q_rope", "q_scale"))
+@_real("quantize_q")
 def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -> None:
     op = "snapmla.torch.quantize_q"
     n, h, token_stride, head_stride = _quantize_checks(op, q, q_content, q_rope, q_scale)
@@ -360,7 +407,7 @@ def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -
         )
 
 
-@_quantize_q.register_fake
+@_fake("quantize_q")
 def _(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -> None:
     _quantize_checks("snapmla.torch.quantize_q", q, q_content, q_rope, q_scale)
 
@@ -465,7 +512,7 @@ def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor) -> None:
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
 
 
-@torch.library.custom_op("snapmla::plan", mutates_args=("plan",))
+@_real("plan")
 def _plan(
     plan: Tensor,
     cache_seqlens: Tensor,
@@ -493,7 +540,7 @@ def _plan(
         )
 
 
-@_plan.register_fake
+@_fake("plan")
 def _(
     plan: Tensor,
     cache_seqlens: Tensor,
@@ -530,7 +577,7 @@ def _decode_checks(
     return b, s_q, h, block_table.shape[1]
 
 
-@torch.library.custom_op("snapmla::decode", mutates_args=("workspace", "out", "lse"))
+@_real("decode")
 def _decode(
     cache: Tensor,
     layer: int,
@@ -600,7 +647,7 @@ def _decode(
         )
 
 
-@_decode.register_fake
+@_fake("decode")
 def _(
     cache: Tensor,
     layer: int,
