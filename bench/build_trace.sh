@@ -4,6 +4,7 @@
 # -DSNAPMLA_SEESAW_TRACE). On the GPU machine:
 #   .carry/bin/seesaw_trace 32 128 16384      # batch heads seqlen [q_len [min part cost]]
 #   .carry/bin/seesaw_timeline 32 128 16384
+#   .carry/bin/seesaw_trace_refill32 128 16 16384 2   # N = 32 with SNAPMLA_SEESAW_REFILL32
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -14,6 +15,8 @@ src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/s
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
 "$NVCC" "${flags[@]}" "${src[@]}" -o .carry/bin/seesaw_trace &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_TRACE "${src[@]}" -o .carry/bin/seesaw_timeline &
-wait -n && wait -n
+# Experimental variants for an A/B in the same call (kernel.cuh's SNAPMLA_SEESAW_* switches).
+"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_REFILL32=1 "${src[@]}" -o .carry/bin/seesaw_trace_refill32 &
+wait -n && wait -n && wait -n
 git rev-parse --short HEAD > .carry/bin/COMMIT
 echo "built .carry/bin/seesaw_trace and seesaw_timeline at $(cat .carry/bin/COMMIT)"

@@ -75,6 +75,9 @@ constexpr int kTraceBlocks = 64;
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
+#ifndef SNAPMLA_SEESAW_REFILL32
+#define SNAPMLA_SEESAW_REFILL32 0
+#endif
 #ifndef SNAPMLA_SEESAW_EARLY32
 #define SNAPMLA_SEESAW_EARLY32 0
 #endif
@@ -93,7 +96,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
   // block i - 1 (just read by the early PV) and, one iteration late, the content half and the
   // RoPE and scales of the own block i - 2. Otherwise warp 0 refills after each PV.
-  constexpr bool kRefillInSoftmax = kEarlyMTiles == kMTiles;
+  // SNAPMLA_SEESAW_REFILL32 (experimental, off; bench/NOTES.md): at N = 32 too, warp 3 refills
+  // the own block i - 2 during the softmax; block i - 1's content half (read by the PV after
+  // the softmax) it refills after that PV.
+  constexpr bool kRefillInSoftmax =
+      kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0);
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || 16 * kRefillWarp >= kN, "the refill warp runs no softmax");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -562,15 +569,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma_commit();  // empty without a previous block: the softmax waits for all but one
       }
       if constexpr (kRefillInSoftmax) {
-        // QK(i) and the early PV of block i - 1 are done (the latter only a little after the
-        // former), so the refill warp may reuse what they read. Blocks rising (page_of).
+        // QK(i) and the early PV of block i - 1, if any, are done (the latter only a little
+        // after the former), so the refill warp may reuse what they read; QK(i) done also
+        // means every warp of this warpgroup issued it, past its reads of the own block i - 2
+        // (last iteration's PV). Blocks rising (page_of).
         wgmma_wait<0>();
         if (warp == kRefillWarp) {
           if (i >= 2) {  // the own block i - 2: its PV and softmax ran an iteration ago
             refill_content(i - 2);
             refill_rope_scale(i - 2);
           }
-          if (i > 0) refill_content(i - 1);
+          if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
         }
       }
       softmax_publish(i);
@@ -581,7 +590,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         pv_late(i - 1);
         if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         SEESAW_TRACE(i, kTrPfreeArrived);
-        if constexpr (!kRefillInSoftmax) refill_content(i - 1);
+        if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) refill_content(i - 1);
       }
       if constexpr (!kRefillInSoftmax) refill_rope_scale(i);
       SEESAW_TRACE(i, kTrRefill);
