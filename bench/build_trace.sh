@@ -18,5 +18,14 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 # Experimental variants for an A/B in the same call (kernel.cuh's SNAPMLA_SEESAW_* switches).
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_REFILL32=1 "${src[@]}" -o .carry/bin/seesaw_trace_refill32 &
 wait -n && wait -n && wait -n
+# The C API's host-time harness, against a library built here (any build of this commit's ABI);
+# on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).
+LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}
+if [ -f "$LIBDIR/libsnapmla.so" ]; then
+  "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/host_overhead_c.cu \
+    -L"$LIBDIR" -lsnapmla -Xlinker -rpath,/tmp/site/snapmla/lib -o .carry/bin/host_overhead_c
+else
+  echo "no $LIBDIR/libsnapmla.so: host_overhead_c not built (set SNAPMLA_LIBDIR)"
+fi
 git rev-parse --short HEAD > .carry/bin/COMMIT
 echo "built .carry/bin/seesaw_trace and seesaw_timeline at $(cat .carry/bin/COMMIT)"

@@ -4,6 +4,7 @@
 #
 #   bash bench/gpu_session.sh [tests] [tests-decode] [frag] [ctest] [sanitize] [sass] [demo]
 #                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu] [soak]
+#                             [host-c]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -29,7 +30,8 @@ python3 -c "import snapmla, sys; print('snapmla', snapmla.version(), snapmla.__f
 # What comes back (at most 8 files): the result files and one archive of every log, refreshed
 # after each stage so that a call cut short by the device-time budget still returns them.
 publish() {
-  for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png; do
+  for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png \
+    host-c.log; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
   done
   tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt --exclude='*.ncu-rep' --exclude=src.csv .
@@ -56,6 +58,13 @@ for stage in "$@"; do
     soak)
       log "soak: a serving loop of graph replays against the reference kernel"
       timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak.log" | tail -8 || status=1
+      ;;
+    host-c)  # needs .carry/bin/host_overhead_c (built by bench/build_trace.sh)
+      log "host time of the C API's calls (bench/host_overhead_c.cu)"
+      for b in 1 64; do
+        LD_LIBRARY_PATH=/tmp/site/snapmla/lib .carry/bin/host_overhead_c $b 128 2000 2>&1 \
+          | tee -a "$OUT/host-c.log" || status=1
+      done
       ;;
     ctest)
       log "C example against the installed CMake package"
