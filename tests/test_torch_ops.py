@@ -193,3 +193,20 @@ def test_plan_and_workspace_grow_with_the_batch(
         sizes = (int(plan_b[0]), int(ws_b[0]))
         assert sizes[0] >= last[0] and sizes[1] >= last[1], (b, sizes, last)
         last = sizes
+
+
+def test_torch_ops_need_no_cupy() -> None:
+    """`pip install snapmla` plus PyTorch is enough for snapmla.torch (issue #10): importing it
+    and tracing a step import no CuPy."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, snapmla.torch as smt\n"
+        "from torch._subclasses.fake_tensor import FakeTensorMode\n"
+        "with FakeTensorMode():\n"
+        "    q = torch.empty(1, 16, 576, dtype=torch.bfloat16, device='cuda')\n"
+        "    smt.quantize_q(q)\n"
+        "assert 'cupy' not in sys.modules, 'cupy imported'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
