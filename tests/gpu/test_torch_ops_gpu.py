@@ -16,7 +16,6 @@ from _util import (
     poisoned_outputs,
     synchronize,
     to_torch,
-    torch_module,
 )
 
 import snapmla
@@ -24,7 +23,7 @@ from snapmla import reference as ref
 
 pytestmark = pytest.mark.gpu
 
-torch = torch_module()
+torch = pytest.importorskip("torch")
 smt = pytest.importorskip("snapmla.torch")
 
 
