@@ -98,6 +98,7 @@ struct alignas(1024) SharedStorage {
   int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
   uint64_t q_bar;
+  uint64_t empty_bar[kStages];  // SNAPMLA_SEESAW_PRODUCER: both warpgroups done with a stage
 };
 
 struct TensorMaps {

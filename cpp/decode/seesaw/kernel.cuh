@@ -83,8 +83,22 @@ constexpr int kTraceBlocks = 64;
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 
+// SNAPMLA_SEESAW_PRODUCER (experimental, off; bench/NOTES.md): a third warpgroup issues every
+// load (its elected thread waits on per-stage "empty" barriers that each consumer warpgroup
+// arrives on after its PV of a block), so no consumer warp stops to issue TMA; setmaxnreg
+// gives the producer 24 registers and the consumers 240.
+#ifndef SNAPMLA_SEESAW_PRODUCER
+#define SNAPMLA_SEESAW_PRODUCER 0
+#endif
+constexpr bool kProducer = SNAPMLA_SEESAW_PRODUCER != 0;
+constexpr int kCtaThreads = kThreads + (kProducer ? kWgThreads : 0);
+constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
+constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
+constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
+static_assert(kBarCta < 16, "16 named barriers per CTA");
+
 template <int kN>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kCtaThreads, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
@@ -100,7 +114,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the own block i - 2 during the softmax; block i - 1's content half (read by the PV after
   // the softmax) it refills after that PV.
   constexpr bool kRefillInSoftmax =
-      kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0);
+      !kProducer && (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || 16 * kRefillWarp >= kN, "the refill warp runs no softmax");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -121,11 +135,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
+    if constexpr (kProducer) {
+      for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
+    }
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
   __syncthreads();
-
   // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
   // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
   const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
@@ -134,509 +150,577 @@ __global__ void __launch_bounds__(kThreads, 1)
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
   const RequestRange requests = part_requests(p, L, part);
-  uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
-  uint32_t q_phase = 0;
+  // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
+  // the consumers' under 240; without SNAPMLA_SEESAW_PRODUCER only the consumers' exists, as
+  // a plain block: the validated default's code, unchanged).
+#if SNAPMLA_SEESAW_PRODUCER
+  auto run_requests = [&](auto producer_tag) {
+    constexpr bool kIsProducer = decltype(producer_tag)::value;
+#else
+  {
+    constexpr bool kIsProducer = false;
+#endif
+    uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
+    uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
+    uint32_t q_phase = 0;
 
-  for (int b = requests.begin; b <= requests.end; ++b) {
-    Segment seg;
-    if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
-    const int seqlen = p.seqlens[b];
-    const int n = seg.blk_hi - seg.blk_lo;
-    const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
-    const int32_t* pages = p.block_table + int64_t{b} * p.block_table_stride + seg.blk_lo;
-    // Tokens every row of the tile sees: blocks below this need no masking or V sanitizing.
-    const int min_limit = p.causal ? seqlen - p.q_len + 1 : seqlen;
-    const uint32_t it0 = it;
-    auto stage_of = [&](int i) -> SharedStorage::Stage& { return s.stage[(it0 + i) % kStages]; };
-    auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
-    auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
-    auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
+    for (int b = requests.begin; b <= requests.end; ++b) {
+      Segment seg;
+      if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
+      const int seqlen = p.seqlens[b];
+      const int n = seg.blk_hi - seg.blk_lo;
+      const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
+      const int32_t* pages = p.block_table + int64_t{b} * p.block_table_stride + seg.blk_lo;
+      // Tokens every row of the tile sees: blocks below this need no masking or V sanitizing.
+      const int min_limit = p.causal ? seqlen - p.q_len + 1 : seqlen;
+      const uint32_t it0 = it;
+      auto stage_of = [&](int i) -> SharedStorage::Stage& { return s.stage[(it0 + i) % kStages]; };
+      auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
+      auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
+      auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
 
-    // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
-    // come out NaN.
-    // The caller reads the page id (page_of below for the refills).
-    auto load_content_half = [&](int i, int half, int32_t page) {
-      uint64_t* bar = full_of(i);
-      if (!page_ok(page)) {
-        s.bad_page = 1;
-        return mbar_arrive(bar);
-      }
-      mbar_arrive_expect_tx(bar, kContentHalfTx);
-#pragma unroll
-      for (int c = 2 * half; c < 2 * half + 2; ++c) {
-        tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
-      }
-    };
-    auto load_rope_scale = [&](int i, int32_t page) {
-      uint64_t* bar = full_of(i);
-      if (!page_ok(page)) {
-        s.bad_page = 1;
-        return mbar_arrive(bar);
-      }
-      mbar_arrive_expect_tx(bar, kRopeScaleTx);
-      tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
-      tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
-    };
-    if (tid == 0) {
-      s.bad_page = 0;  // the loads below and the refills set it
-      mbar_arrive_expect_tx(&s.q_bar, kQTx);
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-        tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
-                    static_cast<int32_t>(row0));
-      }
-      tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
-      for (int i = 0; i < min(kStages, n); ++i) {
-        const int32_t page = pages[i];
-        load_content_half(i, 0, page);
-        load_content_half(i, 1, page);
-        load_rope_scale(i, page);
-      }
-    }
-    if (tid < kRowsM) {
-      const int fr = tile * kRowsM + tid;
-      s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
-    }
-    __syncthreads();  // q_scale
-    mbar_wait(&s.q_bar, q_phase);
-    q_phase ^= 1;
-
-    float o[kMTiles][kNRegs];  // O^T of latent half wg
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-      for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
-    }
-
-    // ---- QK of block i (the owner; asynchronous): two fp32 halves
-    const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
-    const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
-    float sa[32], sb[32];
-    // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
-    auto issue_qk = [&](int i) {
-      SharedStorage::Stage& st = stage_of(i);
-      SEESAW_TRACE(i, kTrQkIssue);
-      mbar_wait(full_of(i), phase_of(i));
-      SEESAW_TRACE(i, kTrQkReady);
-      // Descriptors once per block; each wgmma moves its start by an immediate.
-      const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
-      const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
-      wgmma_fence();
-#pragma unroll
-      for (int c = 0; c < kChunks; ++c) {
-#pragma unroll
-        for (int k = 0; k < kQkChunkSteps; ++k) {
-          const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
-          const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-          float (&acc)[32] = c < 2 ? sa : sb;
-          if (c % 2 == 0 && k == 0) {
-            wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
-          } else {
-            wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
-          }
+      // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
+      // come out NaN.
+      // The caller reads the page id (page_of below for the refills).
+      auto load_content_half = [&](int i, int half, int32_t page) {
+        uint64_t* bar = full_of(i);
+        if (!page_ok(page)) {
+          s.bad_page = 1;
+          return mbar_arrive(bar);
         }
-      }
+        mbar_arrive_expect_tx(bar, kContentHalfTx);
 #pragma unroll
-      for (int k = 0; k < kRopeSteps; ++k) {
-        wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
-      }
-      wgmma_commit();
-    };
-
-    // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
-    // statistics published for both warpgroups' PV.
-    auto softmax_publish = [&](int i) {
-      // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
-      wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
-      fence_regs(sa);
-      fence_regs(sb);
-      SEESAW_TRACE(i, kTrQkDone);
-      const SharedStorage::Stage& st = stage_of(i);
-      const int tok0 = (seg.blk_lo + i) * kBlockN;
-      const bool full = tok0 + kBlockN <= min_limit;
-      float m_new[2], sig[2], l[2], gamma[2];
-      uint32_t w[2][4];  // P8 of rows r0 and r0 + 8, 16 tokens per word group
-      // u = S s_k in place: u[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2. The row
-      // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
-      // row maximum of z is max(u) rf, exactly.
-      float (&z)[32] = sa;
-      auto k_scales = [&](int nn) {  // s_k of tokens 8 nn + 2 t, + 1
-        return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
+        for (int c = 2 * half; c < 2 * half + 2; ++c) {
+          tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
+        }
       };
-      float mx[2] = {-INFINITY, -INFINITY};
-      float row_factor[2];
-      if (softmax_warp) {
-        // Per-row constants, re-read each block rather than held in registers across PV.
-        row_factor[0] = s.q_scale[r0] * p.scale_log2;
-        row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
-        // u = S s_k and the row maxima; in a block some row does not see whole, invisible
-        // tokens are -inf.
-        auto scaled_logits = [&](auto full_tag) {
-          constexpr bool kFull = decltype(full_tag)::value;
-          int limit[2];
-          if constexpr (!kFull) {
-            limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
-            limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
-          }
-#pragma unroll
-          for (int nn = 0; nn < 8; ++nn) {
-            const float2 k2 = k_scales(nn);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int e = 4 * nn + c;
-              const float u = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
-              if constexpr (kFull) {
-                z[e] = u;
-              } else {
-                z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
-              }
-              mx[c / 2] = fmaxf(mx[c / 2], z[e]);
-            }
-          }
-        };
-        if (full) {
-          scaled_logits(std::true_type{});
-        } else {
-          scaled_logits(std::false_type{});
+      auto load_rope_scale = [&](int i, int32_t page) {
+        uint64_t* bar = full_of(i);
+        if (!page_ok(page)) {
+          s.bad_page = 1;
+          return mbar_arrive(bar);
         }
+        mbar_arrive_expect_tx(bar, kRopeScaleTx);
+        tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
+        tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
+      };
+      if (tid == kLoaderTid) {
+        s.bad_page = 0;  // the loads below and the refills set it
+        mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-          mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-          mx[ri] *= row_factor[ri];
+        for (int c = 0; c < kChunks; ++c) {
+          tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                      static_cast<int32_t>(row0));
+        }
+        tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+        for (int i = 0; i < min(kStages, n); ++i) {
+          const int32_t page = pages[i];
+          load_content_half(i, 0, page);
+          load_content_half(i, 1, page);
+          load_rope_scale(i, page);
         }
       }
-      // The previous block's statistics (its owner is the other warpgroup).
-      float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
-      if (i > 0) {
-        if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-        SEESAW_TRACE(i, kTrStats);
-        if (softmax_warp) {
-          const RowStats& ps = s.stats[(i - 1) % kPBuffers];
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            m_prev[ri] = ps.m[r0 + 8 * ri];
-            sig_prev[ri] = ps.sig[r0 + 8 * ri];
-            l_prev[ri] = ps.l[r0 + 8 * ri];
+      if (tid < kRowsM) {
+        const int fr = tile * kRowsM + tid;
+        s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
+      }
+      if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
+        if (wtid == 0) {
+          for (int j = kStages; j < n; ++j) {
+            const uint32_t st = (it0 + j) % kStages;
+            mbar_wait(&s.empty_bar[st], (empty_parity >> st) & 1u);
+            empty_parity ^= 1u << st;
+            const int32_t page = pages[j];
+            load_content_half(j, 0, page);
+            load_content_half(j, 1, page);
+            load_rope_scale(j, page);
           }
         }
+        it += n;
+        named_barrier(kBarCta, kCtaThreads);  // the consumers' end of the request
+        continue;
       }
-      if (softmax_warp) {
-        float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
-          m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
-        }
-        // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0
-        // (a select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so
-        // that the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's
-        // 2^-24 scale it back exactly.
-        const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
-        auto p_prime = [&](auto full_tag) {
-#pragma unroll
-          for (int nn = 0; nn < 8; ++nn) {
-            const float2 k2 = k_scales(nn);
-            const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              const int e = 4 * nn + c, ri = c / 2;
-              const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
-              e_sum[ri] += ex;
-              float pp = ex * ks[c & 1];
-              if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
-              z[e] = pp;
-              p_max[ri] = fmaxf(p_max[ri], pp);
-            }
-          }
-        };
-        if (full) {
-          p_prime(std::true_type{});
-        } else {
-          p_prime(std::false_type{});
-        }
-        SEESAW_TRACE(i, kTrExp);
-        e_sum[0] *= kExpUnshift;
-        e_sum[1] *= kExpUnshift;
-#pragma unroll
-        for (int ri = 0; ri < 2; ++ri) {
-          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
-          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
-          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
-          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
-          // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k (paper eq. 12)
-          sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
-          gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
-          l[ri] = l_prev[ri] * gamma[ri] + __fdiv_rn(e_sum[ri], sig[ri]);
-        }
-        // P8 = e4m3(P' / sigma), by the reciprocal (the tensor-core tier's tolerance covers
-        // the rare last-ulp flip).
-        const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
-        p8_words(z, inv_sig, w);
+      // q_scale written (by the consumers only, with a producer)
+      if constexpr (kProducer) {
+        named_barrier(kBarConsumers, kThreads);
+      } else {
+        __syncthreads();
       }
-      SEESAW_TRACE(i, kTrP8);
-      // PV(i - kPBuffers) by the other warpgroup read this buffer
-      if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
-      SEESAW_TRACE(i, kTrPfree);
-      if (softmax_warp) {
-        store_p8(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
-        if (t == 0) {
-          RowStats& ps = s.stats[i % kPBuffers];
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            ps.m[r0 + 8 * ri] = m_new[ri];
-            ps.sig[r0 + 8 * ri] = sig[ri];
-            ps.l[r0 + 8 * ri] = l[ri];
-            ps.gamma[r0 + 8 * ri] = gamma[ri];
-          }
-        }
-      }
-      fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
-      named_barrier_arrive(kBarPready + (i & 1), kThreads);
-      SEESAW_TRACE(i, kTrPublished);
-      named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
-      SEESAW_TRACE(i, kTrWgSynced);
-    };
+      mbar_wait(&s.q_bar, q_phase);
+      q_phase ^= 1;
 
-    // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
-    // kEdge: a block some row does not see whole (branching inside would stall the wgmma
-    // pipeline, so the caller picks the variant).
-    // V^T A fragments of m-tile m (both k-steps) of block i's stage. Past-context tokens and NaN
-    // codes are zeroed in blocks some row does not see whole (a NaN there must not reach rows
-    // whose P8 is 0); elsewhere a NaN in V reaches every row through its logit anyway.
-    auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
-      const uint32_t chunk = smem_u32(stage_of(i).content[2 * wg + m / 2]) + ldsm_off[m & 1];
-      uint32_t vmask[2][2];
-      if constexpr (decltype(edge_tag)::value) {
-        const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
+      float o[kMTiles][kNRegs];  // O^T of latent half wg
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+        for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
+      }
+
+      // ---- QK of block i (the owner; asynchronous): two fp32 halves
+      const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
+      const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
+      float sa[32], sb[32];
+      // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
+      auto issue_qk = [&](int i) {
+        SharedStorage::Stage& st = stage_of(i);
+        SEESAW_TRACE(i, kTrQkIssue);
+        mbar_wait(full_of(i), phase_of(i));
+        SEESAW_TRACE(i, kTrQkReady);
+        // Descriptors once per block; each wgmma moves its start by an immediate.
+        const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
+        const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
+        wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+          for (int k = 0; k < kQkChunkSteps; ++k) {
+            const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
+            const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
+            float (&acc)[32] = c < 2 ? sa : sb;
+            if (c % 2 == 0 && k == 0) {
+              wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
+            } else {
+              wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
+            }
+          }
+        }
+#pragma unroll
+        for (int k = 0; k < kRopeSteps; ++k) {
+          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+        }
+        wgmma_commit();
+      };
+
+      // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
+      // statistics published for both warpgroups' PV.
+      auto softmax_publish = [&](int i) {
+        // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
+        wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
+        fence_regs(sa);
+        fence_regs(sb);
+        SEESAW_TRACE(i, kTrQkDone);
+        const SharedStorage::Stage& st = stage_of(i);
+        const int tok0 = (seg.blk_lo + i) * kBlockN;
+        const bool full = tok0 + kBlockN <= min_limit;
+        float m_new[2], sig[2], l[2], gamma[2];
+        uint32_t w[2][4];  // P8 of rows r0 and r0 + 8, 16 tokens per word group
+        // u = S s_k in place: u[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2. The row
+        // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
+        // row maximum of z is max(u) rf, exactly.
+        float (&z)[32] = sa;
+        auto k_scales = [&](int nn) {  // s_k of tokens 8 nn + 2 t, + 1
+          return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
+        };
+        float mx[2] = {-INFINITY, -INFINITY};
+        float row_factor[2];
+        if (softmax_warp) {
+          // Per-row constants, re-read each block rather than held in registers across PV.
+          row_factor[0] = s.q_scale[r0] * p.scale_log2;
+          row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
+          // u = S s_k and the row maxima; in a block some row does not see whole, invisible
+          // tokens are -inf.
+          auto scaled_logits = [&](auto full_tag) {
+            constexpr bool kFull = decltype(full_tag)::value;
+            int limit[2];
+            if constexpr (!kFull) {
+              limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
+              limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+            }
+#pragma unroll
+            for (int nn = 0; nn < 8; ++nn) {
+              const float2 k2 = k_scales(nn);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int e = 4 * nn + c;
+                const float u = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
+                if constexpr (kFull) {
+                  z[e] = u;
+                } else {
+                  z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
+                }
+                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+              }
+            }
+          };
+          if (full) {
+            scaled_logits(std::true_type{});
+          } else {
+            scaled_logits(std::false_type{});
+          }
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            mx[ri] *= row_factor[ri];
+          }
+        }
+        // The previous block's statistics (its owner is the other warpgroup).
+        float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+        if (i > 0) {
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+          SEESAW_TRACE(i, kTrStats);
+          if (softmax_warp) {
+            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              m_prev[ri] = ps.m[r0 + 8 * ri];
+              sig_prev[ri] = ps.sig[r0 + 8 * ri];
+              l_prev[ri] = ps.l[r0 + 8 * ri];
+            }
+          }
+        }
+        if (softmax_warp) {
+          float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
+          }
+          // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0
+          // (a select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so
+          // that the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's
+          // 2^-24 scale it back exactly.
+          const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+          auto p_prime = [&](auto full_tag) {
+#pragma unroll
+            for (int nn = 0; nn < 8; ++nn) {
+              const float2 k2 = k_scales(nn);
+              const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int e = 4 * nn + c, ri = c / 2;
+                const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+                e_sum[ri] += ex;
+                float pp = ex * ks[c & 1];
+                if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
+                z[e] = pp;
+                p_max[ri] = fmaxf(p_max[ri], pp);
+              }
+            }
+          };
+          if (full) {
+            p_prime(std::true_type{});
+          } else {
+            p_prime(std::false_type{});
+          }
+          SEESAW_TRACE(i, kTrExp);
+          e_sum[0] *= kExpUnshift;
+          e_sum[1] *= kExpUnshift;
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
+            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
+            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
+            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+            // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k (paper eq. 12)
+            sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
+            gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
+            l[ri] = l_prev[ri] * gamma[ri] + __fdiv_rn(e_sum[ri], sig[ri]);
+          }
+          // P8 = e4m3(P' / sigma), by the reciprocal (the tensor-core tier's tolerance covers
+          // the rare last-ulp flip).
+          const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
+          p8_words(z, inv_sig, w);
+        }
+        SEESAW_TRACE(i, kTrP8);
+        // PV(i - kPBuffers) by the other warpgroup read this buffer
+        if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
+        SEESAW_TRACE(i, kTrPfree);
+        if (softmax_warp) {
+          store_p8(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+          if (t == 0) {
+            RowStats& ps = s.stats[i % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              ps.m[r0 + 8 * ri] = m_new[ri];
+              ps.sig[r0 + 8 * ri] = sig[ri];
+              ps.l[r0 + 8 * ri] = l[ri];
+              ps.gamma[r0 + 8 * ri] = gamma[ri];
+            }
+          }
+        }
+        fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+        named_barrier_arrive(kBarPready + (i & 1), kThreads);
+        SEESAW_TRACE(i, kTrPublished);
+        named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
+        SEESAW_TRACE(i, kTrWgSynced);
+      };
+
+      // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
+      // kEdge: a block some row does not see whole (branching inside would stall the wgmma
+      // pipeline, so the caller picks the variant).
+      // V^T A fragments of m-tile m (both k-steps) of block i's stage. Past-context tokens and NaN
+      // codes are zeroed in blocks some row does not see whole (a NaN there must not reach rows
+      // whose P8 is 0); elsewhere a NaN in V reaches every row through its logit anyway.
+      auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
+        const uint32_t chunk = smem_u32(stage_of(i).content[2 * wg + m / 2]) + ldsm_off[m & 1];
+        uint32_t vmask[2][2];
+        if constexpr (decltype(edge_tag)::value) {
+          const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+          }
+        }
 #pragma unroll
         for (int ks = 0; ks < 2; ++ks) {
+          vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
+          if constexpr (decltype(edge_tag)::value) {
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-        }
-      }
-#pragma unroll
-      for (int ks = 0; ks < 2; ++ks) {
-        vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
-        if constexpr (decltype(edge_tag)::value) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-        }
-      }
-    };
-    auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
-
-    // ---- the early PV (kEarlyMTiles > 0): m-tiles [0, kEarlyMTiles) of the other warpgroup's
-    // block i - 1, issued right after QK(i) into whole-N temporaries and left in flight under
-    // the softmax of block i; promoted after it. The A fragments stay untouched until then.
-    float early[kEarlyMTiles > 0 ? kEarlyMTiles : 1][kNRegs];
-    uint32_t early_a[kEarlyMTiles > 0 ? kEarlyMTiles : 1][2][4];
-    auto pv_issue_early = [&](int i, auto edge_tag) {
-      mbar_wait(full_of(i), phase_of(i));
-      const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-#pragma unroll
-      for (int m = 0; m < kEarlyMTiles; ++m) v_fragments(i, m, edge_tag, early_a[m]);
-      wgmma_fence();
-#pragma unroll
-      for (int m = 0; m < kEarlyMTiles; ++m) {
-        wgmma_pv<kN, true>(early[m], early_a[m][0], p_desc.at(0));
-        wgmma_pv<kN, false>(early[m], early_a[m][1], p_desc.at(32));
-      }
-    };
-    auto pv_promote_early = [&](int i) {
-      const RowStats& ps = s.stats[i % kPBuffers];
-#pragma unroll
-      for (int m = 0; m < kEarlyMTiles; ++m) {
-        fence_regs(early[m]);
-#pragma unroll
-        for (int col = 0; col < kNTiles; ++col) {
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, early[m][4 * col + c]);
-          }
-        }
-      }
-    };
-
-    // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
-    auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
-      constexpr int kM0 = decltype(m0_tag)::value;
-      mbar_wait(full_of(i), phase_of(i));
-      SEESAW_TRACE(i, kTrPvStart);
-      const RowStats& ps = s.stats[i % kPBuffers];
-      // The block's product in groups of (m-tile, half of the N query rows), each into a zeroed
-      // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
-      // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
-      constexpr int kHalfN = kN / 2;
-      const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-      float tmp[2][kHalfN / 2];
-      auto promote = [&](int q) {
-        const int m = kM0 + q / 2, h = q % 2;
-        fence_regs(tmp[q % 2]);
-#pragma unroll
-        for (int nn = 0; nn < kHalfN / 8; ++nn) {
-          const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
-          // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q % 2][4 * nn + c]);
+            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
           }
         }
       };
-#pragma unroll
-      for (int m = kM0; m < kMTiles; ++m) {
-        uint32_t a[2][4];
-        v_fragments(i, m, edge_tag, a);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int q = 2 * (m - kM0) + h;
-          const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
-          wgmma_fence();
-          wgmma_pv<kHalfN, true>(tmp[q % 2], a[0], p_desc.at(rows));
-          wgmma_pv<kHalfN, false>(tmp[q % 2], a[1], p_desc.at(rows + 32));
-          wgmma_commit();
-          if (q > 0) {
-            wgmma_wait<1>();
-            promote(q - 1);
-          }
-        }
-      }
-      wgmma_wait<0>();
-      promote(2 * (kMTiles - kM0) - 1);
-      SEESAW_TRACE(i, kTrPvEnd);
-    };
-    using AllTiles = std::integral_constant<int, 0>;
-    using LateTiles = std::integral_constant<int, kEarlyMTiles>;
-    auto pv = [&](int i) {  // the own block: every m-tile
-      if (is_edge(i)) {
-        pv_block(i, std::true_type{}, AllTiles{});
-      } else {
-        pv_block(i, std::false_type{}, AllTiles{});
-      }
-    };
-    auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
-      if constexpr (kEarlyMTiles < kMTiles) {
-        if (is_edge(i)) {
-          pv_block(i, std::true_type{}, LateTiles{});
-        } else {
-          pv_block(i, std::false_type{}, LateTiles{});
-        }
-      }
-    };
-    // Page ids of the refills, 32 at a time: lane j of the refill warp of each warpgroup holds
-    // pages[page_base + j]. A global load per refill would stall the warp that the whole
-    // warpgroup's next wgmma waits for (by its latency, or at the softmax's proxy fence, which
-    // waits for loads in flight); this way one load in 32 blocks is waited for.
-    int32_t page_lane = -1;
-    int page_base = -1;
-    auto page_of = [&](int blk) -> int32_t {  // every lane of the refill warp; blk rising
-      const int base = blk & ~31;
-      if (base != page_base) {
-        page_base = base;
-        page_lane = base + lane < n ? pages[base + lane] : -1;
-      }
-      return __shfl_sync(0xffffffffu, page_lane, blk & 31);
-    };
-    auto refill_content = [&](int i) {  // this warpgroup's half of block i's stage is free
-      if (warp == kRefillWarp && i + kStages < n) {
-        const int32_t page = page_of(i + kStages);
-        if (lane == 0) load_content_half(i + kStages, wg, page);
-      }
-    };
-    auto refill_rope_scale = [&](int i) {  // the owner's QK and softmax of block i ran
-      if (warp == kRefillWarp && i + kStages < n) {
-        const int32_t page = page_of(i + kStages);
-        if (lane == 0) load_rope_scale(i + kStages, page);
-      }
-    };
+      auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
 
-    // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
-    // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
-    // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-    for (int i = wg; i < n; i += 2) {
-      issue_qk(i);
-      if constexpr (kEarlyMTiles > 0) {
-        if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
-          named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          if (is_edge(i - 1)) {
-            pv_issue_early(i - 1, std::true_type{});
-          } else {
-            pv_issue_early(i - 1, std::false_type{});
+      // ---- the early PV (kEarlyMTiles > 0): m-tiles [0, kEarlyMTiles) of the other warpgroup's
+      // block i - 1, issued right after QK(i) into whole-N temporaries and left in flight under
+      // the softmax of block i; promoted after it. The A fragments stay untouched until then.
+      float early[kEarlyMTiles > 0 ? kEarlyMTiles : 1][kNRegs];
+      uint32_t early_a[kEarlyMTiles > 0 ? kEarlyMTiles : 1][2][4];
+      auto pv_issue_early = [&](int i, auto edge_tag) {
+        mbar_wait(full_of(i), phase_of(i));
+        const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+#pragma unroll
+        for (int m = 0; m < kEarlyMTiles; ++m) v_fragments(i, m, edge_tag, early_a[m]);
+        wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < kEarlyMTiles; ++m) {
+          wgmma_pv<kN, true>(early[m], early_a[m][0], p_desc.at(0));
+          wgmma_pv<kN, false>(early[m], early_a[m][1], p_desc.at(32));
+        }
+      };
+      auto pv_promote_early = [&](int i) {
+        const RowStats& ps = s.stats[i % kPBuffers];
+#pragma unroll
+        for (int m = 0; m < kEarlyMTiles; ++m) {
+          fence_regs(early[m]);
+#pragma unroll
+          for (int col = 0; col < kNTiles; ++col) {
+            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, early[m][4 * col + c]);
+            }
           }
         }
-        wgmma_commit();  // empty without a previous block: the softmax waits for all but one
-      }
-      if constexpr (kRefillInSoftmax) {
-        // QK(i) and the early PV of block i - 1, if any, are done (the latter only a little
-        // after the former), so the refill warp may reuse what they read; QK(i) done also
-        // means every warp of this warpgroup issued it, past its reads of the own block i - 2
-        // (last iteration's PV). Blocks rising (page_of).
+      };
+
+      // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
+      auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
+        constexpr int kM0 = decltype(m0_tag)::value;
+        mbar_wait(full_of(i), phase_of(i));
+        SEESAW_TRACE(i, kTrPvStart);
+        const RowStats& ps = s.stats[i % kPBuffers];
+        // The block's product in groups of (m-tile, half of the N query rows), each into a zeroed
+        // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
+        // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
+        constexpr int kHalfN = kN / 2;
+        const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+        float tmp[2][kHalfN / 2];
+        auto promote = [&](int q) {
+          const int m = kM0 + q / 2, h = q % 2;
+          fence_regs(tmp[q % 2]);
+#pragma unroll
+          for (int nn = 0; nn < kHalfN / 8; ++nn) {
+            const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
+            // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
+            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q % 2][4 * nn + c]);
+            }
+          }
+        };
+#pragma unroll
+        for (int m = kM0; m < kMTiles; ++m) {
+          uint32_t a[2][4];
+          v_fragments(i, m, edge_tag, a);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int q = 2 * (m - kM0) + h;
+            const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
+            wgmma_fence();
+            wgmma_pv<kHalfN, true>(tmp[q % 2], a[0], p_desc.at(rows));
+            wgmma_pv<kHalfN, false>(tmp[q % 2], a[1], p_desc.at(rows + 32));
+            wgmma_commit();
+            if (q > 0) {
+              wgmma_wait<1>();
+              promote(q - 1);
+            }
+          }
+        }
         wgmma_wait<0>();
-        if (warp == kRefillWarp) {
-          if (i >= 2) {  // the own block i - 2: its PV and softmax ran an iteration ago
-            refill_content(i - 2);
-            refill_rope_scale(i - 2);
-          }
-          if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
-        }
-      }
-      softmax_publish(i);
-      if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
-      SEESAW_TRACE(i, kTrEarlyDone);
-      if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
-        if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
-        pv_late(i - 1);
-        if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
-        SEESAW_TRACE(i, kTrPfreeArrived);
-        if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) refill_content(i - 1);
-      }
-      if constexpr (!kRefillInSoftmax) refill_rope_scale(i);
-      SEESAW_TRACE(i, kTrRefill);
-      pv(i);
-      if constexpr (!kRefillInSoftmax) refill_content(i);
-    }
-    if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
-      named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-      pv(n - 1);
-    }
-    __syncthreads();  // every PV done; the last block's statistics visible
-
-    // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
-    // 8 nn + 2 t + (c & 1).
-    const RowStats& fin = s.stats[(n - 1) % kPBuffers];
-#pragma unroll
-    for (int nn = 0; nn < kNTiles; ++nn) {
-#pragma unroll
-      for (int c1 = 0; c1 < 2; ++c1) {
-        const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-        if (fr >= rows_total) continue;
-        const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], s.bad_page != 0,
-                                         seg.split);
-        const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
-        if (seg.split) {
-          float* dst = p.partial_o +
-                       (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            *reinterpret_cast<float2*>(dst + 64 * m) =
-                make_float2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
-          }
+        promote(2 * (kMTiles - kM0) - 1);
+        SEESAW_TRACE(i, kTrPvEnd);
+      };
+      using AllTiles = std::integral_constant<int, 0>;
+      using LateTiles = std::integral_constant<int, kEarlyMTiles>;
+      auto pv = [&](int i) {  // the own block: every m-tile
+        if (is_edge(i)) {
+          pv_block(i, std::true_type{}, AllTiles{});
         } else {
-          uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            *reinterpret_cast<uint32_t*>(dst + 64 * m) =
-                pack_bf16x2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+          pv_block(i, std::false_type{}, AllTiles{});
+        }
+      };
+      auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
+        if constexpr (kEarlyMTiles < kMTiles) {
+          if (is_edge(i)) {
+            pv_block(i, std::true_type{}, LateTiles{});
+          } else {
+            pv_block(i, std::false_type{}, LateTiles{});
           }
         }
-        if (wg == 0 && warp == 0 && g == 0) store_lse(p, b, fr, seg, res.lse);
+      };
+      // Page ids of the refills, 32 at a time: lane j of the refill warp of each warpgroup holds
+      // pages[page_base + j]. A global load per refill would stall the warp that the whole
+      // warpgroup's next wgmma waits for (by its latency, or at the softmax's proxy fence, which
+      // waits for loads in flight); this way one load in 32 blocks is waited for.
+      int32_t page_lane = -1;
+      int page_base = -1;
+      auto page_of = [&](int blk) -> int32_t {  // every lane of the refill warp; blk rising
+        const int base = blk & ~31;
+        if (base != page_base) {
+          page_base = base;
+          page_lane = base + lane < n ? pages[base + lane] : -1;
+        }
+        return __shfl_sync(0xffffffffu, page_lane, blk & 31);
+      };
+      // SNAPMLA_SEESAW_PRODUCER: this warpgroup is done with block i's stage (after its PV).
+      auto release = [&](int i) {
+        if constexpr (kProducer) {
+          if (wtid == 0 && i + kStages < n) mbar_arrive(&s.empty_bar[(it0 + i) % kStages]);
+        }
+      };
+      auto refill_content = [&](int i) {  // this warpgroup's half of block i's stage is free
+        if (warp == kRefillWarp && i + kStages < n) {
+          const int32_t page = page_of(i + kStages);
+          if (lane == 0) load_content_half(i + kStages, wg, page);
+        }
+      };
+      auto refill_rope_scale = [&](int i) {  // the owner's QK and softmax of block i ran
+        if (warp == kRefillWarp && i + kStages < n) {
+          const int32_t page = page_of(i + kStages);
+          if (lane == 0) load_rope_scale(i + kStages, page);
+        }
+      };
+
+      // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
+      // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
+      // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
+      for (int i = wg; i < n; i += 2) {
+        issue_qk(i);
+        if constexpr (kEarlyMTiles > 0) {
+          if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
+            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+            if (is_edge(i - 1)) {
+              pv_issue_early(i - 1, std::true_type{});
+            } else {
+              pv_issue_early(i - 1, std::false_type{});
+            }
+          }
+          wgmma_commit();  // empty without a previous block: the softmax waits for all but one
+        }
+        if constexpr (kRefillInSoftmax) {
+          // QK(i) and the early PV of block i - 1, if any, are done (the latter only a little
+          // after the former), so the refill warp may reuse what they read; QK(i) done also
+          // means every warp of this warpgroup issued it, past its reads of the own block i - 2
+          // (last iteration's PV). Blocks rising (page_of).
+          wgmma_wait<0>();
+          if (warp == kRefillWarp) {
+            if (i >= 2) {  // the own block i - 2: its PV and softmax ran an iteration ago
+              refill_content(i - 2);
+              refill_rope_scale(i - 2);
+            }
+            if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
+          }
+        }
+        softmax_publish(i);
+        if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
+        SEESAW_TRACE(i, kTrEarlyDone);
+        if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
+          if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
+          pv_late(i - 1);
+          if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
+          SEESAW_TRACE(i, kTrPfreeArrived);
+          if constexpr (kProducer) {
+            release(i - 1);
+          } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) {
+            refill_content(i - 1);
+          }
+        }
+        if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
+        SEESAW_TRACE(i, kTrRefill);
+        pv(i);
+        if constexpr (kProducer) {
+          release(i);
+        } else if constexpr (!kRefillInSoftmax) {
+          refill_content(i);
+        }
+      }
+      if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
+        named_barrier(kBarPready + ((n - 1) & 1), kThreads);
+        pv(n - 1);
+      }
+      // Every PV done; the last block's statistics visible.
+      if constexpr (kProducer) {
+        named_barrier(kBarConsumers, kThreads);
+      } else {
+        __syncthreads();
+      }
+
+      // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
+      // 8 nn + 2 t + (c & 1).
+      const RowStats& fin = s.stats[(n - 1) % kPBuffers];
+#pragma unroll
+      for (int nn = 0; nn < kNTiles; ++nn) {
+#pragma unroll
+        for (int c1 = 0; c1 < 2; ++c1) {
+          const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+          if (fr >= rows_total) continue;
+          const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], s.bad_page != 0,
+                                           seg.split);
+          const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
+          if (seg.split) {
+            float* dst = p.partial_o +
+                         (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              *reinterpret_cast<float2*>(dst + 64 * m) =
+                  make_float2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+            }
+          } else {
+            uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              *reinterpret_cast<uint32_t*>(dst + 64 * m) =
+                  pack_bf16x2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+            }
+          }
+          if (wg == 0 && warp == 0 && g == 0) store_lse(p, b, fr, seg, res.lse);
+        }
+      }
+      it += n;
+      // Q, the ring, P8 and the statistics are reused by the next request.
+      if constexpr (kProducer) {
+        named_barrier(kBarCta, kCtaThreads);
+      } else {
+        __syncthreads();
       }
     }
-    it += n;
-    __syncthreads();  // Q, the ring, P8 and the statistics are reused by the next request
+#if SNAPMLA_SEESAW_PRODUCER
+  };
+  if (wg == 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    run_requests(std::true_type{});
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    run_requests(std::false_type{});
   }
+#else
+  }
+#endif
 }
 
 template <int kN>
@@ -644,7 +728,7 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
   const cudaError_t err = cudaFuncSetAttribute(
       seesaw_decode_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  seesaw_decode_kernel<kN><<<dim3(p.num_parts, p.row_tiles), kThreads, kSmemBytes, stream>>>(p, maps);
+  seesaw_decode_kernel<kN><<<dim3(p.num_parts, p.row_tiles), kCtaThreads, kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
