@@ -555,6 +555,86 @@ def test_kv_cache_on_caller_memory(fake_cache: KVCache) -> None:
         decode(c, 0, None, None, None, None, softmax_scale=1.0)
 
 
+LAYER_BYTES = NUM_PAGES * snapmla.PAGE_BYTES
+
+
+def _layers(*addresses: int, **kwargs: Any) -> list[FakeTensor]:
+    return [_buffer(address=a, shape=(LAYER_BYTES,), **kwargs) for a in addresses]
+
+
+@needs_library
+def test_kv_cache_on_per_layer_memory() -> None:
+    """``layers=``: each layer at its own tensor (engines hold one per layer), in any order; a
+    call on layer l refuses tensors that alias layer l only."""
+    layer0, layer1 = FAKE_CACHE_PTR + 4 * 2**20, FAKE_CACHE_PTR  # layer 1 below layer 0
+    tensors = _layers(layer0, layer1)
+    with KVCache(NUM_LAYERS, NUM_PAGES, layers=tensors) as c:
+        assert c.data_ptr == layer0 and c.layer_data_ptr(1) == layer1
+        assert c.nbytes == NUM_LAYERS * LAYER_BYTES and c.buffer == tuple(tensors)
+        with refused("c_kv", "does not overlap the cache"):
+            c.append(1, bf16(3, 512, address=layer1 + 512), bf16(3, 64), i64(3), stream=STREAM)
+        # Layer 0's memory is not layer 1's: every check passes and the call goes on to the
+        # device (which this file's fixture turns into an error).
+        with pytest.raises(AssertionError, match="reached CuPy"):
+            c.append(1, bf16(3, 512, address=layer0 + 512), bf16(3, 64), i64(3), stream=STREAM)
+        with refused("layer", "got 2"):
+            c.layer_data_ptr(2)
+    with KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer()) as c:
+        assert c.layer_data_ptr(1) == FAKE_CACHE_PTR + LAYER_BYTES
+
+
+@needs_library
+@pytest.mark.parametrize(
+    ("kwargs", "argument", "pattern"),
+    [
+        (
+            {"layers": _layers(FAKE_CACHE_PTR), "buffer": None},
+            "layers",
+            r"2 tensors \(num_layers\), got 1",
+        ),
+        ({"layers": "ab"}, "layers", "a sequence of num_layers tensors"),
+        (
+            {"layers": _layers(FAKE_CACHE_PTR, FAKE_CACHE_PTR + 2**20), "buffer": 1},
+            "layers",
+            "None when buffer",
+        ),
+        (
+            {"layers": _layers(FAKE_CACHE_PTR, FAKE_CACHE_PTR + LAYER_BYTES - 256)},
+            "layers\\[1\\]",
+            r"no bytes in common with layers\[0\]",
+        ),
+        (
+            {"layers": [_buffer(shape=(LAYER_BYTES - 1,)), *_layers(FAKE_CACHE_PTR + 2**20)]},
+            "layers\\[0\\]",
+            rf"at least {LAYER_BYTES} bytes",
+        ),
+        (
+            {
+                "layers": [
+                    *_layers(FAKE_CACHE_PTR),
+                    _buffer(address=FAKE_CACHE_PTR + 2**20 + 128, shape=(LAYER_BYTES,)),
+                ]
+            },
+            "layers\\[1\\]",
+            "256-byte aligned",
+        ),
+        (
+            {
+                "layers": [
+                    *_layers(FAKE_CACHE_PTR),
+                    _buffer(address=FAKE_CACHE_PTR + 2**20, shape=(LAYER_BYTES,), device=CUDA1),
+                ]
+            },
+            "layers\\[1\\]",
+            "on cuda:0, got cuda:1",
+        ),
+    ],
+)
+def test_kv_cache_refuses_layers(kwargs: dict[str, Any], argument: str, pattern: str) -> None:
+    with refused(argument, pattern):
+        KVCache(NUM_LAYERS, NUM_PAGES, **kwargs)
+
+
 @needs_library
 def test_kv_cache_context_manager() -> None:
     with KVCache(1, 1, buffer=_buffer(shape=(41216,), device=CUDA1)) as c:

@@ -76,6 +76,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "snapmla_cache_create": ("config", "cache"),
     "snapmla_cache_destroy": ("cache",),
     "snapmla_cache_info": ("cache", "info"),
+    "snapmla_cache_layer_data": ("cache", "layer", "data"),
     "snapmla_append": (
         "cache",
         "layer",
@@ -327,6 +328,8 @@ def base(fn: str) -> dict[str, Any]:
     if fn == "snapmla_cache_info":
         size = ffi.sizeof("snapmla_cache_info_t")
         return {"cache": LIVE, "info": Out("snapmla_cache_info_t*", size, size)}
+    if fn == "snapmla_cache_layer_data":
+        return {"cache": LIVE, "layer": 1, "data": Out("void**")}
     if fn == "snapmla_append":
         return {
             "cache": LIVE,
@@ -394,6 +397,7 @@ ACCEPTED = {
     "snapmla_cache_create": SUCCESS,  # caller memory, device >= 0: no CUDA call
     "snapmla_cache_destroy": SUCCESS,
     "snapmla_cache_info": SUCCESS,
+    "snapmla_cache_layer_data": SUCCESS,
     "snapmla_append": VALIDATED,
     "snapmla_fetch_dequant": VALIDATED,
     "snapmla_quantize_q": VALIDATED,
@@ -749,6 +753,16 @@ def _decode_cases() -> list[Case]:
     return cases
 
 
+_HOST_ARRAYS: list[Any] = []  # host pointer arrays passed as config.layer_memory, kept alive
+
+
+def _host_pointers(addresses: tuple[int, ...]) -> int:
+    """The address of a host array holding ``addresses`` (for ``config.layer_memory``)."""
+    array = ffi.new("void*[]", [ffi.cast("void*", a) for a in addresses])
+    _HOST_ARRAYS.append(array)
+    return int(ffi.cast("uintptr_t", array))
+
+
 def _all_cases() -> list[Case]:
     cases: list[Case] = []
     fn = "snapmla_cache_bytes"
@@ -774,9 +788,19 @@ def _all_cases() -> list[Case]:
         ),
     ]
     fn = "snapmla_cache_create"
-    config_size = _size("snapmla_cache_config_t")
+    config_size = ffi.offsetof("snapmla_cache_config_t", "layer_memory")  # 0.1's layout
     cases.append((f"{fn}/cache-null", fn, {"cache": 0}, "cache", "is NULL"))
     cases += _struct_cases(fn, "config", "snapmla_cache_config_t", config_size)
+    cases += [
+        (
+            f"{fn}/config-size-{size}",
+            fn,
+            {"config.struct_size": size},
+            "config",
+            "ends inside field 'config.layer_memory'",
+        )
+        for size in (config_size + 1, config_size + 7)
+    ]
     cases += [
         (f"{fn}/page_size", fn, {"config.page_size": 32}, "config.page_size", "0 or 64, got 32"),
         (f"{fn}/num_layers", fn, {"config.num_layers": 0}, "config.num_layers", "got 0"),
@@ -812,8 +836,61 @@ def _all_cases() -> list[Case]:
             "runs past the end of the address space",
         ),
     ]
+    layer_bytes = NUM_PAGES * PAGE_BYTES
+
+    def layers(*addresses: int) -> dict[str, int]:  # config.layer_memory instead of memory
+        return {
+            "config.memory": 0,
+            "config.memory_bytes": 0,
+            "config.layer_memory": _host_pointers(addresses),
+        }
+
+    cases += [
+        (
+            f"{fn}/layer_memory-with-memory",
+            fn,
+            {"config.layer_memory": _host_pointers((dev(20), dev(21)))},
+            "config.layer_memory",
+            "expected NULL when config.memory is set",
+        ),
+        (
+            f"{fn}/layer_memory-null-entry",
+            fn,
+            layers(dev(20), 0),
+            "config.layer_memory[1]",
+            "is NULL",
+        ),
+        (
+            f"{fn}/layer_memory-misaligned",
+            fn,
+            layers(dev(20) + 64, dev(21)),
+            "config.layer_memory[0]",
+            "expected a 256-byte aligned address",
+        ),
+        (
+            f"{fn}/layer_memory-wraps",
+            fn,
+            layers(dev(20), TOP - 2**16),
+            "config.layer_memory[1]",
+            "runs past the end of the address space",
+        ),
+        (
+            f"{fn}/layer_memory-overlap",
+            fn,
+            layers(dev(20) + layer_bytes - 256, dev(20)),
+            "config.layer_memory[0]",
+            "overlaps layer 1",
+        ),
+    ]
     fn = "snapmla_cache_destroy"
     cases += [c for c in _handle_cases(fn) if not c[0].endswith("cache-null")]
+    fn = "snapmla_cache_layer_data"
+    cases += _handle_cases(fn)
+    cases += [
+        (f"{fn}/layer-2", fn, {"layer": 2}, "layer", "expected 0 <= layer < 2, got 2"),
+        (f"{fn}/layer-negative", fn, {"layer": -1}, "layer", "got -1"),
+        (f"{fn}/data-null", fn, {"data": 0}, "data", "is NULL"),
+    ]
     fn = "snapmla_cache_info"
     cases += _handle_cases(fn)
     cases += [
@@ -1296,7 +1373,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     if fn == "snapmla_cache_create":
         if v["cache"] == 0:
             bad.add("cache")
-        if not struct_ok(v["config"], _size("snapmla_cache_config_t")):
+        layer_memory = ffi.offsetof("snapmla_cache_config_t", "layer_memory")
+        if not struct_ok(v["config"], layer_memory, ((layer_memory, 8),)):
             return bad | {"config"}, SUCCESS
         c = v["config"].read_back()
         if c["page_size"] not in (0, 64):
@@ -1327,6 +1405,14 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         info = v["info"]
         if info == 0 or not 16 <= info.struct_size <= MAX_STRUCT:
             bad.add("info")
+        return bad, SUCCESS
+    if fn == "snapmla_cache_layer_data":
+        if not handle_ok(v["cache"]):
+            bad.add("cache")
+        elif not 0 <= v["layer"] < NUM_LAYERS:
+            bad.add("layer")
+        if v["data"] == 0:
+            bad.add("data")
         return bad, SUCCESS
     if fn in ("snapmla_append", "snapmla_fetch_dequant"):
         if not handle_ok(v["cache"]):
@@ -1636,6 +1722,13 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             ),
         }
     ),
+    "snapmla_cache_layer_data": st.fixed_dictionaries(
+        {
+            "cache": HANDLE,
+            "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
+            "data": often(Out("void**"), st.just(0), 90),
+        }
+    ),
     "snapmla_append": st.fixed_dictionaries(
         {
             "cache": HANDLE,
@@ -1730,3 +1823,56 @@ def test_fuzz_counts() -> None:
             + ", ".join(f"{k.removeprefix('snapmla_')} {v}" for k, v in sorted(FUZZ_COUNTS.items()))
             + f"; total {sum(FUZZ_COUNTS.values())}"
         )
+
+
+def test_per_layer_cache_addresses_each_layer_at_its_own_pointer() -> None:
+    """config.layer_memory (0.2): the handle keeps a copy of the array; snapmla_cache_layer_data
+    and the launches address layer l at layer_memory[l]; snapmla_cache_info says so. A 0.1
+    caller's struct_size (no layer_memory field) still makes a contiguous cache."""
+    layer_bytes = NUM_PAGES * PAGE_BYTES
+    addresses = (dev(40), dev(30))  # layer 1 below layer 0: any order
+    array = ffi.new("void*[]", [ffi.cast("void*", a) for a in addresses])
+    config = ffi.new(
+        "snapmla_cache_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_cache_config_t"),
+            "num_layers": NUM_LAYERS,
+            "num_pages": NUM_PAGES,
+            "device": 0,
+            "layer_memory": array,
+        },
+    )
+    handle = ffi.new("snapmla_cache_t*")
+    assert LIB.snapmla_cache_create(config, handle) == SUCCESS, last_error()
+    try:
+        array[0] = ffi.cast("void*", dev(50))  # copied at creation: later changes do not matter
+        data = ffi.new("void**")
+        for layer, address in enumerate(addresses):
+            assert LIB.snapmla_cache_layer_data(handle[0], layer, data) == SUCCESS, last_error()
+            assert int(ffi.cast("uintptr_t", data[0])) == address
+        info = ffi.new("snapmla_cache_info_t*")
+        info.struct_size = ffi.sizeof("snapmla_cache_info_t")
+        assert LIB.snapmla_cache_info(handle[0], info) == SUCCESS, last_error()
+        assert info.per_layer_memory == 1 and info.owns_memory == 0
+        assert int(ffi.cast("uintptr_t", info.data)) == addresses[0]
+        assert info.layer_bytes == layer_bytes and info.total_bytes == NUM_LAYERS * layer_bytes
+    finally:
+        assert LIB.snapmla_cache_destroy(handle[0]) == SUCCESS
+    # The 0.1 layout: struct_size up to memory_bytes, the bytes after it not read.
+    old = ffi.new(
+        "snapmla_cache_config_t*",
+        {
+            "struct_size": ffi.offsetof("snapmla_cache_config_t", "layer_memory"),
+            "num_layers": NUM_LAYERS,
+            "num_pages": NUM_PAGES,
+            "device": 0,
+            "memory": ffi.cast("void*", CACHE_MEMORY),
+            "memory_bytes": CACHE_BYTES,
+            "layer_memory": ffi.cast("void* const*", 0x1234),  # past struct_size: ignored
+        },
+    )
+    assert LIB.snapmla_cache_create(old, handle) == SUCCESS, last_error()
+    data = ffi.new("void**")
+    assert LIB.snapmla_cache_layer_data(handle[0], 1, data) == SUCCESS
+    assert int(ffi.cast("uintptr_t", data[0])) == CACHE_MEMORY + layer_bytes
+    assert LIB.snapmla_cache_destroy(handle[0]) == SUCCESS

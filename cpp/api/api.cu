@@ -2,6 +2,7 @@
 // Every check runs before the first CUDA call, so a refused call has written nothing.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdarg>
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <new>
 #include <shared_mutex>
+#include <vector>
 #include <string>
 #include <unordered_map>
 
@@ -41,6 +43,7 @@ struct snapmla_cache {
   int32_t num_layers;
   int32_t num_pages;
   bool owns_memory;
+  uint8_t* const* layers;  // per-layer bases (config.layer_memory, copied; owned), or nullptr
   uint64_t magic_end;
 };
 
@@ -353,6 +356,7 @@ snapmla_status_t check_device(const char* op, const snapmla_cache* cache) {
 
 // layer < num_layers and the cache's bytes are <= INT64_MAX: the offset cannot overflow.
 uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
+  if (c.layers != nullptr) return c.layers[layer];
   return c.data + static_cast<int64_t>(layer) * c.num_pages * kPageBytes;
 }
 
@@ -509,7 +513,9 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   SNAPMLA_REQUIRE(cache_out != nullptr, "%s: argument 'cache' is NULL", op);
   snapmla_cache_config_t c;
   SNAPMLA_TRY(read_sized(op, "config", config_in, &c,
-                         offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t)));
+                         offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t),
+                         {{"layer_memory", offsetof(snapmla_cache_config_t, layer_memory),
+                           sizeof(void*)}}));
   SNAPMLA_REQUIRE(c.page_size == 0 || c.page_size == SNAPMLA_PAGE_SIZE,
                   "%s: argument 'config.page_size': expected 0 or %d, got %d", op,
                   SNAPMLA_PAGE_SIZE, c.page_size);
@@ -519,6 +525,42 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   SNAPMLA_REQUIRE(c.device >= -1 && c.device < kMaxDevices,
                   "%s: argument 'config.device': expected -1 .. %d, got %d", op, kMaxDevices - 1,
                   c.device);
+  std::vector<uint8_t*> layers;  // config.layer_memory, checked
+  if (c.layer_memory != nullptr) {
+    SNAPMLA_REQUIRE(c.memory == nullptr,
+                    "%s: argument 'config.layer_memory': expected NULL when config.memory is "
+                    "set (one or the other), got %p",
+                    op, static_cast<const void*>(c.layer_memory));
+    const size_t layer_bytes = static_cast<size_t>(c.num_pages) * kPageBytes;
+    layers.resize(static_cast<size_t>(c.num_layers));
+    for (int32_t l = 0; l < c.num_layers; ++l) {
+      const void* p = c.layer_memory[l];
+      char name[48];
+      std::snprintf(name, sizeof(name), "config.layer_memory[%d]", l);
+      SNAPMLA_TRY(check_pointer(op, name, p, kAlignCache, "a layer's base, as cudaMalloc aligns it"));
+      uintptr_t last = 0;
+      SNAPMLA_REQUIRE(
+          !__builtin_add_overflow(reinterpret_cast<uintptr_t>(p), layer_bytes - 1, &last),
+          "%s: argument 'config.layer_memory[%d]': %p + %zu bytes (a layer) runs past the end "
+          "of the address space",
+          op, l, p, layer_bytes);
+      layers[static_cast<size_t>(l)] = static_cast<uint8_t*>(const_cast<void*>(p));
+    }
+    // No two layers share a byte: sorted by address, each ends before the next begins.
+    std::vector<int32_t> order(layers.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+    std::sort(order.begin(), order.end(),
+              [&](int32_t a, int32_t b) { return layers[a] < layers[b]; });
+    for (size_t i = 1; i < order.size(); ++i) {
+      const uintptr_t prev = reinterpret_cast<uintptr_t>(layers[order[i - 1]]);
+      const uintptr_t next = reinterpret_cast<uintptr_t>(layers[order[i]]);
+      SNAPMLA_REQUIRE(next - prev >= layer_bytes,
+                      "%s: argument 'config.layer_memory[%d]': %p overlaps layer %d at %p (a "
+                      "layer is %zu bytes)",
+                      op, order[i], static_cast<void*>(layers[order[i]]), order[i - 1],
+                      static_cast<void*>(layers[order[i - 1]]), layer_bytes);
+    }
+  }
   if (c.memory != nullptr) {
     SNAPMLA_TRY(check_pointer(op, "config.memory", c.memory, kAlignCache,
                               "the cache's base, as cudaMalloc aligns it"));
@@ -534,12 +576,18 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
         op, c.memory, c.memory_bytes);
   }
   int device = c.device;
-  if (device < 0 || c.memory == nullptr) {
+  if (device < 0 || (c.memory == nullptr && layers.empty())) {
     if (t_validate_only) return validated(op);
   }
   if (device < 0) SNAPMLA_CUDA(op, cudaGetDevice(&device));
 
-  uint8_t* data = static_cast<uint8_t*>(c.memory);
+  uint8_t* data = layers.empty() ? static_cast<uint8_t*>(c.memory) : layers[0];
+  uint8_t** layer_copy = nullptr;
+  if (!layers.empty()) {
+    layer_copy = new (std::nothrow) uint8_t*[layers.size()];
+    if (layer_copy == nullptr) return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    std::copy(layers.begin(), layers.end(), layer_copy);
+  }
   if (data == nullptr) {
     int previous = 0;
     SNAPMLA_CUDA(op, cudaGetDevice(&previous));
@@ -555,13 +603,15 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
     if (err != cudaSuccess) return cuda_fail(op, err);
     data = static_cast<uint8_t*>(p);
   }
-  snapmla_cache* cache = new (std::nothrow)
-      snapmla_cache{kCacheMagicBegin,    data,          bytes, device, c.num_layers, c.num_pages,
-                    c.memory == nullptr, kCacheMagicEnd};
+  const bool owns = c.memory == nullptr && layer_copy == nullptr;
+  snapmla_cache* cache = new (std::nothrow) snapmla_cache{
+      kCacheMagicBegin, data, bytes, device, c.num_layers, c.num_pages, owns, layer_copy,
+      kCacheMagicEnd};
   const uintptr_t handle = cache != nullptr ? registry().add(cache) : 0;
   if (handle == 0) {
     delete cache;
-    if (c.memory == nullptr) cudaFree(data);
+    delete[] layer_copy;
+    if (owns) cudaFree(data);
     return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
   }
   *cache_out = reinterpret_cast<snapmla_cache_t>(handle);
@@ -588,6 +638,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t ha
   }
   cudaError_t err = cudaSuccess;
   if (cache->owns_memory) err = cudaFree(cache->data);
+  delete[] cache->layers;
   delete cache;
   if (err != cudaSuccess) return cuda_fail(op, err);
   return SNAPMLA_SUCCESS;
@@ -622,6 +673,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t handl
   full.layer_bytes = static_cast<size_t>(cache.num_pages) * SNAPMLA_PAGE_BYTES;
   full.total_bytes = cache.bytes;
   full.owns_memory = cache.owns_memory ? 1 : 0;
+  full.per_layer_memory = cache.layers != nullptr ? 1 : 0;
   const size_t n = caller_size < sizeof(full) ? caller_size : sizeof(full);
   std::memcpy(info, &full, n);
   if (caller_size > sizeof(full)) {
@@ -629,6 +681,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t handl
                 caller_size - sizeof(full));
   }
   info->struct_size = caller_size;
+  return SNAPMLA_SUCCESS;
+}
+
+extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_layer_data(snapmla_cache_t handle,
+                                                                 int32_t layer, void** data) {
+  const char* op = "snapmla_cache_layer_data";
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
+  SNAPMLA_REQUIRE(data != nullptr, "%s: argument 'data' is NULL", op);
+  *data = layer_base(cache, layer);
   return SNAPMLA_SUCCESS;
 }
 

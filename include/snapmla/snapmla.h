@@ -152,7 +152,7 @@ extern "C" {
 /* ----------------------------------------------------------------- version and constants */
 
 #define SNAPMLA_VERSION_MAJOR 0
-#define SNAPMLA_VERSION_MINOR 1
+#define SNAPMLA_VERSION_MINOR 2
 #define SNAPMLA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define SNAPMLA_VERSION \
@@ -223,15 +223,23 @@ typedef struct snapmla_cache_config {
   size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes(), and memory +
                           memory_bytes must not pass the end of the address space; else
                           ignored */
+  void* const* layer_memory; /* since 0.2. Or: one caller-owned device pointer per layer (a
+                          host array of num_layers entries, copied), for engines that hold a
+                          tensor per layer. Each layer is num_pages * SNAPMLA_PAGE_BYTES bytes
+                          from its pointer (256-byte aligned, not passing the end of the address
+                          space), the layers must not overlap, and `memory` must be NULL.
+                          NULL (the default; what an older caller's struct_size reads): the
+                          layers lie one after another in `memory` or in memory the library
+                          allocates */
 } snapmla_cache_config_t;
 
 /* Defaults: num_layers and num_pages must be set; page_size 0 (= 64), the current device,
  * library-allocated memory. */
-#define SNAPMLA_CACHE_CONFIG_INIT {sizeof(snapmla_cache_config_t), 0, 0, 0, -1, NULL, 0}
+#define SNAPMLA_CACHE_CONFIG_INIT {sizeof(snapmla_cache_config_t), 0, 0, 0, -1, NULL, 0, NULL}
 
 typedef struct snapmla_cache_info {
   size_t struct_size; /* set by the caller: sizeof(snapmla_cache_info_t) */
-  void* data;         /* device pointer of the first page */
+  void* data;         /* device pointer of the first page (of layer 0) */
   int32_t device;     /* CUDA device ordinal */
   int32_t num_layers;
   int32_t num_pages;     /* per layer */
@@ -245,11 +253,13 @@ typedef struct snapmla_cache_info {
   size_t layer_bytes;  /* num_pages * page_bytes */
   size_t total_bytes;  /* num_layers * layer_bytes */
   int32_t owns_memory; /* 1 if the library allocated `data` */
+  int32_t per_layer_memory; /* since 0.2: 1 if made from config.layer_memory (each layer at its
+                               own pointer; snapmla_cache_layer_data gives them) */
 } snapmla_cache_info_t;
 
 /* All zero: the library fills it in. */
 #define SNAPMLA_CACHE_INFO_INIT \
-  {sizeof(snapmla_cache_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  {sizeof(snapmla_cache_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Bytes a cache of this shape needs: num_layers * num_pages * SNAPMLA_PAGE_BYTES, computed in
  * checked 64-bit arithmetic. num_layers >= 1, num_pages 1 .. 33554431, and the total must be at
@@ -272,6 +282,11 @@ SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 
 /* Sizes and plane offsets of a cache. [host, any thread] */
 SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t cache, snapmla_cache_info_t* info);
+
+/* Since 0.2. The device pointer of `layer`'s first page (layer_bytes of that layer follow it).
+ * [host, any thread] */
+SNAPMLA_API snapmla_status_t snapmla_cache_layer_data(snapmla_cache_t cache, int32_t layer,
+                                                      void** data);
 
 /* ----------------------------------------------------------------------------- append */
 

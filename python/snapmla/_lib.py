@@ -34,7 +34,7 @@ __all__ = [
 # The header version these declarations mirror (SNAPMLA_VERSION_MAJOR / _MINOR). A library of
 # the same major and a minor at least this one provides every declared function and field.
 ABI_MAJOR = 0
-ABI_MINOR = 1
+ABI_MINOR = 2
 
 # The header's constants (SNAPMLA_*; tests/test_cdef.py checks them against it).
 PAGE_SIZE = 64
@@ -79,6 +79,7 @@ typedef struct snapmla_cache_config {
   int32_t device;
   void* memory;
   size_t memory_bytes;
+  void* const* layer_memory;
 } snapmla_cache_config_t;
 
 typedef struct snapmla_cache_info {
@@ -97,6 +98,7 @@ typedef struct snapmla_cache_info {
   size_t layer_bytes;
   size_t total_bytes;
   int32_t owns_memory;
+  int32_t per_layer_memory;
 } snapmla_cache_info_t;
 
 snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages, size_t* bytes);
@@ -104,6 +106,7 @@ snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* config,
                                       snapmla_cache_t* cache);
 snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 snapmla_status_t snapmla_cache_info(snapmla_cache_t cache, snapmla_cache_info_t* info);
+snapmla_status_t snapmla_cache_layer_data(snapmla_cache_t cache, int32_t layer, void** data);
 
 snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer,
                                 const void* c_kv, int64_t c_kv_stride,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from . import _lib
@@ -50,27 +51,39 @@ def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int,
     return layers, pages
 
 
-def _validate_buffer(buffer: Any, nbytes: int, device: int | None) -> tuple[TensorView, int]:
-    """Check a caller-owned cache buffer; return its view and device ordinal."""
+def _validate_buffer(
+    buffer: Any, nbytes: int, device: int | None, argument: str = "buffer"
+) -> tuple[TensorView, int]:
+    """Check a caller-owned cache buffer (or one layer's); return its view and device."""
     op = "KVCache"
     checker = Checker(op, None)
-    v = checker.tensor(buffer, "buffer", dtypes=BYTES, shape=("nbytes",), writable=True)
+    v = checker.tensor(buffer, argument, dtypes=BYTES, shape=("nbytes",), writable=True)
     if v.shape[0] < nbytes:
+        what = "snapmla_cache_bytes" if argument == "buffer" else "a layer: num_pages * 41216"
         raise argument_error(
-            op, "buffer", f"at least {nbytes} bytes (snapmla_cache_bytes)", f"{v.shape[0]} bytes"
+            op, argument, f"at least {nbytes} bytes ({what})", f"{v.shape[0]} bytes"
         )
     device = checker.devices(device)
     if v.ptr % _MEMORY_ALIGNMENT:
         raise argument_error(
-            op, "buffer", f"a {_MEMORY_ALIGNMENT}-byte aligned address", f"{v.ptr:#x}"
+            op, argument, f"a {_MEMORY_ALIGNMENT}-byte aligned address", f"{v.ptr:#x}"
         )
     if v.ptr + v.shape[0] > ADDRESS_SPACE:
         raise argument_error(
-            op, "buffer", "bytes inside the 64-bit address space", f"{v.shape[0]} from {v.ptr:#x}"
+            op, argument, "bytes inside the 64-bit address space", f"{v.shape[0]} from {v.ptr:#x}"
         )
     if device > MAX_DEVICE:
-        raise argument_error(op, "buffer", f"a CUDA device ordinal <= {MAX_DEVICE}", v.device)
+        raise argument_error(op, argument, f"a CUDA device ordinal <= {MAX_DEVICE}", v.device)
     return v, device
+
+
+Extent = tuple[int, int]  # (address, bytes)
+
+
+def layer_extent(cache_extent: Extent | list[Extent], layer: int) -> Extent:
+    """The memory a call on ``layer`` must not alias: the whole cache when it is one block,
+    the layer's own when each layer has its own memory (``KVCache(layers=...)``)."""
+    return cache_extent[layer] if isinstance(cache_extent, list) else cache_extent
 
 
 def _validate_layer(op: str, layer: Any, num_layers: int) -> int:
@@ -80,7 +93,7 @@ def _validate_layer(op: str, layer: Any, num_layers: int) -> int:
 def _validate_append_args(
     num_layers: int,
     device: int,
-    cache_extent: tuple[int, int],
+    cache_extent: Extent | list[Extent],
     layer: Any,
     c_kv: Any,
     k_pe: Any,
@@ -88,7 +101,8 @@ def _validate_append_args(
     stream: Stream,
 ) -> tuple[int, TensorView, int, TensorView, int, TensorView]:
     """Checks of ``KVCache.append``; returns ``(layer, c_kv, c_kv_stride, k_pe, k_pe_stride,
-    slots)``. ``cache_extent`` is ``(data_ptr, nbytes)`` of the cache memory."""
+    slots)``. ``cache_extent`` is ``(data_ptr, nbytes)`` of the cache memory, or one such pair
+    per layer (see ``layer_extent``)."""
     op = "KVCache.append"
     layer = _validate_layer(op, layer, num_layers)
     checker = Checker(op, stream)
@@ -99,7 +113,7 @@ def _validate_append_args(
     k_stride = checker.stride(k, "k_pe", 0, ROPE_DIM, "row")
     s = checker.tensor(slots, "slots", dtypes=INT64, shape=(n,))
     checker.devices(device)
-    cache_view = extent(*cache_extent)
+    cache_view = extent(*layer_extent(cache_extent, layer))
     for name, v in (("c_kv", c), ("k_pe", k), ("slots", s)):
         checker.no_overlap(name, v, [("the cache", cache_view)])
     return layer, c, c_stride, k, k_stride, s
@@ -108,7 +122,7 @@ def _validate_append_args(
 def _validate_fetch_args(
     num_layers: int,
     device: int,
-    cache_extent: tuple[int, int],
+    cache_extent: Extent | list[Extent],
     layer: Any,
     slots: Any,
     c_kv: Any,
@@ -135,7 +149,7 @@ def _validate_fetch_args(
         )
         k_stride = checker.stride(k, "k_pe", 0, ROPE_DIM, "row")
     checker.devices(device)
-    cache_view = extent(*cache_extent)
+    cache_view = extent(*layer_extent(cache_extent, layer))
     if c is not None:
         checker.no_overlap("c_kv", c, [("the cache", cache_view), ("slots", s), ("k_pe", k)])
     if k is not None:
@@ -172,6 +186,7 @@ class KVCache(Closable):
         num_pages: int,
         *,
         buffer: Any = None,
+        layers: Sequence[Any] | None = None,
         device: int | None = None,
     ) -> None:
         """Create the cache.
@@ -184,6 +199,11 @@ class KVCache(Closable):
                 aligned, at least ``snapmla_cache_bytes`` bytes) that the cache lives in; the
                 caller keeps it alive (this object also holds a reference). ``None``: CuPy
                 allocates the memory, on ``device``.
+            layers: Instead of ``buffer``, one caller-owned tensor per layer (``num_layers`` of
+                them, each as ``buffer`` is but at least ``num_pages * 41216`` bytes, on one
+                device, not overlapping), for engines that hold a tensor per layer. Calls on
+                layer ``l`` then refuse tensors that alias layer ``l``'s memory (not the other
+                layers', which are the caller's own tensors).
             device: CUDA device ordinal, 0..63. With ``buffer`` it must match the buffer's
                 device (``None``: the buffer's); without, ``None`` means CuPy's current device.
 
@@ -204,7 +224,39 @@ class KVCache(Closable):
         nbytes_c = _lib.ffi.new("size_t*")
         _lib.check(lib.snapmla_cache_bytes(num_layers, num_pages, nbytes_c), "snapmla_cache_bytes")
         nbytes = int(nbytes_c[0])
-        if buffer is not None:
+        layer_ptrs: list[int] = []
+        layer_bytes = num_pages * PAGE_BYTES
+        if layers is not None:
+            if buffer is not None:
+                raise argument_error(
+                    op, "layers", "None when buffer is given (one or the other)", "a sequence"
+                )
+            if isinstance(layers, (str, bytes)) or not isinstance(layers, Sequence):
+                raise argument_error(
+                    op, "layers", "a sequence of num_layers tensors", type(layers).__name__
+                )
+            if len(layers) != num_layers:
+                raise argument_error(
+                    op, "layers", f"{num_layers} tensors (num_layers)", f"{len(layers)} tensors"
+                )
+            views = []
+            for index, tensor in enumerate(layers):
+                v, device = _validate_buffer(tensor, layer_bytes, device, f"layers[{index}]")
+                views.append(v)
+            order = sorted(range(num_layers), key=lambda i: views[i].ptr)
+            for prev, nxt in zip(order, order[1:]):
+                if views[nxt].ptr - views[prev].ptr < layer_bytes:
+                    raise argument_error(
+                        op,
+                        f"layers[{nxt}]",
+                        f"no bytes in common with layers[{prev}]",
+                        "overlapping memory",
+                    )
+            layer_ptrs = [v.ptr for v in views]
+            ptr, memory_bytes = 0, 0
+            buffer = tuple(layers)
+            self._buffer_view = tuple(views)
+        elif buffer is not None:
             v, device = _validate_buffer(buffer, nbytes, device)
             ptr, memory_bytes = v.ptr, v.shape[0]
             self._buffer_view = v
@@ -231,6 +283,10 @@ class KVCache(Closable):
                 "memory_bytes": memory_bytes,
             },
         )
+        layer_array = None
+        if layer_ptrs:
+            layer_array = _lib.ffi.new("void*[]", [_lib.ffi.cast("void*", q) for q in layer_ptrs])
+            config.layer_memory = layer_array
         handle = _lib.ffi.new("snapmla_cache_t*")
         _lib.check(lib.snapmla_cache_create(config, handle), "snapmla_cache_create")
         self._handle = handle[0]
@@ -245,6 +301,12 @@ class KVCache(Closable):
         self._data_ptr = int(_lib.ffi.cast("uintptr_t", info.data))
         self._layer_bytes = int(info.layer_bytes)
         self._nbytes = int(info.total_bytes)
+        # What calls must not alias: the whole block, or each layer's own memory.
+        self._extents: Extent | list[Extent] = (
+            [(q, self._layer_bytes) for q in layer_ptrs]
+            if layer_ptrs
+            else (self._data_ptr, self._nbytes)
+        )
 
     # ------------------------------------------------------------------------- properties
 
@@ -283,6 +345,13 @@ class KVCache(Closable):
         """Device address of the first page of layer 0."""
         return self._data_ptr
 
+    def layer_data_ptr(self, layer: int) -> int:
+        """Device address of the first page of ``layer`` (``layer_bytes`` follow it)."""
+        layer = _validate_layer("KVCache.layer_data_ptr", layer, self._num_layers)
+        if isinstance(self._extents, list):
+            return self._extents[layer][0]
+        return self._data_ptr + layer * self._layer_bytes
+
     @property
     def device(self) -> int:
         """CUDA device ordinal."""
@@ -290,8 +359,8 @@ class KVCache(Closable):
 
     @property
     def buffer(self) -> Any:
-        """The array object holding the memory (the caller's ``buffer`` or the CuPy array);
-        ``None`` once closed."""
+        """The array object holding the memory (the caller's ``buffer``, the tuple of its
+        ``layers``, or the CuPy array); ``None`` once closed."""
         return self._buffer
 
     @property
@@ -332,7 +401,7 @@ class KVCache(Closable):
         layer, c, c_stride, k, k_stride, sl = _validate_append_args(
             self._num_layers,
             self._device,
-            (self._data_ptr, self._nbytes),
+            self._extents,
             layer,
             c_kv,
             k_pe,
@@ -401,7 +470,7 @@ class KVCache(Closable):
         layer, sl, c, c_stride, k, k_stride = _validate_fetch_args(
             self._num_layers,
             self._device,
-            (self._data_ptr, self._nbytes),
+            self._extents,
             layer,
             slots,
             c_kv,

@@ -28,7 +28,7 @@ from ._tensor import (
     extent,
     on_device,
 )
-from .cache import KVCache
+from .cache import Extent, KVCache, layer_extent
 
 __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
 
@@ -342,7 +342,7 @@ class _DecodeCall(NamedTuple):
 def _validate_decode_args(
     num_layers: int,
     device: int,
-    cache_extent: tuple[int, int],
+    cache_extent: Extent | list[Extent],
     config: DecodeConfig,
     plan_device: int,
     layer: Any,
@@ -414,7 +414,7 @@ def _validate_decode_args(
         raise argument_error(op, "plan", f"a plan made on cuda:{device}", f"cuda:{plan_device}")
     if ov is not None or lv is not None:
         inputs = [
-            ("the cache", extent(*cache_extent)),
+            ("the cache", extent(*layer_extent(cache_extent, layer))),
             ("q", qv),
             ("block_table", bt),
             ("cache_seqlens", sl),
@@ -603,7 +603,7 @@ def _decode(
     call = _validate_decode_args(
         cache.num_layers,
         cache.device,
-        (cache.data_ptr, cache.nbytes),
+        cache._extents,
         plan.config,
         plan.device,
         layer,
