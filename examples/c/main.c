@@ -81,6 +81,27 @@ static void host_checks(void) {
             strstr(snapmla_last_error(), "memory_bytes") != NULL,
         "too small caller memory is refused by name");
 
+  /* An engine's layout: each layer in its own allocation (since 0.2). */
+  {
+    void* layers[2] = {(void*)(uintptr_t)0x7f0000400000ull, (void*)(uintptr_t)0x7f0000000000ull};
+    void* data = NULL;
+    snapmla_cache_config_t lc = SNAPMLA_CACHE_CONFIG_INIT;
+    snapmla_cache_info_t li = SNAPMLA_CACHE_INFO_INIT;
+    lc.num_layers = 2;
+    lc.num_pages = 3;
+    lc.device = 0;
+    lc.layer_memory = layers;
+    CHECK(snapmla_cache_create(&lc, &cache) == SNAPMLA_SUCCESS, "create on per-layer memory");
+    CHECK(snapmla_cache_layer_data(cache, 1, &data) == SNAPMLA_SUCCESS && data == layers[1] &&
+              snapmla_cache_info(cache, &li) == SNAPMLA_SUCCESS && li.per_layer_memory == 1,
+          "each layer at its own pointer");
+    CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy the per-layer cache");
+    layers[0] = (void*)((uintptr_t)layers[1] + SNAPMLA_PAGE_BYTES); /* inside layer 1 */
+    CHECK(snapmla_cache_create(&lc, &cache) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+              strstr(snapmla_last_error(), "overlaps") != NULL,
+          "overlapping layers are refused");
+  }
+
   dc.batch_size = 4;
   dc.q_len = 2;
   dc.num_heads = 128;
