@@ -256,12 +256,15 @@ def _real(name: str) -> Any:
     return register
 
 
-def _fake(name: str) -> Any:
-    def register(fn: Any) -> Any:
-        torch.library.register_fake(f"snapmla::{name}", fn, lib=_LIBRARY)
-        return fn
+def _register_fake(name: str, checks: Any) -> None:
+    """The fake implementation of op ``name``: its checks (of dtypes and shapes, which a fake
+    tensor has), nothing written, nothing returned."""
+    op = f"snapmla.torch.{name}"
 
-    return register
+    def fake(*args: Any, **kwargs: Any) -> None:
+        checks(op, *args, **kwargs)
+
+    torch.library.register_fake(f"snapmla::{name}", fake, lib=_LIBRARY)
 
 
 _CT = _lib.CTYPES
@@ -271,7 +274,9 @@ def _ptr(t: Tensor, ctype: str = "const void*") -> Any:
     return _lib.ffi.cast(_CT[ctype], t.data_ptr())
 
 
-def _append_checks(op: str, cache: Tensor, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
+def _append_checks(
+    op: str, cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor
+) -> None:
     _check_cache(op, cache)
     _check(
         op, "c_kv", c_kv, (torch.bfloat16,), (None, CONTENT_DIM), inner=True, device=cache.device
@@ -284,7 +289,7 @@ def _append_checks(op: str, cache: Tensor, c_kv: Tensor, k_pe: Tensor, slots: Te
 @_real("append")
 def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
     op = "snapmla.torch.append"
-    _append_checks(op, cache, c_kv, k_pe, slots)
+    _append_checks(op, cache, layer, c_kv, k_pe, slots)
     _no_overlap(op, {"cache": cache}, {"c_kv": c_kv, "k_pe": k_pe, "slots": slots})
     with _OnDevice(cache.device):
         _lib.check(
@@ -303,12 +308,9 @@ def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor
         )
 
 
-@_fake("append")
-def _(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
-    _append_checks("snapmla.torch.append", cache, c_kv, k_pe, slots)
-
-
-def _fetch_checks(op: str, cache: Tensor, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
+def _fetch_checks(
+    op: str, cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor
+) -> None:
     _check_cache(op, cache)
     _check(op, "slots", slots, (torch.int64,), (None,), contiguous=True, device=cache.device)
     n = slots.shape[0]
@@ -319,7 +321,7 @@ def _fetch_checks(op: str, cache: Tensor, slots: Tensor, c_kv: Tensor, k_pe: Ten
 @_real("fetch_dequant")
 def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
     op = "snapmla.torch.fetch_dequant"
-    _fetch_checks(op, cache, slots, c_kv, k_pe)
+    _fetch_checks(op, cache, layer, slots, c_kv, k_pe)
     _no_overlap(op, {"c_kv": c_kv, "k_pe": k_pe}, {"cache": cache, "slots": slots})
     with _OnDevice(cache.device):
         _lib.check(
@@ -336,11 +338,6 @@ def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe:
             ),
             "snapmla_fetch_dequant",
         )
-
-
-@_fake("fetch_dequant")
-def _(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe: Tensor) -> None:
-    _fetch_checks("snapmla.torch.fetch_dequant", cache, slots, c_kv, k_pe)
 
 
 _FP8 = tuple(d for d in (getattr(torch, "float8_e4m3fn", None), torch.uint8) if d is not None)
@@ -406,11 +403,6 @@ def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -
             ),
             "snapmla_quantize_q",
         )
-
-
-@_fake("quantize_q")
-def _(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -> None:
-    _quantize_checks("snapmla.torch.quantize_q", q, q_content, q_rope, q_scale)
 
 
 # ----------------------------------------------------------------- plan and decode
@@ -504,7 +496,15 @@ def _check_buffer(op: str, name: str, t: Any, nbytes: int, device: torch.device)
         )
 
 
-def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor) -> None:
+def _plan_checks(
+    op: str,
+    plan: Tensor,
+    cache_seqlens: Tensor,
+    q_len: int = 1,
+    num_heads: int = 1,
+    max_pages: int = 1,
+    num_sm_parts: int = 0,
+) -> None:
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
     if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
         raise argument_error(
@@ -541,21 +541,10 @@ def _plan(
         )
 
 
-@_fake("plan")
-def _(
-    plan: Tensor,
-    cache_seqlens: Tensor,
-    q_len: int,
-    num_heads: int,
-    max_pages: int,
-    num_sm_parts: int,
-) -> None:
-    _plan_checks("snapmla.torch.plan", plan, cache_seqlens)
-
-
 def _decode_checks(
     op: str,
     cache: Tensor,
+    layer: int,
     q: Tensor,
     block_table: Tensor,
     cache_seqlens: Tensor,
@@ -563,6 +552,10 @@ def _decode_checks(
     workspace: Tensor,
     out: Tensor,
     lse: Tensor,
+    softmax_scale: float = 1.0,
+    causal: bool = True,
+    kernel: int = 0,
+    num_sm_parts: int = 0,
 ) -> tuple[int, int, int, int]:
     """(b, s_q, h, max_pages) of a decode call."""
     _check_cache(op, cache)
@@ -596,7 +589,7 @@ def _decode(
 ) -> None:
     op = "snapmla.torch.decode"
     b, s_q, h, max_pages = _decode_checks(
-        op, cache, q, block_table, cache_seqlens, plan, workspace, out, lse
+        op, cache, layer, q, block_table, cache_seqlens, plan, workspace, out, lse
     )
     _no_overlap(
         op,
@@ -648,25 +641,14 @@ def _decode(
         )
 
 
-@_fake("decode")
-def _(
-    cache: Tensor,
-    layer: int,
-    q: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    plan: Tensor,
-    workspace: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    kernel: int,
-    num_sm_parts: int,
-) -> None:
-    _decode_checks(
-        "snapmla.torch.decode", cache, q, block_table, cache_seqlens, plan, workspace, out, lse
-    )
+for _name, _checks in (
+    ("append", _append_checks),
+    ("fetch_dequant", _fetch_checks),
+    ("quantize_q", _quantize_checks),
+    ("plan", _plan_checks),
+    ("decode", _decode_checks),
+):
+    _register_fake(_name, _checks)
 
 
 # ------------------------------------------------------------- the public functions
