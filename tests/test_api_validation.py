@@ -636,6 +636,24 @@ def test_kv_cache_refuses_layers(kwargs: dict[str, Any], argument: str, pattern:
 
 
 @needs_library
+def test_kv_cache_with_a_page_stride() -> None:
+    """page_stride: pages inside an engine's larger slots; the sizes follow it."""
+    stride = 64 * 656  # vLLM's fp8_ds_mla slots
+    nbytes = NUM_LAYERS * NUM_PAGES * stride
+    with KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(shape=(nbytes,)), page_stride=stride) as c:
+        assert c.nbytes == nbytes and c.layer_bytes == NUM_PAGES * stride
+        assert c.layer_data_ptr(1) == FAKE_CACHE_PTR + NUM_PAGES * stride
+    with refused("buffer", f"at least {nbytes} bytes"):
+        KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(), page_stride=stride)
+    for bad in (snapmla.PAGE_BYTES + 64, snapmla.PAGE_BYTES - 128, -128):
+        with refused("page_stride", "multiple of 128|got -128"):
+            KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(shape=(nbytes,)), page_stride=bad)
+    layers = _layers(FAKE_CACHE_PTR, FAKE_CACHE_PTR + 2**20)  # LAYER_BYTES each: too short now
+    with refused("layers\\[0\\]", f"at least {NUM_PAGES * stride} bytes"):
+        KVCache(NUM_LAYERS, NUM_PAGES, layers=layers, page_stride=stride)
+
+
+@needs_library
 def test_kv_cache_context_manager() -> None:
     with KVCache(1, 1, buffer=_buffer(shape=(41216,), device=CUDA1)) as c:
         assert c.device == 1

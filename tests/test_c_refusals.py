@@ -801,6 +801,44 @@ def _all_cases() -> list[Case]:
         )
         for size in (config_size + 1, config_size + 7)
     ]
+    stride_at = ffi.offsetof("snapmla_cache_config_t", "page_stride")
+    cases += [
+        (
+            f"{fn}/config-size-{stride_at + 3}",
+            fn,
+            {"config.struct_size": stride_at + 3},
+            "config",
+            "ends inside field 'config.page_stride'",
+        ),
+        (
+            f"{fn}/page_stride-not-128",
+            fn,
+            {"config.page_stride": PAGE_BYTES + 64},
+            "config.page_stride",
+            f"expected 0 \\(packed\\) or a multiple of 128 >= {PAGE_BYTES}",
+        ),
+        (
+            f"{fn}/page_stride-small",
+            fn,
+            {"config.page_stride": PAGE_BYTES - 128},
+            "config.page_stride",
+            f"got {PAGE_BYTES - 128}",
+        ),
+        (
+            f"{fn}/page_stride-overflow",
+            fn,
+            {"config.num_layers": 2**20, "config.num_pages": 2**24, "config.page_stride": 2**30},
+            "config.page_stride",
+            "more than 2\\^63 - 1 bytes",
+        ),
+        (
+            f"{fn}/memory_bytes-short-for-stride",
+            fn,
+            {"config.page_stride": 41984},
+            "config.memory_bytes",
+            f"expected >= {NUM_LAYERS * NUM_PAGES * 41984}",
+        ),
+    ]
     cases += [
         (f"{fn}/page_size", fn, {"config.page_size": 32}, "config.page_size", "0 or 64, got 32"),
         (f"{fn}/num_layers", fn, {"config.num_layers": 0}, "config.num_layers", "got 0"),
@@ -1374,7 +1412,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         if v["cache"] == 0:
             bad.add("cache")
         layer_memory = ffi.offsetof("snapmla_cache_config_t", "layer_memory")
-        if not struct_ok(v["config"], layer_memory, ((layer_memory, 8),)):
+        page_stride = ffi.offsetof("snapmla_cache_config_t", "page_stride")
+        if not struct_ok(v["config"], layer_memory, ((layer_memory, 8), (page_stride, 8))):
             return bad | {"config"}, SUCCESS
         c = v["config"].read_back()
         if c["page_size"] not in (0, 64):

@@ -197,10 +197,12 @@ def test_fast_kernel_uses_no_local_memory(n: int) -> None:
     assert not local, f"{len(local)} local memory instructions"
 
 
-def test_reference_kernel_sass_uses_tensor_cores() -> None:
+@pytest.mark.parametrize("strided", [0, 1])
+def test_reference_kernel_sass_uses_tensor_cores(strided: int) -> None:
     """The reference kernel's FP8 mma.sync becomes FP16 HMMA with fp32 accumulation (which is
-    why it matches the model to ~1e-5), and its BF16 PV is BF16 HMMA."""
-    sass = _kernel(_sass_by_kernel(), "reference_decode_kernel")
+    why it matches the model to ~1e-5), and its BF16 PV is BF16 HMMA; in both instantiations
+    (packed pages, and a caller's page stride)."""
+    sass = _kernel(_sass_by_kernel(), f"reference_decode_kernelILb{strided}")
     hmma = collections.Counter(
         m.group(1) for line in sass if (m := re.search(r"\b(HMMA\.16816\.F32(?:\.BF16)?)", line))
     )

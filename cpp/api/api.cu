@@ -44,6 +44,7 @@ struct snapmla_cache {
   int32_t num_pages;
   bool owns_memory;
   uint8_t* const* layers;  // per-layer bases (config.layer_memory, copied; owned), or nullptr
+  int64_t page_stride;     // bytes from a page to the next (kPageBytes: packed)
   uint64_t magic_end;
 };
 
@@ -357,7 +358,7 @@ snapmla_status_t check_device(const char* op, const snapmla_cache* cache) {
 // layer < num_layers and the cache's bytes are <= INT64_MAX: the offset cannot overflow.
 uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
   if (c.layers != nullptr) return c.layers[layer];
-  return c.data + static_cast<int64_t>(layer) * c.num_pages * kPageBytes;
+  return c.data + static_cast<int64_t>(layer) * c.num_pages * c.page_stride;
 }
 
 // The live cache behind `handle` (copied into *cache) and a layer index inside it.
@@ -515,13 +516,31 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   SNAPMLA_TRY(read_sized(op, "config", config_in, &c,
                          offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t),
                          {{"layer_memory", offsetof(snapmla_cache_config_t, layer_memory),
-                           sizeof(void*)}}));
+                           sizeof(void*)},
+                          {"page_stride", offsetof(snapmla_cache_config_t, page_stride),
+                           sizeof(size_t)}}));
   SNAPMLA_REQUIRE(c.page_size == 0 || c.page_size == SNAPMLA_PAGE_SIZE,
                   "%s: argument 'config.page_size': expected 0 or %d, got %d", op,
                   SNAPMLA_PAGE_SIZE, c.page_size);
   size_t bytes = 0;
   SNAPMLA_TRY(cache_bytes_of(op, "config.num_layers", "config.num_pages", c.num_layers, c.num_pages,
                              &bytes));
+  int64_t page_stride = kPageBytes;
+  if (c.page_stride != 0) {
+    SNAPMLA_REQUIRE(c.page_stride >= static_cast<size_t>(kPageBytes) && c.page_stride % 128 == 0 &&
+                        c.page_stride <= static_cast<size_t>(kMaxBytes),
+                    "%s: argument 'config.page_stride': expected 0 (packed) or a multiple of 128 "
+                    ">= %lld (a page's bytes), got %zu",
+                    op, static_cast<long long>(kPageBytes), c.page_stride);
+    page_stride = static_cast<int64_t>(c.page_stride);
+    int64_t layer_span = 0, total = 0;
+    SNAPMLA_REQUIRE(!__builtin_mul_overflow(int64_t{c.num_pages}, page_stride, &layer_span) &&
+                        !__builtin_mul_overflow(int64_t{c.num_layers}, layer_span, &total),
+                    "%s: argument 'config.page_stride': %d layers x %d pages x %zu bytes is "
+                    "more than 2^63 - 1 bytes",
+                    op, c.num_layers, c.num_pages, c.page_stride);
+    bytes = static_cast<size_t>(total);
+  }
   SNAPMLA_REQUIRE(c.device >= -1 && c.device < kMaxDevices,
                   "%s: argument 'config.device': expected -1 .. %d, got %d", op, kMaxDevices - 1,
                   c.device);
@@ -531,7 +550,7 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
                     "%s: argument 'config.layer_memory': expected NULL when config.memory is "
                     "set (one or the other), got %p",
                     op, static_cast<const void*>(c.layer_memory));
-    const size_t layer_bytes = static_cast<size_t>(c.num_pages) * kPageBytes;
+    const size_t layer_bytes = static_cast<size_t>(c.num_pages) * static_cast<size_t>(page_stride);
     layers.resize(static_cast<size_t>(c.num_layers));
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const void* p = c.layer_memory[l];
@@ -606,7 +625,7 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   const bool owns = c.memory == nullptr && layer_copy == nullptr;
   snapmla_cache* cache = new (std::nothrow) snapmla_cache{
       kCacheMagicBegin, data, bytes, device, c.num_layers, c.num_pages, owns, layer_copy,
-      kCacheMagicEnd};
+      page_stride, kCacheMagicEnd};
   const uintptr_t handle = cache != nullptr ? registry().add(cache) : 0;
   if (handle == 0) {
     delete cache;
@@ -670,10 +689,11 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_info(snapmla_cache_t handl
   full.content_offset = SNAPMLA_PAGE_CONTENT_OFFSET;
   full.rope_offset = SNAPMLA_PAGE_ROPE_OFFSET;
   full.scale_offset = SNAPMLA_PAGE_SCALE_OFFSET;
-  full.layer_bytes = static_cast<size_t>(cache.num_pages) * SNAPMLA_PAGE_BYTES;
+  full.layer_bytes = static_cast<size_t>(cache.num_pages) * static_cast<size_t>(cache.page_stride);
   full.total_bytes = cache.bytes;
   full.owns_memory = cache.owns_memory ? 1 : 0;
   full.per_layer_memory = cache.layers != nullptr ? 1 : 0;
+  full.page_stride = static_cast<size_t>(cache.page_stride);
   const size_t n = caller_size < sizeof(full) ? caller_size : sizeof(full);
   std::memcpy(info, &full, n);
   if (caller_size > sizeof(full)) {
@@ -728,7 +748,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, i
                  slots,
                  num_tokens,
                  layer_base(cache, layer),
-                 int64_t{cache.num_pages} * kPageSize};
+                 int64_t{cache.num_pages} * kPageSize,
+                 cache.page_stride};
   SNAPMLA_CUDA(op, launch_append(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
@@ -760,7 +781,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
   SNAPMLA_TRY(check_device(op, &cache));
   FetchDequantParams p{
       layer_base(cache, layer),     int64_t{cache.num_pages} * kPageSize, slots,       num_tokens,
-      static_cast<uint16_t*>(c_kv), static_cast<uint16_t*>(k_pe),         c_kv_stride, k_pe_stride};
+      static_cast<uint16_t*>(c_kv), static_cast<uint16_t*>(k_pe),         c_kv_stride, k_pe_stride,
+      cache.page_stride};
   SNAPMLA_CUDA(op, launch_fetch_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
@@ -925,6 +947,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
   p.layer_base = layer_base(cache, a.layer);
   p.num_pages = cache.num_pages;
+  p.page_stride = cache.page_stride;
   p.block_table = a.block_table;
   p.block_table_stride = a.block_table_stride;
   p.seqlens = a.cache_seqlens;

@@ -13,7 +13,8 @@ constexpr int kBlocksPerSm = 8;  // 64 resident warps: enough 16-byte loads in f
 
 // One warp per token: quantize (per-token scale, E4M3 content, pre-scaled RoPE) and scatter
 // the three parts into the token's slot of the paged layer.
-template <bool kAligned>
+// kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
+template <bool kAligned, bool kStrided>
 __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
@@ -24,7 +25,7 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
     const QuantizedRow q =
         quantize_row<kAligned>(p.c_kv + i * p.c_kv_stride, p.k_pe + i * p.k_pe_stride, lane);
     if (slot < 0 || slot >= p.capacity) continue;
-    uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
+    uint8_t* page = p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes);
     const int row = static_cast<int>(slot % kPageSize);
     store_row(q, page + kPageContentOffset + row * kContentDim,
               reinterpret_cast<uint16_t*>(page + kPageRopeOffset) + row * kRopeDim,
@@ -44,10 +45,13 @@ cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
   const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
                        (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const bool strided = p.page_stride != kPageBytes;
   if (aligned) {
-    append_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    strided ? append_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
+            : append_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    append_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+    strided ? append_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
+            : append_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -15,6 +15,7 @@ struct AppendParams {
   int64_t num_tokens;    // n
   uint8_t* layer_base;   // first page of the layer
   int64_t capacity;      // num_pages * 64 slots in the layer
+  int64_t page_stride;   // bytes from a page to the next (kPageBytes: packed)
 };
 
 cudaError_t launch_append(const AppendParams& params, cudaStream_t stream);

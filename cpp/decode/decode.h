@@ -102,6 +102,7 @@ struct DecodeParams {
 #ifdef SNAPMLA_SEESAW_TRACE
   unsigned long long* trace;  // bench/seesaw_trace.cu: clock64 per (warpgroup, block, event)
 #endif
+  int64_t page_stride;  // bytes from a page to the next (kPageBytes: packed)
 };
 
 int default_num_parts(int sm_count, int row_tiles);

@@ -134,10 +134,12 @@ __device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int 
 }
 
 // One page into a stage. Returns false (and loads nothing) if the page index is out of range.
+// kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
+template <bool kStrided>
 __device__ bool load_k_block(KStage& st, const DecodeParams& p, int b, int blk) {
   const int32_t page = p.block_table[int64_t{b} * p.block_table_stride + blk];
   if (page < 0 || page >= p.num_pages) return false;
-  const uint8_t* base = p.layer_base + int64_t{page} * kPageBytes;
+  const uint8_t* base = p.layer_base + int64_t{page} * (kStrided ? p.page_stride : kPageBytes);
   for (int c = threadIdx.x; c < kBlockN * (kContentDim / 16); c += kThreads) {
     const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
     cp_async16(st.content + r * kQStride + col * 16,
@@ -180,6 +182,7 @@ __device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
 }
 
 // ------------------------------------------------------------------------------ the kernel
+template <bool kStrided>
 __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const DecodeParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -208,13 +211,13 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
     bool bad_page = false;
 
     load_q_tile(s, p, b, tile);
-    bad_page |= !load_k_block(s.k[0], p, b, seg.blk_lo);
+    bad_page |= !load_k_block<kStrided>(s.k[0], p, b, seg.blk_lo);
     cp_async_commit();
 
     for (int blk = seg.blk_lo; blk < seg.blk_hi; ++blk) {
       const int stage = (blk - seg.blk_lo) & 1;
       if (blk + 1 < seg.blk_hi) {
-        bad_page |= !load_k_block(s.k[stage ^ 1], p, b, blk + 1);
+        bad_page |= !load_k_block<kStrided>(s.k[stage ^ 1], p, b, blk + 1);
         cp_async_commit();
         cp_async_wait<1>();
       } else {
@@ -312,14 +315,20 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
 
 }  // namespace
 
-cudaError_t launch_reference_decode(const DecodeParams& p, cudaStream_t stream) {
+template <bool kStrided>
+cudaError_t launch_reference(const DecodeParams& p, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(SharedStorage));
-  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel,
+  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel<kStrided>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_parts, p.row_tiles);
-  reference_decode_kernel<<<grid, kThreads, smem, stream>>>(p);
+  reference_decode_kernel<kStrided><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
+}
+
+cudaError_t launch_reference_decode(const DecodeParams& p, cudaStream_t stream) {
+  return p.page_stride != kPageBytes ? launch_reference<true>(p, stream)
+                                     : launch_reference<false>(p, stream);
 }
 
 }  // namespace decode

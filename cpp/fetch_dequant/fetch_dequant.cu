@@ -32,7 +32,8 @@ __device__ __forceinline__ void store_words(uint16_t* out, const uint32_t* w, in
 
 // One warp per token: lane l dequantizes content [16l, 16l + 16) and, for l < 8, RoPE
 // [8l, 8l + 8), multiplying by the token's scale in fp32 and rounding to bf16.
-template <bool kAligned>
+// kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
+template <bool kAligned, bool kStrided>
 __global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequantParams p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
@@ -42,7 +43,8 @@ __global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequ
     uint32_t content[kContentPerLane / 2];
     uint32_t rope[4];
     if (slot >= 0 && slot < p.capacity) {
-      const uint8_t* page = p.layer_base + (slot / kPageSize) * kPageBytes;
+      const uint8_t* page =
+          p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes);
       const int row = static_cast<int>(slot % kPageSize);
       const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
       const uint4 c = __ldg(
@@ -90,10 +92,13 @@ cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t strea
   const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
                        (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
                        (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const bool strided = p.page_stride != kPageBytes;
   if (aligned) {
-    fetch_dequant_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    strided ? fetch_dequant_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
+            : fetch_dequant_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    fetch_dequant_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+    strided ? fetch_dequant_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
+            : fetch_dequant_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -15,6 +15,7 @@ struct FetchDequantParams {
   uint16_t* k_pe;             // bf16 [n, 64] out, row stride k_pe_stride
   int64_t c_kv_stride;        // elements
   int64_t k_pe_stride;        // elements
+  int64_t page_stride;        // bytes from a page to the next (kPageBytes: packed)
 };
 
 cudaError_t launch_fetch_dequant(const FetchDequantParams& params, cudaStream_t stream);

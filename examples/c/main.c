@@ -102,6 +102,27 @@ static void host_checks(void) {
           "overlapping layers are refused");
   }
 
+  /* Pages inside larger slots (since 0.2): 64 tokens x 656 bytes a page. */
+  {
+    snapmla_cache_config_t sc = SNAPMLA_CACHE_CONFIG_INIT;
+    snapmla_cache_info_t si = SNAPMLA_CACHE_INFO_INIT;
+    sc.num_layers = 2;
+    sc.num_pages = 3;
+    sc.device = 0;
+    sc.page_stride = 64 * 656;
+    sc.memory = (void*)(uintptr_t)0x7f0000000000ull;
+    sc.memory_bytes = 2u * 3u * 64u * 656u;
+    CHECK(snapmla_cache_create(&sc, &cache) == SNAPMLA_SUCCESS &&
+              snapmla_cache_info(cache, &si) == SNAPMLA_SUCCESS &&
+              si.layer_bytes == 3u * 64u * 656u && si.page_stride == 64u * 656u,
+          "a cache with a page stride");
+    CHECK(snapmla_cache_destroy(cache) == SNAPMLA_SUCCESS, "destroy the strided cache");
+    sc.page_stride = SNAPMLA_PAGE_BYTES + 64;
+    CHECK(snapmla_cache_create(&sc, &cache) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+              strstr(snapmla_last_error(), "page_stride") != NULL,
+          "a page stride that is not a multiple of 128 is refused by name");
+  }
+
   dc.batch_size = 4;
   dc.q_len = 2;
   dc.num_heads = 128;

@@ -231,11 +231,18 @@ typedef struct snapmla_cache_config {
                           NULL (the default; what an older caller's struct_size reads): the
                           layers lie one after another in `memory` or in memory the library
                           allocates */
+  size_t page_stride;  /* since 0.2. Bytes from one page to the next within a layer: 0 (the
+                          default) = SNAPMLA_PAGE_BYTES, the pages packed; else a multiple of 128,
+                          >= SNAPMLA_PAGE_BYTES, so that the pages can sit inside an engine's
+                          larger slots (vLLM's fp8_ds_mla reserves 656 bytes a token: 64 x 656 =
+                          41984). A layer is then num_pages * page_stride bytes and the cache
+                          num_layers times that (memory_bytes and layer_memory accordingly).
+                          Experimental in 0.2: not yet run on a GPU (bench/NOTES.md) */
 } snapmla_cache_config_t;
 
 /* Defaults: num_layers and num_pages must be set; page_size 0 (= 64), the current device,
  * library-allocated memory. */
-#define SNAPMLA_CACHE_CONFIG_INIT {sizeof(snapmla_cache_config_t), 0, 0, 0, -1, NULL, 0, NULL}
+#define SNAPMLA_CACHE_CONFIG_INIT {sizeof(snapmla_cache_config_t), 0, 0, 0, -1, NULL, 0, NULL, 0}
 
 typedef struct snapmla_cache_info {
   size_t struct_size; /* set by the caller: sizeof(snapmla_cache_info_t) */
@@ -250,16 +257,17 @@ typedef struct snapmla_cache_info {
   size_t content_offset; /* plane offsets inside a page */
   size_t rope_offset;
   size_t scale_offset;
-  size_t layer_bytes;  /* num_pages * page_bytes */
+  size_t layer_bytes;  /* num_pages * page_stride (page_bytes when packed) */
   size_t total_bytes;  /* num_layers * layer_bytes */
   int32_t owns_memory; /* 1 if the library allocated `data` */
   int32_t per_layer_memory; /* since 0.2: 1 if made from config.layer_memory (each layer at its
                                own pointer; snapmla_cache_layer_data gives them) */
+  size_t page_stride;       /* since 0.2: bytes from a page to the next (page_bytes: packed) */
 } snapmla_cache_info_t;
 
 /* All zero: the library fills it in. */
 #define SNAPMLA_CACHE_INFO_INIT \
-  {sizeof(snapmla_cache_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  {sizeof(snapmla_cache_info_t), NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Bytes a cache of this shape needs: num_layers * num_pages * SNAPMLA_PAGE_BYTES, computed in
  * checked 64-bit arithmetic. num_layers >= 1, num_pages 1 .. 33554431, and the total must be at

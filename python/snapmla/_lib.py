@@ -80,6 +80,7 @@ typedef struct snapmla_cache_config {
   void* memory;
   size_t memory_bytes;
   void* const* layer_memory;
+  size_t page_stride;
 } snapmla_cache_config_t;
 
 typedef struct snapmla_cache_info {
@@ -99,6 +100,7 @@ typedef struct snapmla_cache_info {
   size_t total_bytes;
   int32_t owns_memory;
   int32_t per_layer_memory;
+  size_t page_stride;
 } snapmla_cache_info_t;
 
 snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num_pages, size_t* bytes);

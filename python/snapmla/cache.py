@@ -59,7 +59,7 @@ def _validate_buffer(
     checker = Checker(op, None)
     v = checker.tensor(buffer, argument, dtypes=BYTES, shape=("nbytes",), writable=True)
     if v.shape[0] < nbytes:
-        what = "snapmla_cache_bytes" if argument == "buffer" else "a layer: num_pages * 41216"
+        what = "the cache's bytes" if argument == "buffer" else "a layer: num_pages * page_stride"
         raise argument_error(
             op, argument, f"at least {nbytes} bytes ({what})", f"{v.shape[0]} bytes"
         )
@@ -187,6 +187,7 @@ class KVCache(Closable):
         *,
         buffer: Any = None,
         layers: Sequence[Any] | None = None,
+        page_stride: int = 0,
         device: int | None = None,
     ) -> None:
         """Create the cache.
@@ -200,10 +201,14 @@ class KVCache(Closable):
                 caller keeps it alive (this object also holds a reference). ``None``: CuPy
                 allocates the memory, on ``device``.
             layers: Instead of ``buffer``, one caller-owned tensor per layer (``num_layers`` of
-                them, each as ``buffer`` is but at least ``num_pages * 41216`` bytes, on one
+                them, each as ``buffer`` is but at least a layer's bytes, on one
                 device, not overlapping), for engines that hold a tensor per layer. Calls on
                 layer ``l`` then refuse tensors that alias layer ``l``'s memory (not the other
                 layers', which are the caller's own tensors).
+            page_stride: Bytes from one page to the next within a layer: 0 (41216, the pages
+                packed), or a multiple of 128 above it, so that the pages sit inside an
+                engine's larger slots (64 x 656 = 41984 for vLLM's fp8_ds_mla). A layer is then
+                ``num_pages * page_stride`` bytes. Experimental in 0.2: not yet run on a GPU.
             device: CUDA device ordinal, 0..63. With ``buffer`` it must match the buffer's
                 device (``None``: the buffer's); without, ``None`` means CuPy's current device.
 
@@ -224,8 +229,22 @@ class KVCache(Closable):
         nbytes_c = _lib.ffi.new("size_t*")
         _lib.check(lib.snapmla_cache_bytes(num_layers, num_pages, nbytes_c), "snapmla_cache_bytes")
         nbytes = int(nbytes_c[0])
+        page_stride = check_int(page_stride, op, "page_stride", 0, MAX_SPAN_BYTES)
+        if page_stride:
+            if page_stride < PAGE_BYTES or page_stride % 128:
+                raise argument_error(
+                    op,
+                    "page_stride",
+                    f"0 (packed) or a multiple of 128 >= {PAGE_BYTES} (a page's bytes)",
+                    str(page_stride),
+                )
+            if num_layers * num_pages * page_stride > MAX_SPAN_BYTES:
+                raise argument_error(
+                    op, "page_stride", "a cache of at most 2^63 - 1 bytes", str(page_stride)
+                )
+            nbytes = num_layers * num_pages * page_stride
         layer_ptrs: list[int] = []
-        layer_bytes = num_pages * PAGE_BYTES
+        layer_bytes = num_pages * (page_stride or PAGE_BYTES)
         if layers is not None:
             if buffer is not None:
                 raise argument_error(
@@ -281,6 +300,7 @@ class KVCache(Closable):
                 "device": device,
                 "memory": _lib.ffi.cast("void*", ptr),
                 "memory_bytes": memory_bytes,
+                "page_stride": page_stride,
             },
         )
         layer_array = None

@@ -166,27 +166,42 @@ class _OnDevice:
 
 # ------------------------------------------------------------------------------ cache
 
-_handles: dict[tuple[int, int, int, int], Any] = {}
+_handles: dict[tuple[int, int, int, int, int], Any] = {}
 _handles_lock = threading.Lock()
 
 
-def empty_cache(num_layers: int, num_pages: int, device: Any = None) -> Tensor:
-    """A cache's memory, allocated by PyTorch: uint8 ``[num_layers, num_pages, 41216]`` (the
-    byte format of ``snapmla.h``; contents undefined until appended). ``device``: a CUDA
-    device (``None``: the current one)."""
+def empty_cache(
+    num_layers: int, num_pages: int, device: Any = None, page_stride: int = PAGE_BYTES
+) -> Tensor:
+    """A cache's memory, allocated by PyTorch: uint8 ``[num_layers, num_pages, page_stride]``
+    (the byte format of ``snapmla.h``; contents undefined until appended). ``device``: a CUDA
+    device (``None``: the current one). ``page_stride``: 41216 (the pages packed), or a larger
+    multiple of 128 (pages inside an engine's larger slots; experimental in 0.2: not yet run on
+    a GPU)."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    return torch.empty((num_layers, num_pages, PAGE_BYTES), dtype=torch.uint8, device=device)
+    return torch.empty((num_layers, num_pages, page_stride), dtype=torch.uint8, device=device)
 
 
 def _check_cache(op: str, cache: Any) -> None:
-    _check(op, "cache", cache, (torch.uint8,), (None, None, PAGE_BYTES), contiguous=True)
+    """uint8 ``[layers, pages, page_stride]``, contiguous; page_stride 41216 (packed) or a
+    larger multiple of 128."""
+    _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
+    stride = cache.shape[2]
+    if stride != PAGE_BYTES and (stride < PAGE_BYTES or stride % 128):
+        raise argument_error(
+            op,
+            "cache",
+            f"uint8 [layers, pages, page_stride] with page_stride {PAGE_BYTES} or a larger "
+            "multiple of 128",
+            _describe(cache),
+        )
 
 
 def _handle(cache: Tensor) -> Any:
     """The C handle over ``cache``'s memory, made on first use and kept."""
     num_layers, num_pages = cache.shape[0], cache.shape[1]
-    key = (cache.data_ptr(), num_layers, num_pages, cache.device.index)
+    key = (cache.data_ptr(), num_layers, num_pages, cache.device.index, cache.shape[2])
     handle = _handles.get(key)
     if handle is not None:
         return handle
@@ -201,6 +216,7 @@ def _handle(cache: Tensor) -> Any:
                     "num_layers": num_layers,
                     "num_pages": num_pages,
                     "page_size": 0,
+                    "page_stride": 0 if cache.shape[2] == PAGE_BYTES else cache.shape[2],
                     "device": cache.device.index,
                     "memory": ffi.cast("void*", cache.data_ptr()),
                     "memory_bytes": cache.numel(),
@@ -218,7 +234,7 @@ def release(cache: Tensor) -> bool:
     a handle is a few dozen host bytes and is keyed by the shape too. Returns whether one was
     kept."""
     _check_cache("release", cache)
-    key = (cache.data_ptr(), cache.shape[0], cache.shape[1], cache.device.index)
+    key = (cache.data_ptr(), cache.shape[0], cache.shape[1], cache.device.index, cache.shape[2])
     with _handles_lock:
         handle = _handles.pop(key, None)
     if handle is None:

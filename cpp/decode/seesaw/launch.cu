@@ -42,18 +42,19 @@ cudaError_t encode(CUtensorMap* map, CUtensorMapDataType type, const void* base,
 
 cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   const uint64_t pages = static_cast<uint64_t>(p.num_pages);
+  const uint64_t page_stride = static_cast<uint64_t>(p.page_stride);  // TMA: a multiple of 16
   const uint64_t rows = static_cast<uint64_t>(p.batch) * p.q_len * p.num_heads;
   cudaError_t err = encode<3>(&maps->k_content, CU_TENSOR_MAP_DATA_TYPE_UINT8,
                               p.layer_base + kPageContentOffset, {kContentDim, kBlockN, pages},
-                              {kContentDim, kPageBytes}, {seesaw::kChunkBytes, kBlockN, 1},
+                              {kContentDim, page_stride}, {seesaw::kChunkBytes, kBlockN, 1},
                               CU_TENSOR_MAP_SWIZZLE_128B);
   if (err != cudaSuccess) return err;
   err = encode<3>(&maps->k_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.layer_base + kPageRopeOffset,
-                  {kRopeDim, kBlockN, pages}, {kRopeDim * 2, kPageBytes}, {kRopeDim, kBlockN, 1},
+                  {kRopeDim, kBlockN, pages}, {kRopeDim * 2, page_stride}, {kRopeDim, kBlockN, 1},
                   CU_TENSOR_MAP_SWIZZLE_128B);
   if (err != cudaSuccess) return err;
   err = encode<2>(&maps->k_scale, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.layer_base + kPageScaleOffset,
-                  {kBlockN, pages}, {kPageBytes}, {kBlockN, 1}, CU_TENSOR_MAP_SWIZZLE_NONE);
+                  {kBlockN, pages}, {page_stride}, {kBlockN, 1}, CU_TENSOR_MAP_SWIZZLE_NONE);
   if (err != cudaSuccess) return err;
   err = encode<2>(&maps->q_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q_content, {kContentDim, rows},
                   {kContentDim}, {seesaw::kChunkBytes, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);

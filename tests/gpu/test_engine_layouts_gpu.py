@@ -1,0 +1,132 @@
+"""Caches laid out as engines hold their memory, on the GPU (issue #10): one tensor per layer
+(``KVCache(layers=...)``, the C API's ``config.layer_memory``) and pages inside larger slots
+(``page_stride``). Decode, append and fetch-dequant give the same bytes as on one packed cache
+holding the same image."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _util import (
+    SM_SCALE,
+    device_inputs,
+    make_case,
+    make_plan,
+    nan_torch,
+    page_slots,
+    poisoned_outputs,
+    random_bf16,
+    synchronize,
+    to_torch,
+    torch_module,
+)
+
+import snapmla
+from snapmla import reference as ref
+
+pytestmark = pytest.mark.gpu
+
+
+def test_per_layer_cache_matches_the_contiguous_one(rng: np.random.Generator) -> None:
+    torch = torch_module()
+    case = make_case(rng, [130, 64, 1, 700], num_heads=16, num_layers=3)
+    layer_bytes = case.num_pages * ref.PAGE_BYTES
+    image = to_torch(case.image)
+    whole = snapmla.KVCache(case.num_layers, case.num_pages, buffer=image.clone())
+    # Each layer in its own allocation, in reverse address order of no consequence.
+    parts = [image[l * layer_bytes : (l + 1) * layer_bytes].clone() for l in range(case.num_layers)]
+    split = snapmla.KVCache(case.num_layers, case.num_pages, layers=parts)
+    assert split.layer_data_ptr(2) == parts[2].data_ptr()
+    q, bt, sl = device_inputs(case)
+    plan = make_plan(case, sl)
+    for layer in range(case.num_layers):
+        outs = []
+        for cache in (whole, split):
+            out, lse = poisoned_outputs(*case.q.shape[:3])
+            snapmla.decode(cache, layer, q, bt, sl, plan, softmax_scale=SM_SCALE, out=out, lse=lse)
+            outs.append((out, lse))
+        synchronize()
+        assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16)), layer
+        assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32)), layer
+        assert torch.isfinite(outs[0][0].float()).all()
+    # Append into layer 1 of both, then fetch it back from both.
+    n = 20
+    c_kv = to_torch(random_bf16(rng, (n, ref.CONTENT_DIM), 0.5, 1.0))
+    k_pe = to_torch(random_bf16(rng, (n, ref.ROPE_DIM), 0.5, 1.0))
+    slots = torch.from_numpy(page_slots(case.block_table[3], n).astype(np.int64)).cuda()
+    for cache in (whole, split):
+        cache.append(1, c_kv, k_pe, slots)
+    synchronize()
+    assert torch.equal(whole.buffer[layer_bytes : 2 * layer_bytes], parts[1])
+    assert torch.equal(whole.buffer[:layer_bytes], parts[0])  # other layers untouched
+    fetched = []
+    for cache in (whole, split):
+        c_out, k_out = nan_torch((n, ref.CONTENT_DIM)), nan_torch((n, ref.ROPE_DIM))
+        cache.fetch_dequant(1, slots, c_kv=c_out, k_pe=k_out)
+        fetched.append((c_out, k_out))
+    synchronize()
+    assert torch.equal(fetched[0][0].view(torch.int16), fetched[1][0].view(torch.int16))
+    assert torch.equal(fetched[0][1].view(torch.int16), fetched[1][1].view(torch.int16))
+    whole.close()
+    split.close()
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+def test_page_stride_matches_the_packed_cache(rng: np.random.Generator, kernel: str) -> None:
+    """``page_stride``: every page inside a larger slot (vLLM's 64 x 656 bytes), the slack
+    poisoned; decode, append and fetch-dequant give the packed cache's bytes, and the slack is
+    never written."""
+    torch = torch_module()
+    stride = 64 * 656
+    case = make_case(rng, [130, 64, 1, 700], num_heads=16, num_layers=2)
+    packed = to_torch(case.image)
+    strided = torch.full(
+        (case.num_layers, case.num_pages, stride), 0xFF, dtype=torch.uint8, device="cuda"
+    )
+    strided[:, :, : ref.PAGE_BYTES] = packed.view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
+    a = snapmla.KVCache(case.num_layers, case.num_pages, buffer=packed.clone())
+    b = snapmla.KVCache(
+        case.num_layers, case.num_pages, buffer=strided.view(-1), page_stride=stride
+    )
+    q, bt, sl = device_inputs(case)
+    plan = make_plan(case, sl)
+    for layer in range(case.num_layers):
+        outs = []
+        for cache in (a, b):
+            out, lse = poisoned_outputs(*case.q.shape[:3])
+            snapmla.decode(
+                cache,
+                layer,
+                q,
+                bt,
+                sl,
+                plan,
+                softmax_scale=SM_SCALE,
+                out=out,
+                lse=lse,
+                kernel=kernel,
+            )
+            outs.append((out, lse))
+        synchronize()
+        assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16)), layer
+        assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32)), layer
+    n = 20
+    c_kv = to_torch(random_bf16(rng, (n, ref.CONTENT_DIM), 0.5, 1.0))
+    k_pe = to_torch(random_bf16(rng, (n, ref.ROPE_DIM), 0.5, 1.0))
+    slots = torch.from_numpy(page_slots(case.block_table[3], n).astype(np.int64)).cuda()
+    for cache in (a, b):
+        cache.append(1, c_kv, k_pe, slots)
+    synchronize()
+    view = strided.view(case.num_layers, case.num_pages, stride)
+    assert torch.equal(view[:, :, : ref.PAGE_BYTES].reshape(-1), a.buffer)
+    assert bool((view[:, :, ref.PAGE_BYTES :] == 0xFF).all()), "the slack was written"
+    fetched = []
+    for cache in (a, b):
+        c_out, k_out = nan_torch((n, ref.CONTENT_DIM)), nan_torch((n, ref.ROPE_DIM))
+        cache.fetch_dequant(1, slots, c_kv=c_out, k_pe=k_out)
+        fetched.append((c_out, k_out))
+    synchronize()
+    assert torch.equal(fetched[0][0].view(torch.int16), fetched[1][0].view(torch.int16))
+    assert torch.equal(fetched[0][1].view(torch.int16), fetched[1][1].view(torch.int16))
+    a.close()
+    b.close()
