@@ -1060,6 +1060,48 @@ def test_decode_accepts_strided_inputs() -> None:
     assert call.softmax_scale == pytest.approx(192**-0.5)
 
 
+def test_decode_accepts_q_nope_and_q_pe_apart() -> None:
+    """q_pe (0.2): q holds q_nope [b, s_q, h, 512], q_pe the RoPE part; each strided its own
+    way (here slices of wider tensors, as an engine's projections give them)."""
+    call = _validate_decode(
+        q=bf16(2, 1, 16, 512, strides=(16 * 768, 16 * 768, 768, 1)),
+        q_pe=bf16(2, 1, 16, 64, strides=(16 * 128, 16 * 128, 128, 1)),
+        out=bf16(2, 1, 16, 512),
+    )
+    assert call.q_strides == (12288, 12288, 768)
+    assert call.q_pe is not None and call.q_pe_strides == (2048, 2048, 128)
+    assert _validate_decode().q_pe is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "argument", "pattern"),
+    [
+        ({"q_pe": bf16(2, 1, 16, 64)}, "q", r"\[2, 1, 16, 512\] .*got \[2, 1, 16, 576\]"),
+        ({"q": bf16(2, 1, 16, 512), "q_pe": bf16(2, 1, 16, 576)}, "q_pe", r"\[2, 1, 16, 64\]"),
+        ({"q": bf16(2, 1, 16, 512), "q_pe": f32(2, 1, 16, 64)}, "q_pe", "bfloat16"),
+        (
+            {
+                "q": bf16(2, 1, 16, 512),
+                "q_pe": bf16(2, 1, 16, 64, strides=(16 * 64, 16 * 64, 32, 1)),
+            },
+            "q_pe",
+            "head stride >= 64 elements, got 32",
+        ),
+        (
+            {
+                "q": bf16(2, 1, 16, 512, strides=(16 * 512, 16 * 512, 256, 1)),
+                "q_pe": bf16(2, 1, 16, 64),
+            },
+            "q",
+            "head stride >= 512 elements, got 256",
+        ),
+    ],
+)
+def test_decode_refuses_bad_q_pe(overrides: dict[str, Any], argument: str, pattern: str) -> None:
+    with refused(argument, pattern):
+        _validate_decode(**overrides)
+
+
 def test_decode_type_checks() -> None:
     with refused("cache", "expected a snapmla.KVCache, got str"):
         decode("cache", 0, None, None, None, None, softmax_scale=1.0)

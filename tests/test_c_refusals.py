@@ -655,7 +655,45 @@ def _quantize_cases() -> list[Case]:
 def _decode_cases() -> list[Case]:
     fn = "snapmla_decode"
     cases = _decode_config_cases(fn)
-    cases += _struct_cases(fn, "args", "snapmla_decode_args_t", _size("snapmla_decode_args_t"))
+    q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")  # 0.1's layout ends here
+    cases += _struct_cases(fn, "args", "snapmla_decode_args_t", q_pe_at)
+    for name, size in (("q_pe", q_pe_at + 4), ("q_pe_stride_head", q_pe_at + 8 * 3 + 5)):
+        cases.append(
+            (
+                f"{fn}/args-size-{size}",
+                fn,
+                {"args.struct_size": size},
+                "args",
+                f"ends inside field 'args.{name}'",
+            )
+        )
+    # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
+    split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}
+    split |= {"args.q_pe_stride_token": 16 * 64, "args.q_pe_stride_head": 64}
+    cases += [
+        (
+            f"{fn}/split-q_stride_head-short",
+            fn,
+            {**split, "args.q_stride_head": 511},
+            "args.q_stride_head",
+            "expected >= 512 elements, got 511",
+        ),
+        (
+            f"{fn}/q_pe-misaligned",
+            fn,
+            {**split, "args.q_pe": dev(6) + 1},
+            "args.q_pe",
+            "2-byte aligned",
+        ),
+        (
+            f"{fn}/q_pe_stride_token-short",
+            fn,
+            {**split, "args.q_pe_stride_token": 63},
+            "args.q_pe_stride_token",
+            "expected >= 64 elements, got 63",
+        ),
+        (f"{fn}/q_pe-wraps", fn, {**split, "args.q_pe": TOP - 2**10}, "args.q_pe", "runs past"),
+    ]
     cases += _handle_cases(fn)
     cases += [
         (f"{fn}/layer-negative", fn, {"args.layer": -1}, "args.layer", "got -1"),
@@ -1525,7 +1563,9 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
             bad.add("plan")
         return bad, VALIDATED
     # snapmla_decode
-    if not struct_ok(v["args"], _size("snapmla_decode_args_t")):
+    q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")
+    optional = tuple((q_pe_at + 8 * k, 8) for k in range(4))  # q_pe and its three strides
+    if not struct_ok(v["args"], q_pe_at, optional):
         return {"args"}, VALIDATED
     a = v["args"].read_back()
     if not handle_ok(v["cache"]):

@@ -790,15 +790,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
 // -------------------------------------------------------------------------- quantize q
 namespace {
 // q: BF16, `tokens` x `heads` rows of 576, strides named as given.
+// `row`: the elements of one (token, head) row: 576 (q_nope | q_pe), 512 (q_nope), 64 (q_pe).
 snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim batch, Dim token,
-                         Dim head) {
+                         Dim head, int row = kHeadDim) {
   SNAPMLA_TRY(check_pointer(op, name, q, kAlignBf16, "BF16 elements"));
   for (const Dim& d : {batch, token, head}) {
-    SNAPMLA_REQUIRE(d.count <= 1 || d.stride >= kHeadDim,
-                    "%s: argument '%s': expected >= %d elements, got %lld", op, d.name, kHeadDim,
+    SNAPMLA_REQUIRE(d.count <= 1 || d.stride >= row,
+                    "%s: argument '%s': expected >= %d elements, got %lld", op, d.name, row,
                     static_cast<long long>(d.stride));
   }
-  return check_span(op, name, q, 2, kHeadDim, {batch, token, head});
+  return check_span(op, name, q, 2, row, {batch, token, head});
 }
 }  // namespace
 
@@ -886,8 +887,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   snapmla_decode_config_t c;
   SNAPMLA_TRY(check_decode_config(op, config, &c));
   snapmla_decode_args_t a;
-  SNAPMLA_TRY(
-      read_sized(op, "args", args_in, &a, offsetof(snapmla_decode_args_t, lse) + sizeof(float*)));
+  SNAPMLA_TRY(read_sized(
+      op, "args", args_in, &a, offsetof(snapmla_decode_args_t, lse) + sizeof(float*),
+      {{"q_pe", offsetof(snapmla_decode_args_t, q_pe), sizeof(void*)},
+       {"q_pe_stride_batch", offsetof(snapmla_decode_args_t, q_pe_stride_batch), sizeof(int64_t)},
+       {"q_pe_stride_token", offsetof(snapmla_decode_args_t, q_pe_stride_token), sizeof(int64_t)},
+       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)}}));
   snapmla_cache cache;
   SNAPMLA_TRY(check_cache_layer(op, handle, "args.layer", a.layer, &cache));
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
@@ -898,9 +903,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "got %d",
                   op, a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
+  const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},
                       {s_q, a.q_stride_token, "args.q_stride_token"},
-                      {h, a.q_stride_head, "args.q_stride_head"}));
+                      {h, a.q_stride_head, "args.q_stride_head"},
+                      split_q ? kContentDim : kHeadDim));
+  if (split_q) {
+    SNAPMLA_TRY(check_q(op, "args.q_pe", a.q_pe, {b, a.q_pe_stride_batch, "args.q_pe_stride_batch"},
+                        {s_q, a.q_pe_stride_token, "args.q_pe_stride_token"},
+                        {h, a.q_pe_stride_head, "args.q_pe_stride_head"}, kRopeDim));
+  }
   SNAPMLA_TRY(check_pointer(op, "args.block_table", a.block_table, kAlignInt32, "int32 elements"));
   SNAPMLA_REQUIRE(a.block_table_stride >= c.max_pages || c.batch_size == 1,
                   "%s: argument 'args.block_table_stride': expected >= max_pages = %d, got %lld",
@@ -938,7 +950,11 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                      c.num_heads,
                      ws + w.q_content,
                      reinterpret_cast<uint16_t*>(ws + w.q_rope),
-                     reinterpret_cast<float*>(ws + w.q_scale)};
+                     reinterpret_cast<float*>(ws + w.q_scale),
+                     static_cast<const uint16_t*>(a.q_pe),
+                     a.q_pe_stride_batch,
+                     a.q_pe_stride_token,
+                     a.q_pe_stride_head};
   SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
 
   decode::DecodeParams p{};

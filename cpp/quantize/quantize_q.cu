@@ -11,8 +11,8 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 8;
 
-// One warp per (token, head) row.
-template <bool kAligned>
+// One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart).
+template <bool kAligned, bool kSplit>
 __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
@@ -23,7 +23,11 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
     const int64_t head = r % p.num_heads;
     const uint16_t* in = p.q + (token / p.q_len) * p.stride_batch +
                          (token % p.q_len) * p.stride_token + head * p.stride_head;
-    const QuantizedRow q = quantize_row<kAligned>(in, in + kContentDim, lane);
+    const uint16_t* rope = kSplit ? p.q_pe + (token / p.q_len) * p.pe_stride_batch +
+                                        (token % p.q_len) * p.pe_stride_token +
+                                        head * p.pe_stride_head
+                                  : in + kContentDim;
+    const QuantizedRow q = quantize_row<kAligned>(in, rope, lane);
     store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
   }
 }
@@ -38,12 +42,18 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int blocks = static_cast<int>(
       std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
+  const bool split = p.q_pe != nullptr;
   const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.stride_batch % 8 == 0) &&
-                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0);
+                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0) &&
+                       (!split || ((reinterpret_cast<uintptr_t>(p.q_pe) % 16 == 0) &&
+                                   (p.pe_stride_batch % 8 == 0) && (p.pe_stride_token % 8 == 0) &&
+                                   (p.pe_stride_head % 8 == 0)));
   if (aligned) {
-    quantize_q_kernel<true><<<blocks, kThreads, 0, stream>>>(p);
+    split ? quantize_q_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
+          : quantize_q_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
   } else {
-    quantize_q_kernel<false><<<blocks, kThreads, 0, stream>>>(p);
+    split ? quantize_q_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
+          : quantize_q_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

@@ -17,6 +17,12 @@ struct QuantizeQParams {
   uint8_t* q_content;  // e4m3 [n, h, 512] contiguous
   uint16_t* q_rope;    // bf16 [n, h, 64] contiguous
   float* q_scale;      // fp32 [n, h] contiguous
+  // Optional: the RoPE part in its own tensor, bf16 [n / q_len, q_len, h, 64] with these
+  // strides; q then holds only the 512 content elements of each row. nullptr: q's [512, 576).
+  const uint16_t* q_pe;
+  int64_t pe_stride_batch;
+  int64_t pe_stride_token;
+  int64_t pe_stride_head;
 };
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);

@@ -397,6 +397,17 @@ typedef struct snapmla_decode_args {
                                    (the combine's 16-byte stores) */
   float* lse;                   /* fp32 [b, h, s_q] out, contiguous, 4-byte aligned; may be
                                    NULL */
+  const void* q_pe;             /* since 0.2, optional: the RoPE part of the queries in its own
+                                   tensor, BF16 [b, s_q, h, 64], 2-byte aligned, with the three
+                                   strides below (elements; >= 64 where the dimension is > 1).
+                                   `q` then holds q_nope (absorbed) only: BF16 [b, s_q, h, 512],
+                                   its strides >= 512. Engines keep the two apart, and a concat
+                                   per layer and step is bandwidth spent for nothing. NULL (the
+                                   default; what an older caller's struct_size reads): q holds
+                                   both, 576 per row. Experimental in 0.2: not yet run on a GPU */
+  int64_t q_pe_stride_batch;
+  int64_t q_pe_stride_token;
+  int64_t q_pe_stride_head;
 } snapmla_decode_args_t;
 
 /* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
@@ -404,7 +415,7 @@ typedef struct snapmla_decode_args {
 /* clang-format off */
 #define SNAPMLA_DECODE_ARGS_INIT \
   {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
-   NULL, NULL, NULL}
+   NULL, NULL, NULL, NULL, 0, 0, 0}
 /* clang-format on */
 
 /* Device bytes for the plan and the workspace of a decode config. The caller allocates both

@@ -158,6 +158,10 @@ typedef struct snapmla_decode_args {
   const int32_t* cache_seqlens;
   void* out;
   float* lse;
+  const void* q_pe;
+  int64_t q_pe_stride_batch;
+  int64_t q_pe_stride_token;
+  int64_t q_pe_stride_head;
 } snapmla_decode_args_t;
 
 snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,

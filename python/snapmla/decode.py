@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from . import _lib
 from ._dlpack import TensorView
 from ._errors import argument_error
-from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE
+from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE, ROPE_DIM
 from ._lib import CTYPES as _CT
 from ._tensor import (
     BF16,
@@ -58,6 +58,10 @@ _ARGS_FIELDS = (
     ("cache_seqlens", "Q"),
     ("out", "Q"),
     ("lse", "Q"),
+    ("q_pe", "Q"),
+    ("q_pe_stride_batch", "q"),
+    ("q_pe_stride_token", "q"),
+    ("q_pe_stride_head", "q"),
 )
 _ARGS = struct.Struct("=" + "".join(code for _, code in _ARGS_FIELDS))
 _ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
@@ -337,6 +341,8 @@ class _DecodeCall(NamedTuple):
     cache_seqlens: TensorView
     out: TensorView | None
     lse: TensorView | None
+    q_pe: TensorView | None = None  # the RoPE part apart (q then holds q_nope only)
+    q_pe_strides: tuple[int, int, int] = (0, 0, 0)
 
 
 def _validate_decode_args(
@@ -356,6 +362,7 @@ def _validate_decode_args(
     lse: Any,
     kernel: Any,
     stream: Stream,
+    q_pe: Any = None,
 ) -> _DecodeCall:
     """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
     ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``)."""
@@ -370,12 +377,31 @@ def _validate_decode_args(
     spec = _decode_spec(config)
     s_q, h, max_pages = config.q_len, config.num_heads, config.max_pages
     checker = Checker(op, stream)
-    qv = checker.tensor(
-        q, "q", dtypes=BF16, shape=spec.q_shape, layout="inner", shape_note=spec.note
-    )
-    head_stride = checker.stride(qv, "q", 2, HEAD_DIM, "head")
-    token_stride = checker.stride(qv, "q", 1, HEAD_DIM, "token", h * head_stride)
-    batch_stride = checker.stride(qv, "q", 0, HEAD_DIM, "batch", s_q * token_stride)
+    # With q_pe, q holds q_nope only (512 a row) and q_pe the RoPE part (64 a row).
+    row = HEAD_DIM if q_pe is None else CONTENT_DIM
+    q_shape = spec.q_shape if q_pe is None else spec.out_shape
+    qv = checker.tensor(q, "q", dtypes=BF16, shape=q_shape, layout="inner", shape_note=spec.note)
+    head_stride = checker.stride(qv, "q", 2, row, "head")
+    token_stride = checker.stride(qv, "q", 1, row, "token", h * head_stride)
+    batch_stride = checker.stride(qv, "q", 0, row, "batch", s_q * token_stride)
+    pv = None
+    pe_strides = (0, 0, 0)
+    if q_pe is not None:
+        pv = checker.tensor(
+            q_pe,
+            "q_pe",
+            dtypes=BF16,
+            shape=(*spec.out_shape[:3], ROPE_DIM),
+            layout="inner",
+            shape_note=spec.note,
+        )
+        pe_head = checker.stride(pv, "q_pe", 2, ROPE_DIM, "head")
+        pe_token = checker.stride(pv, "q_pe", 1, ROPE_DIM, "token", h * pe_head)
+        pe_strides = (
+            checker.stride(pv, "q_pe", 0, ROPE_DIM, "batch", s_q * pe_token),
+            pe_token,
+            pe_head,
+        )
     bt = checker.tensor(
         block_table,
         "block_table",
@@ -418,6 +444,7 @@ def _validate_decode_args(
             ("q", qv),
             ("block_table", bt),
             ("cache_seqlens", sl),
+            *([("q_pe", pv)] if pv is not None else []),
         ]
         if ov is not None:
             checker.no_overlap("out", ov, [*inputs, ("lse", lv)])
@@ -435,6 +462,8 @@ def _validate_decode_args(
         sl,
         ov,
         lv,
+        pv,
+        pe_strides,
     )
 
 
@@ -509,6 +538,7 @@ def decode(
     lse: Any = None,
     kernel: str = "auto",
     stream: Any = None,
+    q_pe: Any = None,
 ) -> tuple[Any, Any]:
     """FP8 MLA decode attention of one layer for one step (graph-safe: only enqueues work).
 
@@ -538,6 +568,10 @@ def decode(
             that ``torch.cuda.graph`` capture works without ``stream=``), else CuPy's current
             stream (for JAX inputs, the legacy default stream unless a CuPy stream is made
             current). The producers' ``__dlpack__(stream=...)`` is given this stream.
+        q_pe: Optional (since 0.2): the RoPE part of the queries in its own BF16
+            ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
+            ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
+            and step. Experimental in 0.2: not yet run on a GPU.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.
@@ -576,6 +610,7 @@ def decode(
                 lse=lse,
                 kernel=kernel,
                 stream=stream,
+                q_pe=q_pe,
             )
         finally:
             plan._in_use.exit()
@@ -598,8 +633,9 @@ def _decode(
     lse: Any,
     kernel: Any,
     stream: Any,
+    q_pe: Any = None,
 ) -> tuple[Any, Any]:
-    s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse))
+    s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse, q_pe))
     call = _validate_decode_args(
         cache.num_layers,
         cache.device,
@@ -616,6 +652,7 @@ def _decode(
         lse=lse,
         kernel=kernel,
         stream=s,
+        q_pe=q_pe,
     )
     c = plan.config
     device = cache.device
@@ -649,6 +686,8 @@ def _decode(
             call.cache_seqlens.ptr & _U64,
             out_ptr & _U64,
             lse_ptr & _U64,
+            (call.q_pe.ptr if call.q_pe is not None else 0) & _U64,
+            *call.q_pe_strides,
         )
         buffers = _plan_buffers(plan)
         _lib.check(

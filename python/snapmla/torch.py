@@ -643,6 +643,10 @@ def _decode(
             cache_seqlens.data_ptr() & _U64,
             out.data_ptr() & _U64,
             lse.data_ptr() & _U64,
+            0,  # q_pe: q holds q_nope | q_pe
+            0,
+            0,
+            0,
         )
         _lib.check(
             _lib.lib().snapmla_decode(

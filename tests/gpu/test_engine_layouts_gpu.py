@@ -1,7 +1,6 @@
-"""Caches laid out as engines hold their memory, on the GPU (issue #10): one tensor per layer
-(``KVCache(layers=...)``, the C API's ``config.layer_memory``) and pages inside larger slots
-(``page_stride``). Decode, append and fetch-dequant give the same bytes as on one packed cache
-holding the same image."""
+"""Engine layouts on the GPU (issue #10): one tensor per layer (``KVCache(layers=...)``, the C
+API's ``config.layer_memory``), pages inside larger slots (``page_stride``) and q_nope / q_pe
+apart (``q_pe=``). Each gives the bytes of the packed, concatenated layout."""
 
 from __future__ import annotations
 
@@ -130,3 +129,43 @@ def test_page_stride_matches_the_packed_cache(rng: np.random.Generator, kernel: 
     assert torch.equal(fetched[0][1].view(torch.int16), fetched[1][1].view(torch.int16))
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+def test_q_nope_and_q_pe_apart_match_the_concatenated_query(
+    rng: np.random.Generator, kernel: str
+) -> None:
+    """``q_pe=``: q_nope and q_pe in tensors of their own (here slices of one wider projection
+    output, as engines hold them) give the bytes of the concatenated [.., 576] query."""
+    torch = torch_module()
+    case = make_case(rng, [300, 64, 1], num_heads=16, q_len=2)
+    cache = snapmla.KVCache(case.num_layers, case.num_pages, buffer=to_torch(case.image))
+    q, bt, sl = device_inputs(case)
+    b, s_q, h, _ = case.q.shape
+    wide = torch.full((b, s_q, h, 768), float("nan"), dtype=torch.bfloat16, device="cuda")
+    wide[..., :512] = q[..., :512]
+    wide[..., 640:704] = q[..., 512:]
+    plan = make_plan(case, sl)
+    outs = []
+    for kwargs in ({"q": q}, {"q": wide[..., :512], "q_pe": wide[..., 640:704]}):
+        out, lse = poisoned_outputs(b, s_q, h)
+        query = kwargs.pop("q")
+        snapmla.decode(
+            cache,
+            0,
+            query,
+            bt,
+            sl,
+            plan,
+            softmax_scale=SM_SCALE,
+            out=out,
+            lse=lse,
+            kernel=kernel,
+            **kwargs,
+        )
+        outs.append((out, lse))
+    synchronize()
+    assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
+    assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32))
+    assert torch.isfinite(outs[0][0].float()).all()
+    cache.close()
