@@ -654,6 +654,24 @@ def test_kv_cache_with_a_page_stride() -> None:
 
 
 @needs_library
+def test_copy_slots_checks(fake_cache: KVCache) -> None:
+    """KVCache.copy_slots (0.2): int64 [n] sources and destinations on the cache's device, not
+    aliasing it; a valid call goes on to the device."""
+    c = fake_cache
+    with refused("layer", "got 2"):
+        c.copy_slots(2, i64(3), i64(3), stream=STREAM)
+    with refused("dst_slots", r"\[3\], got \[2\]"):
+        c.copy_slots(0, i64(3), i64(2), stream=STREAM)
+    with refused("src_slots", "int64, got int32"):
+        c.copy_slots(0, np.zeros(3, np.int32), i64(3), stream=STREAM)
+    with refused("dst_slots", "does not overlap the cache"):
+        c.copy_slots(0, i64(3), i64(3, address=FAKE_CACHE_PTR + 64), stream=STREAM)
+    c.copy_slots(0, i64(0), i64(0), stream=STREAM)  # n = 0: checked, nothing launched
+    with pytest.raises(AssertionError, match="reached CuPy"):  # past every check
+        c.copy_slots(1, i64(3), i64(3), stream=STREAM)
+
+
+@needs_library
 def test_kv_cache_context_manager() -> None:
     with KVCache(1, 1, buffer=_buffer(shape=(41216,), device=CUDA1)) as c:
         assert c.device == 1

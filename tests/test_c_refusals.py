@@ -77,6 +77,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "snapmla_cache_destroy": ("cache",),
     "snapmla_cache_info": ("cache", "info"),
     "snapmla_cache_layer_data": ("cache", "layer", "data"),
+    "snapmla_copy_slots": ("cache", "layer", "src_slots", "dst_slots", "num_tokens", "stream"),
     "snapmla_append": (
         "cache",
         "layer",
@@ -330,6 +331,15 @@ def base(fn: str) -> dict[str, Any]:
         return {"cache": LIVE, "info": Out("snapmla_cache_info_t*", size, size)}
     if fn == "snapmla_cache_layer_data":
         return {"cache": LIVE, "layer": 1, "data": Out("void**")}
+    if fn == "snapmla_copy_slots":
+        return {
+            "cache": LIVE,
+            "layer": 1,
+            "src_slots": dev(7),
+            "dst_slots": dev(8),
+            "num_tokens": 5,
+            "stream": 0,
+        }
     if fn == "snapmla_append":
         return {
             "cache": LIVE,
@@ -398,6 +408,7 @@ ACCEPTED = {
     "snapmla_cache_destroy": SUCCESS,
     "snapmla_cache_info": SUCCESS,
     "snapmla_cache_layer_data": SUCCESS,
+    "snapmla_copy_slots": VALIDATED,
     "snapmla_append": VALIDATED,
     "snapmla_fetch_dequant": VALIDATED,
     "snapmla_quantize_q": VALIDATED,
@@ -960,6 +971,15 @@ def _all_cases() -> list[Case]:
     ]
     fn = "snapmla_cache_destroy"
     cases += [c for c in _handle_cases(fn) if not c[0].endswith("cache-null")]
+    fn = "snapmla_copy_slots"
+    cases += _handle_cases(fn)
+    cases += [
+        (f"{fn}/layer-2", fn, {"layer": 2}, "layer", "expected 0 <= layer < 2, got 2"),
+        (f"{fn}/num_tokens-negative", fn, {"num_tokens": -1}, "num_tokens", "got -1"),
+        (f"{fn}/src-wraps", fn, {"src_slots": TOP - 16}, "src_slots", "runs past"),
+        (f"{fn}/dst-wraps", fn, {"dst_slots": TOP - 16}, "dst_slots", "runs past"),
+    ]
+    cases += _pointer_cases(fn, "src_slots", 8) + _pointer_cases(fn, "dst_slots", 8)
     fn = "snapmla_cache_layer_data"
     cases += _handle_cases(fn)
     cases += [
@@ -1483,6 +1503,22 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         if info == 0 or not 16 <= info.struct_size <= MAX_STRUCT:
             bad.add("info")
         return bad, SUCCESS
+    if fn == "snapmla_copy_slots":
+        if not handle_ok(v["cache"]):
+            bad.add("cache")
+        elif not 0 <= v["layer"] < NUM_LAYERS:
+            bad.add("layer")
+        n = v["num_tokens"]
+        if n < 0:
+            bad.add("num_tokens")
+        if n <= 0:
+            return bad, SUCCESS
+        for name in ("src_slots", "dst_slots"):
+            if pointer_bad(v, name, 8):
+                bad.add(name)
+            elif not span_ok(v[name], 8, 1, [(n, 1)]):
+                bad |= {name, "num_tokens"}  # the count that makes the span too long
+        return bad, VALIDATED
     if fn == "snapmla_cache_layer_data":
         if not handle_ok(v["cache"]):
             bad.add("cache")
@@ -1799,6 +1835,16 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
                 st.just(0),
                 90,
             ),
+        }
+    ),
+    "snapmla_copy_slots": st.fixed_dictionaries(
+        {
+            "cache": HANDLE,
+            "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
+            "src_slots": POINTER,
+            "dst_slots": POINTER,
+            "num_tokens": COUNT,
+            "stream": st.just(0),
         }
     ),
     "snapmla_cache_layer_data": st.fixed_dictionaries(

@@ -17,6 +17,7 @@
 #include <unordered_map>
 
 #include "append/append.h"
+#include "copy_slots/copy_slots.h"
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "decode/decode.h"
@@ -784,6 +785,30 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
       static_cast<uint16_t*>(c_kv), static_cast<uint16_t*>(k_pe),         c_kv_stride, k_pe_stride,
       cache.page_stride};
   SNAPMLA_CUDA(op, launch_fetch_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
+  return SNAPMLA_SUCCESS;
+}
+
+// -------------------------------------------------------------------------- copy slots
+extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handle, int32_t layer,
+                                                           const int64_t* src_slots,
+                                                           const int64_t* dst_slots,
+                                                           int64_t num_tokens,
+                                                           snapmla_stream_t stream) {
+  const char* op = "snapmla_copy_slots";
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
+  SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
+                  static_cast<long long>(num_tokens));
+  if (num_tokens == 0) return SNAPMLA_SUCCESS;
+  SNAPMLA_TRY(check_pointer(op, "src_slots", src_slots, kAlignInt64, "int64 elements"));
+  SNAPMLA_TRY(check_pointer(op, "dst_slots", dst_slots, kAlignInt64, "int64 elements"));
+  SNAPMLA_TRY(check_span(op, "src_slots", src_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  SNAPMLA_TRY(check_span(op, "dst_slots", dst_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  SNAPMLA_TRY(check_device(op, &cache));
+  const CopySlotsParams p{layer_base(cache, layer), int64_t{cache.num_pages} * kPageSize,
+                          cache.page_stride,        src_slots,
+                          dst_slots,                num_tokens};
+  SNAPMLA_CUDA(op, launch_copy_slots(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 

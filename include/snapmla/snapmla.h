@@ -333,6 +333,21 @@ SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_
                                                    void* c_kv, int64_t c_kv_stride, void* k_pe,
                                                    int64_t k_pe_stride, snapmla_stream_t stream);
 
+/* ------------------------------------------------------------------------- copy slots */
+
+/* Since 0.2. Copy tokens byte for byte between slots of `layer` (engines that compact, reorder
+ * or defragment their caches), one launch: token src_slots[i] -> dst_slots[i], its FP8 content,
+ * RoPE and scale.
+ *   src_slots, dst_slots  int64 [n], device, 8-byte aligned. A negative slot (in either) skips
+ *             the token; so does a slot >= num_pages * 64 (it cannot be checked on the host
+ *             without a synchronization); nothing outside the layer is read or written.
+ *   A slot written by one token and read or written by another races: keep the destinations
+ *   distinct and apart from the sources. n = 0 is a no-op that checks only cache, layer and n.
+ *   Experimental in 0.2: not yet run on a GPU. [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t layer,
+                                                const int64_t* src_slots, const int64_t* dst_slots,
+                                                int64_t num_tokens, snapmla_stream_t stream);
+
 /* --------------------------------------------------------------------------- quantize q */
 
 /* Quantize query rows as the contract says (one scale per token and head), one launch.

@@ -122,6 +122,10 @@ snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
                                        int64_t k_pe_stride,
                                        snapmla_stream_t stream);
 
+snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t layer,
+                                    const int64_t* src_slots, const int64_t* dst_slots,
+                                    int64_t num_tokens, snapmla_stream_t stream);
+
 snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_tokens,
                                     int32_t num_heads, int64_t q_stride_token,
                                     int64_t q_stride_head, void* q_content,

@@ -449,6 +449,53 @@ class KVCache(Closable):
             )
         self._used_on(s)
 
+    def copy_slots(self, layer: int, src_slots: Any, dst_slots: Any, *, stream: Any = None) -> None:
+        """Copy tokens byte for byte between slots of ``layer`` (one launch, graph-safe): token
+        ``src_slots[i]`` to ``dst_slots[i]`` (its FP8 content, RoPE and scale), for engines that
+        compact or reorder their caches.
+
+        Args:
+            layer: Layer index, ``0 <= layer < num_layers``.
+            src_slots, dst_slots: int64 ``[n]``, contiguous, on the cache's device. A negative
+                slot (in either) or one ``>= capacity`` skips the token. A slot written for one
+                token and read or written for another races: keep the destinations distinct and
+                apart from the sources.
+            stream: CUDA stream, as for ``append``.
+
+        Experimental in 0.2: not yet run on a GPU.
+        """
+        op = "KVCache.copy_slots"
+        self._enter(op)
+        try:
+            s = Stream(stream, op, (src_slots, dst_slots))
+            layer = _validate_layer(op, layer, self._num_layers)
+            checker = Checker(op, s)
+            src = checker.tensor(src_slots, "src_slots", dtypes=INT64, shape=("n",))
+            n = src.shape[0]
+            dst = checker.tensor(dst_slots, "dst_slots", dtypes=INT64, shape=(n,))
+            checker.devices(self._device)
+            cache_view = extent(*layer_extent(self._extents, layer))
+            for name, v in (("src_slots", src), ("dst_slots", dst)):
+                checker.no_overlap(name, v, [("the cache", cache_view)])
+            if n == 0:
+                return
+            ffi = _lib.ffi
+            with on_device(op, self._device):
+                _lib.check(
+                    _lib.lib().snapmla_copy_slots(
+                        self._handle,
+                        layer,
+                        ffi.cast(_CT["const int64_t*"], src.ptr),
+                        ffi.cast(_CT["const int64_t*"], dst.ptr),
+                        n,
+                        s.c(self._device),
+                    ),
+                    "snapmla_copy_slots",
+                )
+            self._used_on(s)
+        finally:
+            self._in_use.exit()
+
     def fetch_dequant(
         self,
         layer: int,

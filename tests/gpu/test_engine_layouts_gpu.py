@@ -169,3 +169,48 @@ def test_q_nope_and_q_pe_apart_match_the_concatenated_query(
     assert torch.equal(outs[0][1].view(torch.int32), outs[1][1].view(torch.int32))
     assert torch.isfinite(outs[0][0].float()).all()
     cache.close()
+
+
+@pytest.mark.parametrize("page_stride", [0, 64 * 656])
+def test_copy_slots_moves_tokens_byte_for_byte(rng: np.random.Generator, page_stride: int) -> None:
+    """``copy_slots``: each destination slot gets the source slot's content, RoPE and scale
+    bytes (fetch-dequant reads the same rows back), skipped pairs and every other byte stay."""
+    torch = torch_module()
+    case = make_case(rng, [200, 64], num_heads=16, num_layers=2, spare_pages=3)
+    stride = page_stride or ref.PAGE_BYTES
+    image = to_torch(case.image).view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
+    memory = torch.full(
+        (case.num_layers, case.num_pages, stride), 0x5A, dtype=torch.uint8, device="cuda"
+    )
+    memory[:, :, : ref.PAGE_BYTES] = image
+    cache = snapmla.KVCache(
+        case.num_layers, case.num_pages, buffer=memory.view(-1), page_stride=page_stride
+    )
+    n = 40
+    src = page_slots(case.block_table[0], n).astype(np.int64)
+    used = set(case.block_table[0, :4].tolist()) | {int(case.block_table[1, 0])}
+    spare = [p for p in range(case.num_pages) if p not in used]
+    dst = (spare[0] * 64 + np.arange(n)).astype(np.int64)
+    src[5], dst[7] = -1, -3  # skipped
+    before = memory.clone()
+    cache.copy_slots(1, torch.from_numpy(src).cuda(), torch.from_numpy(dst).cuda())
+    synchronize()
+    keep = [i for i in range(n) if src[i] >= 0 and dst[i] >= 0]
+    got_c, got_k = nan_torch((len(keep), ref.CONTENT_DIM)), nan_torch((len(keep), ref.ROPE_DIM))
+    want_c, want_k = nan_torch((len(keep), ref.CONTENT_DIM)), nan_torch((len(keep), ref.ROPE_DIM))
+    cache.fetch_dequant(1, torch.from_numpy(dst[keep]).cuda(), c_kv=got_c, k_pe=got_k)
+    cache.fetch_dequant(1, torch.from_numpy(src[keep]).cuda(), c_kv=want_c, k_pe=want_k)
+    synchronize()
+    assert torch.equal(got_c.view(torch.int16), want_c.view(torch.int16))
+    assert torch.equal(got_k.view(torch.int16), want_k.view(torch.int16))
+    # Only the destination page of layer 1 changed, and only the copied rows of it.
+    changed = (memory != before).any(dim=2)
+    assert changed.sum().item() == 1 and bool(changed[1, spare[0]])
+    assert torch.equal(memory[:, :, ref.PAGE_BYTES :], before[:, :, ref.PAGE_BYTES :])
+    page = memory[1, spare[0]]
+    for row in (5, 7):  # the skipped pairs' destination rows (dst[5] and the row dst[7] had)
+        assert torch.equal(
+            page[row * ref.CONTENT_DIM : (row + 1) * ref.CONTENT_DIM],
+            before[1, spare[0], row * ref.CONTENT_DIM : (row + 1) * ref.CONTENT_DIM],
+        )
+    cache.close()

@@ -1,0 +1,60 @@
+#include <algorithm>
+
+#include "common/launch.h"
+#include "common/numerics.cuh"
+#include "copy_slots/copy_slots.h"
+
+namespace snapmla {
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr int kThreads = 256;
+constexpr int kWarpsPerBlock = kThreads / kWarpSize;
+constexpr int kBlocksPerSm = 8;
+constexpr int kRopeBytes = kRopeDim * 2;  // 128: 8 lanes of 16 bytes
+
+// One warp per token: its 512 content bytes (16 a lane), 128 RoPE bytes (lanes 0-7) and
+// 4-byte scale (lane 0), from the source slot's rows to the destination slot's. Every row
+// offset is a multiple of 16 (content 512, RoPE 128) and the planes are 128-byte aligned.
+__global__ void __launch_bounds__(kThreads) copy_slots_kernel(const CopySlotsParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  for (int64_t i = first; i < p.num_tokens; i += step) {
+    const int64_t src = __ldg(p.src_slots + i);  // warp-uniform
+    const int64_t dst = __ldg(p.dst_slots + i);
+    if (src < 0 || src >= p.capacity || dst < 0 || dst >= p.capacity) continue;
+    const uint8_t* s_page = p.layer_base + (src / kPageSize) * p.page_stride;
+    uint8_t* d_page = p.layer_base + (dst / kPageSize) * p.page_stride;
+    const int s_row = static_cast<int>(src % kPageSize), d_row = static_cast<int>(dst % kPageSize);
+    const uint4 c = __ldg(
+        reinterpret_cast<const uint4*>(s_page + kPageContentOffset + s_row * kContentDim) + lane);
+    uint4 r{};
+    if (lane < kRopeBytes / 16) {
+      r = __ldg(reinterpret_cast<const uint4*>(s_page + kPageRopeOffset + s_row * kRopeBytes) +
+                lane);
+    }
+    float scale = 0.f;
+    if (lane == 0) scale = __ldg(reinterpret_cast<const float*>(s_page + kPageScaleOffset) + s_row);
+    reinterpret_cast<uint4*>(d_page + kPageContentOffset + d_row * kContentDim)[lane] = c;
+    if (lane < kRopeBytes / 16) {
+      reinterpret_cast<uint4*>(d_page + kPageRopeOffset + d_row * kRopeBytes)[lane] = r;
+    }
+    if (lane == 0) reinterpret_cast<float*>(d_page + kPageScaleOffset)[d_row] = scale;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_copy_slots(const CopySlotsParams& p, cudaStream_t stream) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  int sms = 0;
+  cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int blocks = static_cast<int>(std::min<int64_t>(
+      (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
+  copy_slots_kernel<<<blocks, kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla
