@@ -103,6 +103,7 @@ int main(int argc, char** argv) {
   p.q_scale = upload(qs);
   p.layer_base = upload(cache);
   p.num_pages = num_pages;
+  p.page_stride = kPageBytes;  // packed pages (the TMA maps take it)
   p.block_table = upload(table);
   p.block_table_stride = pages_per_req;
   p.seqlens = upload(lens);

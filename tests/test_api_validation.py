@@ -612,11 +612,11 @@ def test_kv_cache_on_per_layer_memory() -> None:
             {
                 "layers": [
                     *_layers(FAKE_CACHE_PTR),
-                    _buffer(address=FAKE_CACHE_PTR + 2**20 + 128, shape=(LAYER_BYTES,)),
+                    _buffer(address=FAKE_CACHE_PTR + 2**20 + 64, shape=(LAYER_BYTES,)),
                 ]
             },
             "layers\\[1\\]",
-            "256-byte aligned",
+            "128-byte aligned",
         ),
         (
             {
@@ -645,7 +645,7 @@ def test_kv_cache_with_a_page_stride() -> None:
         assert c.layer_data_ptr(1) == FAKE_CACHE_PTR + NUM_PAGES * stride
     with refused("buffer", f"at least {nbytes} bytes"):
         KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(), page_stride=stride)
-    for bad in (snapmla.PAGE_BYTES + 64, snapmla.PAGE_BYTES - 128, -128):
+    for bad in (snapmla.PAGE_BYTES + 64, snapmla.PAGE_BYTES - 128, 2**40, -128):
         with refused("page_stride", "multiple of 128|got -128"):
             KVCache(NUM_LAYERS, NUM_PAGES, buffer=_buffer(shape=(nbytes,)), page_stride=bad)
     layers = _layers(FAKE_CACHE_PTR, FAKE_CACHE_PTR + 2**20)  # LAYER_BYTES each: too short now

@@ -874,6 +874,13 @@ def _all_cases() -> list[Case]:
             f"got {PAGE_BYTES - 128}",
         ),
         (
+            f"{fn}/page_stride-2^40",
+            fn,
+            {"config.page_stride": 2**40},
+            "config.page_stride",
+            "< 2\\^40 \\(TMA\\)",
+        ),
+        (
             f"{fn}/page_stride-overflow",
             fn,
             {"config.num_layers": 2**20, "config.num_pages": 2**24, "config.page_stride": 2**30},
@@ -952,7 +959,7 @@ def _all_cases() -> list[Case]:
             fn,
             layers(dev(20) + 64, dev(21)),
             "config.layer_memory[0]",
-            "expected a 256-byte aligned address",
+            "expected a 128-byte aligned address",
         ),
         (
             f"{fn}/layer_memory-wraps",

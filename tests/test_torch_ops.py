@@ -210,3 +210,20 @@ def test_torch_ops_need_no_cupy() -> None:
         "assert 'cupy' not in sys.modules, 'cupy imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_quantize_q_leading_dimensions_must_flatten() -> None:
+    """q's leading dimensions are read as one token stride: a layout that does not flatten is
+    refused (a size-1 dimension's stride is free), one that does is accepted."""
+    with FakeTensorMode():
+
+        def strided(shape: tuple[int, ...], strides: tuple[int, ...]) -> Any:
+            return torch.empty_strided(shape, strides, dtype=torch.bfloat16, device="cuda")
+
+        # x = [2, 5, 16, 576] compact; x[:, None, :3] does not flatten; x[:, 0:1] does.
+        bad = strided((2, 1, 3, 16, 576), (46080, 46080, 9216, 576, 1))
+        with pytest.raises(snapmla.SnapMLAError, match="flatten to one token stride"):
+            smt.quantize_q(bad)
+        good = strided((2, 1, 16, 576), (46080, 9216, 576, 1))
+        qc, _, qs = smt.quantize_q(good)
+        assert tuple(qc.shape) == (2, 1, 16, 512) and tuple(qs.shape) == (2, 1, 16)

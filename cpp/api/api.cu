@@ -39,7 +39,7 @@ static_assert(sizeof(void*) == 8 && sizeof(size_t) == 8, "a 64-bit platform");
 struct snapmla_cache {
   uint64_t magic_begin;
   uint8_t* data;
-  size_t bytes;  // num_layers * num_pages * kPageBytes, <= INT64_MAX
+  size_t bytes;  // num_layers * num_pages * page_stride, <= INT64_MAX (all layers' bytes)
   int32_t device;
   int32_t num_layers;
   int32_t num_pages;
@@ -70,6 +70,8 @@ constexpr size_t kAlignOut = 16;         // decode out: the combine's 16-byte st
 constexpr size_t kAlignPlan = 16;        // decode plan (int32 words)
 constexpr size_t kAlignWorkspace = 256;  // WorkspaceLayout parts are 256-byte aligned (TMA)
 constexpr size_t kAlignCache = 256;      // cudaMalloc's; planes 128-byte aligned, TMA 16
+constexpr size_t kAlignLayer = 128;      // a layer of config.layer_memory: the planes' alignment
+constexpr int64_t kMaxPageStride = int64_t{1} << 40;  // TMA: global strides below 2^40
 
 constexpr uint64_t kCacheMagicBegin = 0x534e41504d4c4131ull;  // "SNAPMLA1", big-endian
 constexpr uint64_t kCacheMagicEnd = 0x31414c4d50414e53ull;    // the same, byte-reversed
@@ -529,9 +531,9 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   int64_t page_stride = kPageBytes;
   if (c.page_stride != 0) {
     SNAPMLA_REQUIRE(c.page_stride >= static_cast<size_t>(kPageBytes) && c.page_stride % 128 == 0 &&
-                        c.page_stride <= static_cast<size_t>(kMaxBytes),
+                        c.page_stride < static_cast<size_t>(kMaxPageStride),
                     "%s: argument 'config.page_stride': expected 0 (packed) or a multiple of 128 "
-                    ">= %lld (a page's bytes), got %zu",
+                    ">= %lld (a page's bytes) and < 2^40 (TMA), got %zu",
                     op, static_cast<long long>(kPageBytes), c.page_stride);
     page_stride = static_cast<int64_t>(c.page_stride);
     int64_t layer_span = 0, total = 0;
@@ -546,18 +548,24 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
                   "%s: argument 'config.device': expected -1 .. %d, got %d", op, kMaxDevices - 1,
                   c.device);
   std::vector<uint8_t*> layers;  // config.layer_memory, checked
+  std::vector<int32_t> order;    // layer indices by address
   if (c.layer_memory != nullptr) {
+    try {
+      layers.resize(static_cast<size_t>(c.num_layers));
+      order.resize(static_cast<size_t>(c.num_layers));
+    } catch (const std::bad_alloc&) {
+      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    }
     SNAPMLA_REQUIRE(c.memory == nullptr,
                     "%s: argument 'config.layer_memory': expected NULL when config.memory is "
                     "set (one or the other), got %p",
                     op, static_cast<const void*>(c.layer_memory));
     const size_t layer_bytes = static_cast<size_t>(c.num_pages) * static_cast<size_t>(page_stride);
-    layers.resize(static_cast<size_t>(c.num_layers));
     for (int32_t l = 0; l < c.num_layers; ++l) {
       const void* p = c.layer_memory[l];
       char name[48];
       std::snprintf(name, sizeof(name), "config.layer_memory[%d]", l);
-      SNAPMLA_TRY(check_pointer(op, name, p, kAlignCache, "a layer's base, as cudaMalloc aligns it"));
+      SNAPMLA_TRY(check_pointer(op, name, p, kAlignLayer, "a layer's base: its planes' alignment"));
       uintptr_t last = 0;
       SNAPMLA_REQUIRE(
           !__builtin_add_overflow(reinterpret_cast<uintptr_t>(p), layer_bytes - 1, &last),
@@ -567,7 +575,6 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
       layers[static_cast<size_t>(l)] = static_cast<uint8_t*>(const_cast<void*>(p));
     }
     // No two layers share a byte: sorted by address, each ends before the next begins.
-    std::vector<int32_t> order(layers.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
     std::sort(order.begin(), order.end(),
               [&](int32_t a, int32_t b) { return layers[a] < layers[b]; });

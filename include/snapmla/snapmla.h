@@ -68,6 +68,9 @@
  *
  *   One allocation holds num_layers x num_pages pages. Page p of layer l starts at byte
  *       (l * num_pages + p) * SNAPMLA_PAGE_BYTES            (41216 bytes per page)
+ *   (since 0.2: at (l * num_pages + p) * page_stride with config.page_stride, and at
+ *   layer_memory[l] + p * page_stride with config.layer_memory; the page's bytes below are the
+ *   same, and the rest of a page_stride slot is never read or written)
  *   A page holds SNAPMLA_PAGE_SIZE = 64 token slots in three planes, each 128-byte aligned:
  *       [0, 32768)      content: 64 rows x 512 FP8 E4M3 (OCP e4m3fn, bias 7, no inf,
  *                       0x7F/0xFF = NaN); row r at byte r * 512, element d at byte d.
@@ -220,7 +223,8 @@ typedef struct snapmla_cache_config {
                           kernels' 16-byte vector accesses and TMA need 16, the planes'
                           128-byte alignment above needs 128); NULL: the library allocates
                           (cudaMalloc) and frees it in snapmla_cache_destroy */
-  size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes(), and memory +
+  size_t memory_bytes; /* with `memory`: its size, >= snapmla_cache_bytes() (with a
+                          page_stride: >= num_layers * num_pages * page_stride), and memory +
                           memory_bytes must not pass the end of the address space; else
                           ignored */
   void* const* layer_memory; /* since 0.2. Or: one caller-owned device pointer per layer (a
@@ -258,7 +262,8 @@ typedef struct snapmla_cache_info {
   size_t rope_offset;
   size_t scale_offset;
   size_t layer_bytes;  /* num_pages * page_stride (page_bytes when packed) */
-  size_t total_bytes;  /* num_layers * layer_bytes */
+  size_t total_bytes;  /* num_layers * layer_bytes (with per_layer_memory: the layers' bytes
+                          in all, not one range from `data`) */
   int32_t owns_memory; /* 1 if the library allocated `data` */
   int32_t per_layer_memory; /* since 0.2: 1 if made from config.layer_memory (each layer at its
                                own pointer; snapmla_cache_layer_data gives them) */
@@ -285,7 +290,8 @@ SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* 
 /* Destroy the handle, freeing memory the library allocated (after synchronizing the device
  * if it did). NULL is accepted; a handle already destroyed is refused. Calls on the cache in
  * other threads must have returned: the handle lookup is thread-safe, but memory freed here
- * may still be in use by them. [host: not graph-safe] */
+ * (the device memory, and the copy of config.layer_memory) may still be in use by them.
+ * [host: not graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t cache);
 
 /* Sizes and plane offsets of a cache. [host, any thread] */

@@ -32,6 +32,8 @@ __all__ = ["KVCache"]
 
 _INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
+_LAYER_ALIGNMENT = 128  # a layer of KVCache(layers=...): the planes' alignment (C: kAlignLayer)
+_MAX_PAGE_STRIDE = 2**40  # TMA: global strides below 2^40
 MAX_DEVICE = 63  # the C API's device ordinals: 0 .. 63
 
 
@@ -52,7 +54,7 @@ def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int,
 
 
 def _validate_buffer(
-    buffer: Any, nbytes: int, device: int | None, argument: str = "buffer"
+    buffer: Any, nbytes: int, device: int | None, argument: str = "buffer", align: int = 0
 ) -> tuple[TensorView, int]:
     """Check a caller-owned cache buffer (or one layer's); return its view and device."""
     op = "KVCache"
@@ -64,10 +66,9 @@ def _validate_buffer(
             op, argument, f"at least {nbytes} bytes ({what})", f"{v.shape[0]} bytes"
         )
     device = checker.devices(device)
-    if v.ptr % _MEMORY_ALIGNMENT:
-        raise argument_error(
-            op, argument, f"a {_MEMORY_ALIGNMENT}-byte aligned address", f"{v.ptr:#x}"
-        )
+    align = align or _MEMORY_ALIGNMENT
+    if v.ptr % align:
+        raise argument_error(op, argument, f"a {align}-byte aligned address", f"{v.ptr:#x}")
     if v.ptr + v.shape[0] > ADDRESS_SPACE:
         raise argument_error(
             op, argument, "bytes inside the 64-bit address space", f"{v.shape[0]} from {v.ptr:#x}"
@@ -231,11 +232,12 @@ class KVCache(Closable):
         nbytes = int(nbytes_c[0])
         page_stride = check_int(page_stride, op, "page_stride", 0, MAX_SPAN_BYTES)
         if page_stride:
-            if page_stride < PAGE_BYTES or page_stride % 128:
+            if page_stride < PAGE_BYTES or page_stride % 128 or page_stride >= _MAX_PAGE_STRIDE:
                 raise argument_error(
                     op,
                     "page_stride",
-                    f"0 (packed) or a multiple of 128 >= {PAGE_BYTES} (a page's bytes)",
+                    f"0 (packed) or a multiple of 128 >= {PAGE_BYTES} (a page's bytes) and "
+                    "< 2^40 (TMA)",
                     str(page_stride),
                 )
             if num_layers * num_pages * page_stride > MAX_SPAN_BYTES:
@@ -260,7 +262,9 @@ class KVCache(Closable):
                 )
             views = []
             for index, tensor in enumerate(layers):
-                v, device = _validate_buffer(tensor, layer_bytes, device, f"layers[{index}]")
+                v, device = _validate_buffer(
+                    tensor, layer_bytes, device, f"layers[{index}]", _LAYER_ALIGNMENT
+                )
                 views.append(v)
             order = sorted(range(num_layers), key=lambda i: views[i].ptr)
             for prev, nxt in zip(order, order[1:]):
@@ -362,7 +366,8 @@ class KVCache(Closable):
 
     @property
     def data_ptr(self) -> int:
-        """Device address of the first page of layer 0."""
+        """Device address of the first page of layer 0 (with ``layers=``, the layers are not
+        one range from it: ``layer_data_ptr``)."""
         return self._data_ptr
 
     def layer_data_ptr(self, layer: int) -> int:

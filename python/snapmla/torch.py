@@ -188,12 +188,12 @@ def _check_cache(op: str, cache: Any) -> None:
     larger multiple of 128."""
     _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
     stride = cache.shape[2]
-    if stride != PAGE_BYTES and (stride < PAGE_BYTES or stride % 128):
+    if stride != PAGE_BYTES and (stride < PAGE_BYTES or stride % 128 or stride >= 2**40):
         raise argument_error(
             op,
             "cache",
             f"uint8 [layers, pages, page_stride] with page_stride {PAGE_BYTES} or a larger "
-            "multiple of 128",
+            "multiple of 128 below 2^40",
             _describe(cache),
         )
 
@@ -371,10 +371,16 @@ def _quantize_checks(
     n = 1
     for size in lead:
         n *= size
-    # The leading dimensions must flatten to one token stride.
-    token_stride = q.stride(-3) if lead else HEAD_DIM * h
-    for i in range(len(lead) - 1):
-        if lead[i] > 1 and q.stride(i) != q.stride(i + 1) * q.shape[i + 1]:
+    # The leading dimensions must flatten to one token stride T: T is the stride of the
+    # innermost leading dimension of size > 1, and each leading dimension of size > 1 steps by
+    # T times the sizes inside it (size-1 dimensions have no meaningful stride).
+    sized = [i for i, size in enumerate(lead) if size > 1]
+    token_stride = q.stride(sized[-1]) if sized else HEAD_DIM * h
+    for i in sized:
+        inner = 1
+        for size in lead[i + 1 :]:
+            inner *= size
+        if q.stride(i) != token_stride * inner:
             raise argument_error(
                 op,
                 "q",

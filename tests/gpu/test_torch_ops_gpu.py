@@ -126,7 +126,10 @@ def test_opcheck_every_op(rng: np.random.Generator) -> None:
     qq = to_torch(ref_rows(rng, (4, 16, 576)))
     outs = smt.quantize_q(qq)
     # q_content as raw bytes: opcheck's schema test multiplies tensors, which float8 lacks.
-    raw = (torch.empty(outs[0].shape, dtype=torch.uint8, device="cuda"), *map(torch.empty_like, outs[1:]))
+    raw = (
+        torch.empty(outs[0].shape, dtype=torch.uint8, device="cuda"),
+        *map(torch.empty_like, outs[1:]),
+    )
     torch.library.opcheck(ops.quantize_q.default, (qq, *raw))
 
 
