@@ -672,6 +672,34 @@ def test_copy_slots_checks(fake_cache: KVCache) -> None:
 
 
 @needs_library
+def test_gather_dequant_checks(fake_cache: KVCache) -> None:
+    """KVCache.gather_dequant (0.2): block table, lengths and first rows per request; outputs
+    of one row count; a valid call goes on to the device."""
+    c = fake_cache
+    ok = {"c_kv": bf16(10, 512), "k_pe": bf16(10, 64), "stream": STREAM}
+    with refused("seqlens", r"\[2\], got \[3\]"):
+        c.gather_dequant(0, i32(2, 8), i32(3), i64(2), **ok)
+    with refused("out_rows", "int64, got int32"):
+        c.gather_dequant(0, i32(2, 8), i32(2), i32(2), **ok)
+    with refused("k_pe", r"\[10, 64\], got \[9, 64\]"):
+        c.gather_dequant(
+            0, i32(2, 8), i32(2), i64(2), c_kv=bf16(10, 512), k_pe=bf16(9, 64), stream=STREAM
+        )
+    with refused("c_kv", "does not overlap the cache"):
+        c.gather_dequant(
+            0,
+            i32(2, 8),
+            i32(2),
+            i64(2),
+            c_kv=bf16(10, 512, address=FAKE_CACHE_PTR),
+            k_pe=bf16(10, 64),
+            stream=STREAM,
+        )
+    with pytest.raises(AssertionError, match="reached CuPy"):  # past every check
+        c.gather_dequant(1, i32(2, 8), i32(2), i64(2), **ok)
+
+
+@needs_library
 def test_kv_cache_context_manager() -> None:
     with KVCache(1, 1, buffer=_buffer(shape=(41216,), device=CUDA1)) as c:
         assert c.device == 1

@@ -78,6 +78,22 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "snapmla_cache_info": ("cache", "info"),
     "snapmla_cache_layer_data": ("cache", "layer", "data"),
     "snapmla_copy_slots": ("cache", "layer", "src_slots", "dst_slots", "num_tokens", "stream"),
+    "snapmla_gather_dequant": (
+        "cache",
+        "layer",
+        "block_table",
+        "block_table_stride",
+        "batch",
+        "max_pages",
+        "seqlens",
+        "out_rows",
+        "num_rows",
+        "c_kv",
+        "c_kv_stride",
+        "k_pe",
+        "k_pe_stride",
+        "stream",
+    ),
     "snapmla_append": (
         "cache",
         "layer",
@@ -331,6 +347,23 @@ def base(fn: str) -> dict[str, Any]:
         return {"cache": LIVE, "info": Out("snapmla_cache_info_t*", size, size)}
     if fn == "snapmla_cache_layer_data":
         return {"cache": LIVE, "layer": 1, "data": Out("void**")}
+    if fn == "snapmla_gather_dequant":
+        return {
+            "cache": LIVE,
+            "layer": 1,
+            "block_table": dev(2),
+            "block_table_stride": 8,
+            "batch": 2,
+            "max_pages": 8,
+            "seqlens": dev(3),
+            "out_rows": dev(7),
+            "num_rows": 100,
+            "c_kv": dev(4),
+            "c_kv_stride": 512,
+            "k_pe": dev(5),
+            "k_pe_stride": 64,
+            "stream": 0,
+        }
     if fn == "snapmla_copy_slots":
         return {
             "cache": LIVE,
@@ -409,6 +442,7 @@ ACCEPTED = {
     "snapmla_cache_info": SUCCESS,
     "snapmla_cache_layer_data": SUCCESS,
     "snapmla_copy_slots": VALIDATED,
+    "snapmla_gather_dequant": VALIDATED,
     "snapmla_append": VALIDATED,
     "snapmla_fetch_dequant": VALIDATED,
     "snapmla_quantize_q": VALIDATED,
@@ -978,6 +1012,48 @@ def _all_cases() -> list[Case]:
     ]
     fn = "snapmla_cache_destroy"
     cases += [c for c in _handle_cases(fn) if not c[0].endswith("cache-null")]
+    fn = "snapmla_gather_dequant"
+    cases += _handle_cases(fn)
+    cases += [
+        (f"{fn}/layer-2", fn, {"layer": 2}, "layer", "expected 0 <= layer < 2, got 2"),
+        (f"{fn}/num_rows-negative", fn, {"num_rows": -1}, "num_rows", "got -1"),
+        (f"{fn}/batch-0", fn, {"batch": 0}, "batch", "expected 1 .. 65536, got 0"),
+        (f"{fn}/max_pages-0", fn, {"max_pages": 0}, "max_pages", "got 0"),
+        (
+            f"{fn}/block_table_stride-short",
+            fn,
+            {"block_table_stride": 7},
+            "block_table_stride",
+            "expected >= max_pages = 8, got 7",
+        ),
+        (
+            f"{fn}/c_kv_stride-short",
+            fn,
+            {"c_kv_stride": 511},
+            "c_kv_stride",
+            "expected >= 512 elements",
+        ),
+        (
+            f"{fn}/k_pe_stride-short",
+            fn,
+            {"k_pe_stride": 63},
+            "k_pe_stride",
+            "expected >= 64 elements",
+        ),
+        (f"{fn}/out_rows-wraps", fn, {"out_rows": TOP - 8}, "out_rows", "runs past"),
+        (f"{fn}/seqlens-wraps", fn, {"seqlens": TOP - 4}, "seqlens", "runs past"),
+        (f"{fn}/block_table-wraps", fn, {"block_table": TOP - 32}, "block_table", "runs past"),
+        (f"{fn}/c_kv-wraps", fn, {"c_kv": TOP - 1024}, "c_kv", "runs past"),
+        (f"{fn}/k_pe-wraps", fn, {"k_pe": TOP - 128}, "k_pe", "runs past"),
+    ]
+    for name, align in (
+        ("block_table", 4),
+        ("seqlens", 4),
+        ("out_rows", 8),
+        ("c_kv", 2),
+        ("k_pe", 2),
+    ):
+        cases += _pointer_cases(fn, name, align)
     fn = "snapmla_copy_slots"
     cases += _handle_cases(fn)
     cases += [
@@ -1510,6 +1586,39 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         if info == 0 or not 16 <= info.struct_size <= MAX_STRUCT:
             bad.add("info")
         return bad, SUCCESS
+    if fn == "snapmla_gather_dequant":
+        if not handle_ok(v["cache"]):
+            bad.add("cache")
+        elif not 0 <= v["layer"] < NUM_LAYERS:
+            bad.add("layer")
+        rows = v["num_rows"]
+        if rows < 0:
+            bad.add("num_rows")
+        if rows <= 0:
+            return bad, SUCCESS
+        batch, pages = v["batch"], v["max_pages"]
+        if not 1 <= batch <= 65536:
+            return bad | {"batch"}, VALIDATED
+        if not 1 <= pages <= MAX_PAGES:
+            return bad | {"max_pages"}, VALIDATED
+        stride = v["block_table_stride"]
+        if pointer_bad(v, "block_table", 4):
+            bad.add("block_table")
+        if batch > 1 and stride < pages:
+            bad.add("block_table_stride")
+        if not span_ok(v["block_table"], 4, pages, [(batch, stride)]):
+            bad |= {"block_table", "block_table_stride"}
+        for name, align in (("seqlens", 4), ("out_rows", 8)):
+            if pointer_bad(v, name, align) or not span_ok(v[name], align, batch, []):
+                bad.add(name)
+        for name, width in (("c_kv", 512), ("k_pe", 64)):
+            if pointer_bad(v, name, 2):
+                bad.add(name)
+            if rows > 1 and v[f"{name}_stride"] < width:
+                bad.add(f"{name}_stride")
+            if not span_ok(v[name], 2, width, [(rows, v[f"{name}_stride"])]):
+                bad |= {name, f"{name}_stride"}
+        return bad, VALIDATED
     if fn == "snapmla_copy_slots":
         if not handle_ok(v["cache"]):
             bad.add("cache")
@@ -1905,6 +2014,24 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "config": DECODE_CONFIG,
             "plan_bytes": OUT_SIZE,
             "workspace_bytes": OUT_SIZE,
+        }
+    ),
+    "snapmla_gather_dequant": st.fixed_dictionaries(
+        {
+            "cache": HANDLE,
+            "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
+            "block_table": POINTER,
+            "block_table_stride": row_stride(8),
+            "batch": _maybe_valid(st.integers(1, 4), INT32),
+            "max_pages": _maybe_valid(st.integers(1, 8), INT32),
+            "seqlens": POINTER,
+            "out_rows": POINTER,
+            "num_rows": COUNT,
+            "c_kv": POINTER,
+            "c_kv_stride": row_stride(512),
+            "k_pe": POINTER,
+            "k_pe_stride": row_stride(64),
+            "stream": STREAM,
         }
     ),
     "snapmla_decode_plan": st.fixed_dictionaries(

@@ -795,6 +795,64 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
   return SNAPMLA_SUCCESS;
 }
 
+// ---------------------------------------------------------------------- gather-dequant
+extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
+    snapmla_cache_t handle, int32_t layer, const int32_t* block_table, int64_t block_table_stride,
+    int32_t batch, int32_t max_pages, const int32_t* seqlens, const int64_t* out_rows,
+    int64_t num_rows, void* c_kv, int64_t c_kv_stride, void* k_pe, int64_t k_pe_stride,
+    snapmla_stream_t stream) {
+  const char* op = "snapmla_gather_dequant";
+  snapmla_cache cache;
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
+  SNAPMLA_REQUIRE(num_rows >= 0, "%s: argument 'num_rows': expected >= 0, got %lld", op,
+                  static_cast<long long>(num_rows));
+  if (num_rows == 0) return SNAPMLA_SUCCESS;
+  SNAPMLA_REQUIRE(batch >= 1 && batch <= kMaxBatch,
+                  "%s: argument 'batch': expected 1 .. %d, got %d", op, kMaxBatch, batch);
+  SNAPMLA_REQUIRE(max_pages >= 1 && max_pages <= kMaxPages,
+                  "%s: argument 'max_pages': expected 1 .. %d, got %d", op, kMaxPages, max_pages);
+  SNAPMLA_TRY(check_pointer(op, "block_table", block_table, kAlignInt32, "int32 elements"));
+  SNAPMLA_REQUIRE(block_table_stride >= max_pages || batch == 1,
+                  "%s: argument 'block_table_stride': expected >= max_pages = %d, got %lld", op,
+                  max_pages, static_cast<long long>(block_table_stride));
+  SNAPMLA_TRY(check_span(op, "block_table", block_table, 4, max_pages,
+                         {{batch, block_table_stride, "block_table_stride"}}));
+  SNAPMLA_TRY(check_pointer(op, "seqlens", seqlens, kAlignInt32, "int32 elements"));
+  SNAPMLA_TRY(check_span(op, "seqlens", seqlens, 4, batch, {}));
+  SNAPMLA_TRY(check_pointer(op, "out_rows", out_rows, kAlignInt64, "int64 elements"));
+  SNAPMLA_TRY(check_span(op, "out_rows", out_rows, 8, batch, {}));
+  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
+  SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_rows == 1,
+                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
+                  static_cast<long long>(c_kv_stride));
+  SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_rows == 1,
+                  "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
+                  static_cast<long long>(k_pe_stride));
+  SNAPMLA_TRY(
+      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_rows, c_kv_stride, "c_kv_stride"}}));
+  SNAPMLA_TRY(
+      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_rows, k_pe_stride, "k_pe_stride"}}));
+  SNAPMLA_TRY(check_device(op, &cache));
+  GatherDequantParams p{};
+  p.layer_base = layer_base(cache, layer);
+  p.num_pages = cache.num_pages;
+  p.page_stride = cache.page_stride;
+  p.block_table = block_table;
+  p.block_table_stride = block_table_stride;
+  p.batch = batch;
+  p.max_pages = max_pages;
+  p.seqlens = seqlens;
+  p.out_rows = out_rows;
+  p.num_rows = num_rows;
+  p.c_kv = static_cast<uint16_t*>(c_kv);
+  p.k_pe = static_cast<uint16_t*>(k_pe);
+  p.c_kv_stride = c_kv_stride;
+  p.k_pe_stride = k_pe_stride;
+  SNAPMLA_CUDA(op, launch_gather_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
+  return SNAPMLA_SUCCESS;
+}
+
 // -------------------------------------------------------------------------- copy slots
 extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handle, int32_t layer,
                                                            const int64_t* src_slots,

@@ -80,6 +80,68 @@ __global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequ
   }
 }
 
+// The per-token steps of fetch_dequant_kernel for the gather below, kept apart so that the
+// validated fetch kernel's code stays byte for byte as measured (merge once both have run on
+// a GPU). page == nullptr: the rows are `fill`.
+template <bool kAligned>
+__device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint32_t fill,
+                                              uint16_t* c_out, uint16_t* k_out, int lane) {
+  uint32_t content[kContentPerLane / 2];
+  uint32_t rope[4];
+  if (page != nullptr) {
+    const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
+    const uint4 c = __ldg(
+        reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
+    const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] & 0xffffu));
+      const float2 b = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] >> 16));
+      content[2 * k] = pack_bf16x2(a.x * s, a.y * s);
+      content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
+    }
+    if (lane < kRopeLanes) {
+      const uint4 r = __ldg(
+          reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
+      const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
+                              __uint_as_float(rw[k] & 0xffff0000u) * s);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < kContentPerLane / 2; ++k) content[k] = fill;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) rope[k] = fill;
+  }
+  store_words<kAligned>(c_out + lane * kContentPerLane, content, kContentPerLane / 2);
+  if (lane < kRopeLanes) store_words<kAligned>(k_out + lane * 8, rope, 4);
+}
+
+// Requests along y (strided), their tokens along x: one warp per token.
+template <bool kAligned>
+__global__ void __launch_bounds__(kThreads) gather_dequant_kernel(const GatherDequantParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int64_t most = int64_t{p.max_pages} * kPageSize;
+  for (int r = blockIdx.y; r < p.batch; r += gridDim.y) {
+    const int64_t len = min(max(int64_t{__ldg(p.seqlens + r)}, int64_t{0}), most);
+    const int64_t row0 = __ldg(p.out_rows + r);
+    for (int64_t i = first; i < len; i += step) {
+      const int64_t out = row0 + i;
+      if (out < 0 || out >= p.num_rows) continue;
+      const int32_t page = __ldg(p.block_table + r * p.block_table_stride + i / kPageSize);
+      const bool valid = page >= 0 && page < p.num_pages;
+      dequant_token<kAligned>(valid ? p.layer_base + int64_t{page} * p.page_stride : nullptr,
+                              static_cast<int>(i % kPageSize), kBf16NaNx2,
+                              p.c_kv + out * p.c_kv_stride, p.k_pe + out * p.k_pe_stride, lane);
+    }
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t stream) {
@@ -99,6 +161,25 @@ cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t strea
   } else {
     strided ? fetch_dequant_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
             : fetch_dequant_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_gather_dequant(const GatherDequantParams& p, cudaStream_t stream) {
+  if (p.num_rows == 0) return cudaSuccess;
+  int sms = 0;
+  cudaError_t err = current_device_sm_count(&sms);
+  if (err != cudaSuccess) return err;
+  const int requests = std::min(p.batch, 65535);
+  const int along = std::max(1, sms * kBlocksPerSm / requests);  // blocks per request
+  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
+                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
+                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const dim3 grid(along, requests);
+  if (aligned) {
+    gather_dequant_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  } else {
+    gather_dequant_kernel<false><<<grid, kThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

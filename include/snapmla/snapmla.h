@@ -339,6 +339,26 @@ SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_
                                                    void* c_kv, int64_t c_kv_stride, void* k_pe,
                                                    int64_t k_pe_stride, snapmla_stream_t stream);
 
+/* Since 0.2. Gather requests' tokens by their block tables and dequantize them to BF16, one
+ * launch (chunked-prefill context reads that go by page, as engines hold them): token
+ * i < seqlens[r] of request r, in page block_table[r][i / 64] row i % 64, goes to output row
+ * out_rows[r] + i.
+ *   block_table  int32 [batch, max_pages], device, 4-byte aligned, row stride
+ *                block_table_stride (>= max_pages when batch > 1); batch 1 .. 65536
+ *   seqlens      int32 [batch], device: tokens to read; < 0 reads as 0, tokens past
+ *                max_pages * 64 are skipped
+ *   out_rows     int64 [batch], device, 8-byte aligned: each request's first output row
+ *   num_rows     rows of the outputs; a token whose row falls outside [0, num_rows) is skipped
+ *   c_kv, k_pe   BF16 [num_rows, 512] / [num_rows, 64] out, strides as fetch_dequant's
+ *   A page id outside the layer gives a NaN row. Rows no token maps to keep their contents;
+ *   two tokens mapped to one row race. num_rows = 0 is a no-op that checks only cache and
+ *   layer. Experimental in 0.2: not yet run on a GPU. [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
+    snapmla_cache_t cache, int32_t layer, const int32_t* block_table, int64_t block_table_stride,
+    int32_t batch, int32_t max_pages, const int32_t* seqlens, const int64_t* out_rows,
+    int64_t num_rows, void* c_kv, int64_t c_kv_stride, void* k_pe, int64_t k_pe_stride,
+    snapmla_stream_t stream);
+
 /* ------------------------------------------------------------------------- copy slots */
 
 /* Since 0.2. Copy tokens byte for byte between slots of `layer` (engines that compact, reorder

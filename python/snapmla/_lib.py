@@ -122,6 +122,12 @@ snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
                                        int64_t k_pe_stride,
                                        snapmla_stream_t stream);
 
+snapmla_status_t snapmla_gather_dequant(
+    snapmla_cache_t cache, int32_t layer, const int32_t* block_table, int64_t block_table_stride,
+    int32_t batch, int32_t max_pages, const int32_t* seqlens, const int64_t* out_rows,
+    int64_t num_rows, void* c_kv, int64_t c_kv_stride, void* k_pe, int64_t k_pe_stride,
+    snapmla_stream_t stream);
+
 snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t layer,
                                     const int64_t* src_slots, const int64_t* dst_slots,
                                     int64_t num_tokens, snapmla_stream_t stream);

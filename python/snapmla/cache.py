@@ -14,6 +14,7 @@ from ._tensor import (
     ADDRESS_SPACE,
     BF16,
     BYTES,
+    INT32,
     INT64,
     MAX_SPAN_BYTES,
     Checker,
@@ -453,6 +454,98 @@ class KVCache(Closable):
                 "snapmla_append",
             )
         self._used_on(s)
+
+    def gather_dequant(
+        self,
+        layer: int,
+        block_table: Any,
+        seqlens: Any,
+        out_rows: Any,
+        *,
+        c_kv: Any,
+        k_pe: Any,
+        stream: Any = None,
+    ) -> None:
+        """Gather requests' tokens by their block tables and dequantize them to BF16 (one
+        launch, graph-safe): token ``i < seqlens[r]`` of request ``r`` goes to row
+        ``out_rows[r] + i`` of ``c_kv`` / ``k_pe``.
+
+        Args:
+            layer: Layer index, ``0 <= layer < num_layers``.
+            block_table: int32 ``[b, max_pages]``; row stride >= max_pages, unit inner stride.
+            seqlens: int32 ``[b]``, contiguous: tokens to read (< 0 reads as 0; tokens past
+                ``max_pages * 64`` are skipped).
+            out_rows: int64 ``[b]``, contiguous: each request's first output row.
+            c_kv: Output BF16 ``[rows, 512]`` (row stride >= 512, unit inner stride).
+            k_pe: Output BF16 ``[rows, 64]`` (row stride >= 64). Rows outside ``[0, rows)``
+                are skipped, rows no token maps to keep their contents; a page id outside the
+                layer gives a NaN row.
+            stream: CUDA stream, as for ``append``.
+
+        Experimental in 0.2: not yet run on a GPU.
+        """
+        op = "KVCache.gather_dequant"
+        self._enter(op)
+        try:
+            s = Stream(stream, op, (block_table, seqlens, out_rows, c_kv, k_pe))
+            layer = _validate_layer(op, layer, self._num_layers)
+            checker = Checker(op, s)
+            bt = checker.tensor(
+                block_table, "block_table", dtypes=INT32, shape=("b", "max_pages"), layout="inner"
+            )
+            b, max_pages = bt.shape
+            bt_stride = checker.stride(bt, "block_table", 0, max_pages, "row")
+            sl = checker.tensor(seqlens, "seqlens", dtypes=INT32, shape=(b,))
+            rows = checker.tensor(out_rows, "out_rows", dtypes=INT64, shape=(b,))
+            c = checker.tensor(
+                c_kv,
+                "c_kv",
+                dtypes=BF16,
+                shape=("rows", CONTENT_DIM),
+                layout="inner",
+                writable=True,
+            )
+            n = c.shape[0]
+            c_stride = checker.stride(c, "c_kv", 0, CONTENT_DIM, "row")
+            k = checker.tensor(
+                k_pe, "k_pe", dtypes=BF16, shape=(n, ROPE_DIM), layout="inner", writable=True
+            )
+            k_stride = checker.stride(k, "k_pe", 0, ROPE_DIM, "row")
+            checker.devices(self._device)
+            inputs = [
+                ("the cache", extent(*layer_extent(self._extents, layer))),
+                ("block_table", bt),
+                ("seqlens", sl),
+                ("out_rows", rows),
+            ]
+            checker.no_overlap("c_kv", c, [*inputs, ("k_pe", k)])
+            checker.no_overlap("k_pe", k, inputs)
+            if n == 0 or b == 0:
+                return
+            ffi = _lib.ffi
+            with on_device(op, self._device):
+                _lib.check(
+                    _lib.lib().snapmla_gather_dequant(
+                        self._handle,
+                        layer,
+                        ffi.cast(_CT["const int32_t*"], bt.ptr),
+                        bt_stride,
+                        b,
+                        max_pages,
+                        ffi.cast(_CT["const int32_t*"], sl.ptr),
+                        ffi.cast(_CT["const int64_t*"], rows.ptr),
+                        n,
+                        ffi.cast(_CT["void*"], c.ptr),
+                        c_stride,
+                        ffi.cast(_CT["void*"], k.ptr),
+                        k_stride,
+                        s.c(self._device),
+                    ),
+                    "snapmla_gather_dequant",
+                )
+            self._used_on(s)
+        finally:
+            self._in_use.exit()
 
     def copy_slots(self, layer: int, src_slots: Any, dst_slots: Any, *, stream: Any = None) -> None:
         """Copy tokens byte for byte between slots of ``layer`` (one launch, graph-safe): token

@@ -214,3 +214,52 @@ def test_copy_slots_moves_tokens_byte_for_byte(rng: np.random.Generator, page_st
             before[1, spare[0], row * ref.CONTENT_DIM : (row + 1) * ref.CONTENT_DIM],
         )
     cache.close()
+
+
+@pytest.mark.parametrize("page_stride", [0, 64 * 656])
+def test_gather_dequant_matches_fetch_by_slots(rng: np.random.Generator, page_stride: int) -> None:
+    """``gather_dequant``: the rows of each request's tokens, by block table, equal
+    fetch-dequant's of the same slots; rows no token maps to keep their poison, a bad page id
+    gives NaN rows, tokens past the outputs are skipped."""
+    torch = torch_module()
+    case = make_case(rng, [130, 64, 0, 5], num_heads=16, num_layers=2)
+    stride = page_stride or ref.PAGE_BYTES
+    image = to_torch(case.image).view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
+    memory = torch.full(
+        (case.num_layers, case.num_pages, stride), 0x5A, dtype=torch.uint8, device="cuda"
+    )
+    memory[:, :, : ref.PAGE_BYTES] = image
+    cache = snapmla.KVCache(
+        case.num_layers, case.num_pages, buffer=memory.view(-1), page_stride=page_stride
+    )
+    table = case.block_table.copy()
+    table[3, 0] = case.num_pages + 7  # request 3's page is outside the layer: NaN rows
+    lens = case.seqlens.copy()
+    starts = np.array([0, 140, 300, 210], np.int64)  # gaps between requests stay poisoned
+    rows = 212  # request 3's rows 210..214: the last three fall outside and are skipped
+    c_out, k_out = nan_torch((rows, ref.CONTENT_DIM)), nan_torch((rows, ref.ROPE_DIM))
+    c_out.fill_(7.0)
+    k_out.fill_(7.0)
+    cache.gather_dequant(
+        1,
+        torch.from_numpy(table).cuda(),
+        torch.from_numpy(lens).cuda(),
+        torch.from_numpy(starts).cuda(),
+        c_kv=c_out,
+        k_pe=k_out,
+    )
+    for r in (0, 1):
+        n = int(lens[r])
+        slots = torch.from_numpy(page_slots(case.block_table[r], n).astype(np.int64)).cuda()
+        want_c, want_k = nan_torch((n, ref.CONTENT_DIM)), nan_torch((n, ref.ROPE_DIM))
+        cache.fetch_dequant(1, slots, c_kv=want_c, k_pe=want_k)
+        synchronize()
+        got = slice(int(starts[r]), int(starts[r]) + n)
+        assert torch.equal(c_out[got].view(torch.int16), want_c.view(torch.int16)), r
+        assert torch.equal(k_out[got].view(torch.int16), want_k.view(torch.int16)), r
+    synchronize()
+    assert bool((c_out[130:140] == 7.0).all()) and bool((c_out[204:210] == 7.0).all())
+    assert bool(torch.isnan(c_out[210:212].float()).all()) and bool(
+        torch.isnan(k_out[210:212].float()).all()
+    )
+    cache.close()
