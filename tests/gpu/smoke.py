@@ -76,6 +76,38 @@ def main() -> int:
                                   causal=True, kernel=kernel)
         cupy.cuda.get_current_stream().synchronize()
         print(f"garbage plan, {kernel}: all NaN: {bool(cupy.isnan(lse).all())}")
+
+    # Engine layouts (0.2): pages inside larger slots, one buffer per layer, q_nope and q_pe
+    # apart, slot copies and reads by block table, including out-of-range ids and rows.
+    stride = 64 * 656
+    pages = b * max_pages
+    strided = cupy.full(2 * pages * stride, 0x7F, dtype=cupy.uint8)
+    per_layer = [cupy.full(pages * stride, 0x7F, dtype=cupy.uint8) for _ in range(2)]
+    plan = snapmla.DecodePlan(seqlens, num_heads=16, q_len=2, max_pages=max_pages)
+    q2 = (rs.standard_normal((b, 2, 16, 576), dtype=cupy.float32) * 0.5).astype(bf16)
+    for engine in (
+        snapmla.KVCache(2, pages, buffer=strided, page_stride=stride),
+        snapmla.KVCache(2, pages, layers=per_layer, page_stride=stride),
+    ):
+        for layer in range(2):
+            engine.append(layer, c_kv, k_pe, slots)
+        engine.append(1, c_kv[:4], k_pe[:4], far)
+        engine.fetch_dequant(1, far)
+        for kernel in ("fast", "reference"):
+            snapmla.decode(engine, 1, q2[..., :512], table, seqlens, plan, softmax_scale=192**-0.5,
+                           kernel=kernel, q_pe=q2[..., 512:])
+            snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan,
+                           softmax_scale=192**-0.5, kernel=kernel)
+        dst = cupy.arange(4 * 64, 4 * 64 + 8, dtype=cupy.int64)
+        engine.copy_slots(0, far[:4].copy(), dst[:4])  # out-of-range sources: skipped
+        engine.copy_slots(0, slots[:8].copy(), dst)
+        rows = cupy.asarray(np.array([0, 10, 400, -3, 50, 700], np.int64))
+        out_c = cupy.zeros((800, 512), dtype=bf16)
+        out_k = cupy.zeros((800, 64), dtype=bf16)
+        engine.gather_dequant(0, bad_table, bad_lens, rows, c_kv=out_c, k_pe=out_k)
+        cupy.cuda.get_current_stream().synchronize()
+        engine.close()
+    print("engine layouts: done")
     print("smoke done")
     return 0
 
