@@ -1,10 +1,10 @@
 """``python -m snapmla``: where the installed library, header and CMake package are.
 
-python -m snapmla --cmake-dir     # for CMAKE_PREFIX_PATH / snapmla_DIR
-python -m snapmla --include-dir   # holds snapmla/snapmla.h
-python -m snapmla --library       # path of libsnapmla.so
-python -m snapmla --version       # package and library versions
-python -m snapmla --info          # versions, paths, driver, GPUs, which kernels run here
+    python -m snapmla --cmake-dir     # for CMAKE_PREFIX_PATH / snapmla_DIR
+    python -m snapmla --include-dir   # holds snapmla/snapmla.h
+    python -m snapmla --library       # path of libsnapmla.so
+    python -m snapmla --version       # package and library versions
+    python -m snapmla --info          # versions, paths, driver, GPUs, which kernels run here
 """
 
 from __future__ import annotations

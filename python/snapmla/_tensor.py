@@ -737,6 +737,5 @@ class Closable:
     def _refuse_closed(self, op: str, argument: str | None) -> SnapMLAError:
         if argument is None:
             return SnapMLAError(f"{op}: {self._what} is closed")
-        return SnapMLAError(
-            f"{op}: argument '{argument}': {self._what} is closed", argument=argument
-        )
+        return SnapMLAError(f"{op}: argument '{argument}': {self._what} is closed",
+                            argument=argument)

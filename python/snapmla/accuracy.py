@@ -572,15 +572,8 @@ class KernelRunner:
         seqlens = cupy.full((1,), w.context, dtype=cupy.int32)
         plan = snapmla.DecodePlan(seqlens, num_heads=w.num_heads, q_len=w.q_len, max_pages=pages)
         out, lse = snapmla.decode(
-            self.cache,
-            layer,
-            _to_cupy(w.q),
-            block_table,
-            seqlens,
-            plan,
-            softmax_scale=w.softmax_scale,
-            causal=True,
-            kernel=self.kernel,
+            self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
+            softmax_scale=w.softmax_scale, causal=True, kernel=self.kernel,
         )
         cupy.cuda.get_current_stream().synchronize()
         out_h = out.get()
@@ -616,20 +609,12 @@ def _git_commit() -> str:
     here = Path(__file__).resolve().parent
     try:
         head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=here, capture_output=True,
+            text=True, timeout=10, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=here,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
+            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
+            capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -681,24 +666,17 @@ def evaluate(
     for li, profile in enumerate(settings.layers):
         t_layer = time.perf_counter()
         full = wl.generate_layer(
-            profile,
-            max_ctx,
-            settings.heads,
-            seed=settings.seed,
-            layer_index=li,
-            q_len=settings.q_len,
-            softmax_scale=settings.softmax_scale,
+            profile, max_ctx, settings.heads, seed=settings.seed, layer_index=li,
+            q_len=settings.q_len, softmax_scale=settings.softmax_scale,
         )
         stats_ctx = min(max_ctx, FIGURE_CONTEXT)
-        layer_info.append(
-            {
-                "index": li,
-                "name": profile.name,
-                "profile": dataclasses.asdict(profile),
-                "stats_context": stats_ctx,
-                "stats": wl.workload_stats(full.prefix(stats_ctx)),
-            }
-        )
+        layer_info.append({
+            "index": li,
+            "name": profile.name,
+            "profile": dataclasses.asdict(profile),
+            "stats_context": stats_ctx,
+            "stats": wl.workload_stats(full.prefix(stats_ctx)),
+        })
         if kernel is not None:
             try:
                 kernel.append(li, full)
@@ -732,49 +710,36 @@ def evaluate(
                 outs[scheme] = emulate(scheme, w, ops, kv_in=kv_in)
             for name, (o, lse) in outs.items():
                 m = metrics(o, lse, ex_out, ex_lse)
-                results.append(
-                    {
-                        "context": n,
-                        "layer": li,
-                        "layer_name": profile.name,
-                        "config": name,
-                        **m.as_dict(),
-                    }
-                )
+                results.append({
+                    "context": n, "layer": li, "layer_name": profile.name, "config": name,
+                    **m.as_dict(),
+                })
             total = ref.rel_l2(outs["ours-model"][0], ex_out)
-            p_only, p_share = _share(outs["ours-model"][0] - outs["ours-p-exact"][0], total, ex_out)
-            q_only, q_share = _share(outs["ours-model"][0] - outs["ours-q-bf16"][0], total, ex_out)
-            shares.append(
-                {
-                    "context": n,
-                    "layer": li,
-                    "layer_name": profile.name,
-                    "rel_l2_ours_model": total,
-                    "rel_l2_p_exact": ref.rel_l2(outs["ours-p-exact"][0], ex_out),
-                    "rel_l2_q_bf16": ref.rel_l2(outs["ours-q-bf16"][0], ex_out),
-                    "rel_l2_q_fp8x2": ref.rel_l2(outs["ours-q-fp8x2"][0], ex_out),
-                    "p_only_rel_l2": p_only,
-                    "p_share": p_share,
-                    "q_only_rel_l2": q_only,
-                    "q_share": q_share,
-                }
-            )
+            p_only, p_share = _share(outs["ours-model"][0] - outs["ours-p-exact"][0], total,
+                                     ex_out)
+            q_only, q_share = _share(outs["ours-model"][0] - outs["ours-q-bf16"][0], total,
+                                     ex_out)
+            shares.append({
+                "context": n, "layer": li, "layer_name": profile.name,
+                "rel_l2_ours_model": total,
+                "rel_l2_p_exact": ref.rel_l2(outs["ours-p-exact"][0], ex_out),
+                "rel_l2_q_bf16": ref.rel_l2(outs["ours-q-bf16"][0], ex_out),
+                "rel_l2_q_fp8x2": ref.rel_l2(outs["ours-q-fp8x2"][0], ex_out),
+                "p_only_rel_l2": p_only, "p_share": p_share,
+                "q_only_rel_l2": q_only, "q_share": q_share,
+            })
             if "ours" in outs:
-                kernel_vs_model.append(
-                    {
-                        "context": n,
-                        "layer": li,
-                        "rel_l2": ref.rel_l2(outs["ours"][0], outs["ours-model"][0]),
-                        "lse_max": float(np.max(np.abs(outs["ours"][1] - outs["ours-model"][1]))),
-                    }
-                )
+                kernel_vs_model.append({
+                    "context": n, "layer": li,
+                    "rel_l2": ref.rel_l2(outs["ours"][0], outs["ours-model"][0]),
+                    "lse_max": float(np.max(np.abs(outs["ours"][1] - outs["ours-model"][1]))),
+                })
             ops.synchronize()
             dt = time.perf_counter() - t0
             timing[f"{profile.name}@{n}"] = dt
             shown = ("ours" if "ours" in outs else "ours-model", *ALTERNATIVES)
             line = " ".join(
-                f"{r['config']}={r['rel_l2']:.2e}"
-                for r in results[-len(outs) :]
+                f"{r['config']}={r['rel_l2']:.2e}" for r in results[-len(outs):]
                 if r["config"] in shown
             )
             log(f"  layer {li} {profile.name:<9} ctx {n:>6}: rel L2 {line}  ({dt:.1f} s)")
@@ -816,16 +781,10 @@ def check_claims(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
             ratio = alt["rel_l2"] / ours["rel_l2"] if ours["rel_l2"] > 0 else math.inf
             wins[a]["log_ratio"] += math.log(ratio) if 0 < ratio < math.inf else 0.0
             if not won:
-                violations.append(
-                    {
-                        "context": n,
-                        "layer": li,
-                        "layer_name": ours["layer_name"],
-                        "config": a,
-                        "ours_rel_l2": ours["rel_l2"],
-                        "alt_rel_l2": alt["rel_l2"],
-                    }
-                )
+                violations.append({
+                    "context": n, "layer": li, "layer_name": ours["layer_name"],
+                    "config": a, "ours_rel_l2": ours["rel_l2"], "alt_rel_l2": alt["rel_l2"],
+                })
     for a in ALTERNATIVES:
         c = wins[a]
         c["ratio_geomean"] = math.exp(c.pop("log_ratio") / max(c["cases"], 1))
@@ -1040,9 +999,8 @@ def write_figures(report: dict[str, Any], path: str) -> list[str]:
         ax.set_title(METRIC_LABELS[metric])
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.suptitle(
-        f"Layer-wise error vs exact attention, context {_ctx_label(fig_ctx)}\n{stamp}", fontsize=9
-    )
+    fig.suptitle(f"Layer-wise error vs exact attention, context {_ctx_label(fig_ctx)}\n{stamp}",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -1053,10 +1011,8 @@ def write_figures(report: dict[str, Any], path: str) -> list[str]:
     for ax, metric in zip(axes, _FIGURE_METRICS):
         for c in configs:
             color, marker, ls = _STYLE[c]
-            ys = [
-                float(np.mean([by[(n, layer["index"], c)][metric] for layer in report["layers"]]))
-                for n in ctxs
-            ]
+            ys = [float(np.mean([by[(n, layer["index"], c)][metric]
+                                 for layer in report["layers"]])) for n in ctxs]
             ax.plot(ctxs, ys, color=color, marker=marker, ls=ls, label=c)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -1123,42 +1079,25 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         description="FP8 KV-cache accuracy of snapmla against exact attention, per layer "
         "and configuration (the SnapMLA paper's appendix G on synthetic MLA layers).",
     )
-    p.add_argument(
-        "--contexts",
-        type=_parse_contexts,
-        default=None,
-        help="comma list, e.g. 4k,16k,32k (default: 4k-128k on a GPU, 1k-4k on CPU)",
-    )
-    p.add_argument(
-        "--layers",
-        type=_parse_layers,
-        default=None,
-        help="'all', a count N, or names/indices of the profiles "
-        "(default: all 6 on a GPU, 4 on CPU)",
-    )
+    p.add_argument("--contexts", type=_parse_contexts, default=None,
+                   help="comma list, e.g. 4k,16k,32k (default: 4k-128k on a GPU, 1k-4k on CPU)")
+    p.add_argument("--layers", type=_parse_layers, default=None,
+                   help="'all', a count N, or names/indices of the profiles "
+                   "(default: all 6 on a GPU, 4 on CPU)")
     p.add_argument("--heads", type=int, default=16, help="query heads (16 = TP8)")
     p.add_argument("--q-len", type=int, default=1, help="query tokens s_q (1-4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the JSON report here")
-    p.add_argument(
-        "--figure", default=None, help="write the per-layer PNG here (and *_contexts.png beside it)"
-    )
+    p.add_argument("--figure", default=None,
+                   help="write the per-layer PNG here (and *_contexts.png beside it)")
     p.add_argument("--markdown", default=None, help="write the README table here")
     p.add_argument("--cpu", action="store_true", help="emulation only, even with a GPU")
-    p.add_argument(
-        "--backend",
-        choices=("auto", "numpy", "torch"),
-        default="auto",
-        help="emulation arrays: auto = torch float64 on CUDA if available",
-    )
+    p.add_argument("--backend", choices=("auto", "numpy", "torch"), default="auto",
+                   help="emulation arrays: auto = torch float64 on CUDA if available")
     p.add_argument("--quick", action="store_true", help="smoke run: 1k, 2 layers, 8 heads")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument(
-        "--kernel",
-        choices=("auto", "reference", "fast"),
-        default="auto",
-        help="the decode kernel measured as 'ours' (default auto)",
-    )
+    p.add_argument("--kernel", choices=("auto", "reference", "fast"), default="auto",
+                   help="the decode kernel measured as 'ours' (default auto)")
     args = p.parse_args(argv)
     if not 1 <= args.heads <= 128:
         p.error("--heads must be in 1..128")
@@ -1234,16 +1173,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             kernel_error = f"{type(exc).__name__}: {exc}"
     device = _device_name(gpu)
     if kernel is not None:
-        log(f"GPU: kernel measured ({device}, snapmla {kernel.version}); emulations on {ops.name}")
+        log(f"GPU: kernel measured ({device}, snapmla {kernel.version}); emulations on "
+            f"{ops.name}")
     else:
-        log(
-            f"{'GPU: kernel not run' if gpu else 'CPU'}: emulation only ({device}; "
-            f"{ops.name})" + (f"; {kernel_error}" if kernel_error else "")
-        )
-    log(
-        f"contexts {', '.join(_ctx_label(n) for n in contexts)}; layers "
-        f"{', '.join(p.name for p in layers)}; {heads} heads; s_q {args.q_len}; seed {args.seed}"
-    )
+        log(f"{'GPU: kernel not run' if gpu else 'CPU'}: emulation only ({device}; "
+            f"{ops.name})" + (f"; {kernel_error}" if kernel_error else ""))
+    log(f"contexts {', '.join(_ctx_label(n) for n in contexts)}; layers "
+        f"{', '.join(p.name for p in layers)}; {heads} heads; s_q {args.q_len}; seed {args.seed}")
 
     t0 = time.perf_counter()
     try:

@@ -43,10 +43,8 @@ def _gpu_available() -> bool:
 
 def _memory_line(tokens: int) -> str:
     fp8, bf16 = tokens * FP8_BYTES_PER_TOKEN, tokens * BF16_BYTES_PER_TOKEN
-    return (
-        f"KV cache for {tokens} tokens: {fp8 / 2**20:.1f} MiB FP8 vs {bf16 / 2**20:.1f} MiB "
-        f"BF16 ({fp8 / bf16:.2f}x)"
-    )
+    return (f"KV cache for {tokens} tokens: {fp8 / 2**20:.1f} MiB FP8 vs {bf16 / 2**20:.1f} MiB "
+            f"BF16 ({fp8 / bf16:.2f}x)")
 
 
 def run_cpu(args: argparse.Namespace) -> int:
@@ -63,11 +61,9 @@ def run_cpu(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     out, lse = ref.decode_reference(q, kv, [ctx] * b, scale, causal=True)
     exact, exact_lse = ref.exact_attention(q, c_kv, k_pe, [ctx] * b, scale, causal=True)
-    print(
-        f"shape {b}x{s_q}x{h}x{ctx}: relative L2 error of the FP8 pipeline vs exact attention "
-        f"{ref.rel_l2(out, exact):.2e}, max |lse error| {np.max(np.abs(lse - exact_lse)):.2e} "
-        f"({time.perf_counter() - t0:.1f} s of NumPy)"
-    )
+    print(f"shape {b}x{s_q}x{h}x{ctx}: relative L2 error of the FP8 pipeline vs exact attention "
+          f"{ref.rel_l2(out, exact):.2e}, max |lse error| {np.max(np.abs(lse - exact_lse)):.2e} "
+          f"({time.perf_counter() - t0:.1f} s of NumPy)")
     print(_memory_line(args.batch * args.context))
     print("Run this on an H100/H200 for the kernel timings.")
     return 0
@@ -100,10 +96,8 @@ def run_gpu(args: argparse.Namespace) -> int:
     scale = 192**-0.5
     rs = cupy.random.RandomState(args.seed)
     bf16 = ml_dtypes.bfloat16
-    print(
-        f"snapmla demo on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: "
-        f"batch {b}, q_len {s_q}, heads {h}, context {ctx}"
-    )
+    print(f"snapmla demo on {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}: "
+          f"batch {b}, q_len {s_q}, heads {h}, context {ctx}")
 
     tokens = b * ctx
     cache = snapmla.KVCache(num_layers=1, num_pages=b * pages_per_req)
@@ -121,37 +115,30 @@ def run_gpu(args: argparse.Namespace) -> int:
     lse = cupy.empty((b, h, s_q), dtype=cupy.float32)
 
     def step() -> None:
-        snapmla.decode(
-            cache, 0, q, block_table, seqlens, plan, softmax_scale=scale, out=out, lse=lse
-        )
+        snapmla.decode(cache, 0, q, block_table, seqlens, plan, softmax_scale=scale,
+                       out=out, lse=lse)
 
     ms = _time_ms(step, args.iters)
     flops = 2.0 * b * s_q * h * ctx * (576 + 512)
     kv_bytes = tokens * FP8_BYTES_PER_TOKEN
-    print(
-        f"decode: {ms * 1e3:.1f} us  ({flops / ms / 1e9:.0f} TFLOPS, "
-        f"{kv_bytes / ms / 1e9:.2f} TB/s of KV read)"
-    )
-    print(
-        f"append of {tokens} tokens: {append_ms * 1e3:.1f} us "
-        f"({tokens * (1152 + 8 + 644) / append_ms / 1e9:.2f} TB/s)"
-    )
+    print(f"decode: {ms * 1e3:.1f} us  ({flops / ms / 1e9:.0f} TFLOPS, "
+          f"{kv_bytes / ms / 1e9:.2f} TB/s of KV read)")
+    print(f"append of {tokens} tokens: {append_ms * 1e3:.1f} us "
+          f"({tokens * (1152 + 8 + 644) / append_ms / 1e9:.2f} TB/s)")
     print(_memory_line(tokens))
 
     # Accuracy on the first request (host float64): the contract's model and exact attention.
     n_check = 1
     q_h = cupy.asnumpy(q[:n_check])
-    c_h = [cupy.asnumpy(c_kv[i * ctx : (i + 1) * ctx]) for i in range(n_check)]
-    k_h = [cupy.asnumpy(k_pe[i * ctx : (i + 1) * ctx]) for i in range(n_check)]
+    c_h = [cupy.asnumpy(c_kv[i * ctx:(i + 1) * ctx]) for i in range(n_check)]
+    k_h = [cupy.asnumpy(k_pe[i * ctx:(i + 1) * ctx]) for i in range(n_check)]
     kv = [ref.quantize_kv(c, k) for c, k in zip(c_h, k_h)]
     model, _ = ref.decode_reference(q_h, kv, [ctx] * n_check, scale, causal=True)
     exact, _ = ref.exact_attention(q_h, c_h, k_h, [ctx] * n_check, scale, causal=True)
     got = cupy.asnumpy(out[:n_check]).astype(np.float64)
     model = model.astype(ml_dtypes.bfloat16).astype(np.float64)  # the contract's out = bf16(O/l)
-    print(
-        f"accuracy (request 0): rel. L2 vs the contract's NumPy model "
-        f"{ref.rel_l2(got, model):.1e}; vs exact float64 attention {ref.rel_l2(got, exact):.2e}"
-    )
+    print(f"accuracy (request 0): rel. L2 vs the contract's NumPy model "
+          f"{ref.rel_l2(got, model):.1e}; vs exact float64 attention {ref.rel_l2(got, exact):.2e}")
 
     try:
         import flashinfer  # noqa: F401
@@ -184,20 +171,8 @@ def _flashinfer_ms(torch, q, c_kv, k_pe, block_table, seqlens, h, s_q, scale, it
     qo_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * s_q
     kv_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * pages
     kv_lens = torch.from_dlpack(seqlens)
-    wrapper.plan(
-        qo_indptr,
-        kv_indptr,
-        bt.reshape(-1).contiguous(),
-        kv_lens,
-        h,
-        512,
-        64,
-        64,
-        s_q > 1,
-        scale,
-        torch.bfloat16,
-        torch.bfloat16,
-    )
+    wrapper.plan(qo_indptr, kv_indptr, bt.reshape(-1).contiguous(), kv_lens, h, 512, 64, 64,
+                 s_q > 1, scale, torch.bfloat16, torch.bfloat16)
     q_nope = tq[..., :512].reshape(b * s_q, h, 512).contiguous()
     q_pe = tq[..., 512:].reshape(b * s_q, h, 64).contiguous()
     o = torch.empty_like(q_nope)
