@@ -364,6 +364,22 @@ uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
   return c.data + static_cast<int64_t>(layer) * c.num_pages * c.page_stride;
 }
 
+// BF16 rows of the latent and the RoPE key, `rows` of each: c_kv [rows, 512] and k_pe
+// [rows, 64] with their row strides (append's inputs, fetch-dequant's and gather's outputs).
+snapmla_status_t check_bf16_rows(const char* op, const void* c_kv, int64_t c_kv_stride,
+                                 const void* k_pe, int64_t k_pe_stride, int64_t rows) {
+  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
+  SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || rows == 1,
+                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
+                  static_cast<long long>(c_kv_stride));
+  SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || rows == 1,
+                  "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
+                  static_cast<long long>(k_pe_stride));
+  SNAPMLA_TRY(check_span(op, "c_kv", c_kv, 2, kContentDim, {{rows, c_kv_stride, "c_kv_stride"}}));
+  return check_span(op, "k_pe", k_pe, 2, kRopeDim, {{rows, k_pe_stride, "k_pe_stride"}});
+}
+
 // The live cache behind `handle` (copied into *cache) and a layer index inside it.
 snapmla_status_t check_cache_layer(const char* op, snapmla_cache_t handle, const char* layer_name,
                                    int32_t layer, snapmla_cache* cache) {
@@ -612,7 +628,9 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   uint8_t** layer_copy = nullptr;
   if (!layers.empty()) {
     layer_copy = new (std::nothrow) uint8_t*[layers.size()];
-    if (layer_copy == nullptr) return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    if (layer_copy == nullptr) {
+      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    }
     std::copy(layers.begin(), layers.end(), layer_copy);
   }
   if (data == nullptr) {
@@ -734,19 +752,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, i
   SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
                   static_cast<long long>(num_tokens));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
-  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
-  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
+  SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
-  SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
-                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
-                  static_cast<long long>(c_kv_stride));
-  SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
-                  "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
-                  static_cast<long long>(k_pe_stride));
-  SNAPMLA_TRY(
-      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_tokens, c_kv_stride, "c_kv_stride"}}));
-  SNAPMLA_TRY(
-      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_tokens, k_pe_stride, "k_pe_stride"}}));
   SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_device(op, &cache));
   AppendParams p{static_cast<const uint16_t*>(c_kv),
@@ -773,19 +780,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
                   static_cast<long long>(num_tokens));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
-  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
-  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
-  SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_tokens == 1,
-                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
-                  static_cast<long long>(c_kv_stride));
-  SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_tokens == 1,
-                  "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
-                  static_cast<long long>(k_pe_stride));
   SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
-  SNAPMLA_TRY(
-      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_tokens, c_kv_stride, "c_kv_stride"}}));
-  SNAPMLA_TRY(
-      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_tokens, k_pe_stride, "k_pe_stride"}}));
+  SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
   SNAPMLA_TRY(check_device(op, &cache));
   FetchDequantParams p{
       layer_base(cache, layer),     int64_t{cache.num_pages} * kPageSize, slots,       num_tokens,
@@ -821,18 +817,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
   SNAPMLA_TRY(check_span(op, "seqlens", seqlens, 4, batch, {}));
   SNAPMLA_TRY(check_pointer(op, "out_rows", out_rows, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "out_rows", out_rows, 8, batch, {}));
-  SNAPMLA_TRY(check_pointer(op, "c_kv", c_kv, kAlignBf16, "BF16 elements"));
-  SNAPMLA_TRY(check_pointer(op, "k_pe", k_pe, kAlignBf16, "BF16 elements"));
-  SNAPMLA_REQUIRE(c_kv_stride >= kContentDim || num_rows == 1,
-                  "%s: argument 'c_kv_stride': expected >= %d elements, got %lld", op, kContentDim,
-                  static_cast<long long>(c_kv_stride));
-  SNAPMLA_REQUIRE(k_pe_stride >= kRopeDim || num_rows == 1,
-                  "%s: argument 'k_pe_stride': expected >= %d elements, got %lld", op, kRopeDim,
-                  static_cast<long long>(k_pe_stride));
-  SNAPMLA_TRY(
-      check_span(op, "c_kv", c_kv, 2, kContentDim, {{num_rows, c_kv_stride, "c_kv_stride"}}));
-  SNAPMLA_TRY(
-      check_span(op, "k_pe", k_pe, 2, kRopeDim, {{num_rows, k_pe_stride, "k_pe_stride"}}));
+  SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_rows));
   SNAPMLA_TRY(check_device(op, &cache));
   GatherDequantParams p{};
   p.layer_base = layer_base(cache, layer);

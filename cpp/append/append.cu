@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "append/append.h"
 #include "common/launch.h"
 #include "common/row_quant.cuh"
@@ -37,14 +35,10 @@ __global__ void __launch_bounds__(kThreads) append_kernel(const AppendParams p) 
 
 cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  int sms = 0;
-  cudaError_t err = current_device_sm_count(&sms);
+  int blocks = 0;
+  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(std::min<int64_t>(
-      (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
-                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const bool aligned = bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride);
   const bool strided = p.page_stride != kPageBytes;
   if (aligned) {
     strided ? append_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)

@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "copy_slots/copy_slots.h"
@@ -48,11 +46,9 @@ __global__ void __launch_bounds__(kThreads) copy_slots_kernel(const CopySlotsPar
 
 cudaError_t launch_copy_slots(const CopySlotsParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  int sms = 0;
-  cudaError_t err = current_device_sm_count(&sms);
+  int blocks = 0;
+  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(std::min<int64_t>(
-      (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
   copy_slots_kernel<<<blocks, kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }

@@ -146,14 +146,10 @@ __global__ void __launch_bounds__(kThreads) gather_dequant_kernel(const GatherDe
 
 cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
-  int sms = 0;
-  cudaError_t err = current_device_sm_count(&sms);
+  int blocks = 0;
+  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(std::min<int64_t>(
-      (p.num_tokens + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
-                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const bool aligned = bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride);
   const bool strided = p.page_stride != kPageBytes;
   if (aligned) {
     strided ? fetch_dequant_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
@@ -172,9 +168,7 @@ cudaError_t launch_gather_dequant(const GatherDequantParams& p, cudaStream_t str
   if (err != cudaSuccess) return err;
   const int requests = std::min(p.batch, 65535);
   const int along = std::max(1, sms * kBlocksPerSm / requests);  // blocks per request
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.c_kv) % 16 == 0) &&
-                       (reinterpret_cast<uintptr_t>(p.k_pe) % 16 == 0) &&
-                       (p.c_kv_stride % 8 == 0) && (p.k_pe_stride % 8 == 0);
+  const bool aligned = bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride);
   const dim3 grid(along, requests);
   if (aligned) {
     gather_dequant_kernel<true><<<grid, kThreads, 0, stream>>>(p);

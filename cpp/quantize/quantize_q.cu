@@ -1,5 +1,3 @@
-#include <algorithm>
-
 #include "common/launch.h"
 #include "common/row_quant.cuh"
 #include "quantize/quantize_q.h"
@@ -37,11 +35,9 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
 cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const int64_t rows = p.num_tokens * p.num_heads;
   if (rows == 0) return cudaSuccess;
-  int sms = 0;
-  cudaError_t err = current_device_sm_count(&sms);
+  int blocks = 0;
+  const cudaError_t err = warp_per_item_blocks(rows, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(
-      std::min<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, int64_t{sms} * kBlocksPerSm));
   const bool split = p.q_pe != nullptr;
   const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.stride_batch % 8 == 0) &&
                        (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0) &&
