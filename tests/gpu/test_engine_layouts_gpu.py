@@ -4,10 +4,13 @@ apart (``q_pe=``). Each gives the bytes of the packed, concatenated layout."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from _util import (
     SM_SCALE,
+    DecodeCase,
     device_inputs,
     make_case,
     make_plan,
@@ -24,6 +27,23 @@ import snapmla
 from snapmla import reference as ref
 
 pytestmark = pytest.mark.gpu
+
+
+def _strided_cache(case: DecodeCase, page_stride: int, slack: int) -> tuple[Any, Any]:
+    """``(memory, cache)``: the case's image with each page in a ``page_stride``-byte slot (0:
+    packed), the slot's slack filled with the byte ``slack``; memory is [layers, pages, slot]."""
+    torch = torch_module()
+    slot = page_stride or ref.PAGE_BYTES
+    memory = torch.full(
+        (case.num_layers, case.num_pages, slot), slack, dtype=torch.uint8, device="cuda"
+    )
+    memory[:, :, : ref.PAGE_BYTES] = to_torch(case.image).view(
+        case.num_layers, case.num_pages, ref.PAGE_BYTES
+    )
+    cache = snapmla.KVCache(
+        case.num_layers, case.num_pages, buffer=memory.view(-1), page_stride=page_stride
+    )
+    return memory, cache
 
 
 def test_per_layer_cache_matches_the_contiguous_one(rng: np.random.Generator) -> None:
@@ -78,15 +98,8 @@ def test_page_stride_matches_the_packed_cache(rng: np.random.Generator, kernel: 
     torch = torch_module()
     stride = 64 * 656
     case = make_case(rng, [130, 64, 1, 700], num_heads=16, num_layers=2)
-    packed = to_torch(case.image)
-    strided = torch.full(
-        (case.num_layers, case.num_pages, stride), 0xFF, dtype=torch.uint8, device="cuda"
-    )
-    strided[:, :, : ref.PAGE_BYTES] = packed.view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
-    a = snapmla.KVCache(case.num_layers, case.num_pages, buffer=packed.clone())
-    b = snapmla.KVCache(
-        case.num_layers, case.num_pages, buffer=strided.view(-1), page_stride=stride
-    )
+    a = snapmla.KVCache(case.num_layers, case.num_pages, buffer=to_torch(case.image))
+    strided, b = _strided_cache(case, stride, 0xFF)
     q, bt, sl = device_inputs(case)
     plan = make_plan(case, sl)
     for layer in range(case.num_layers):
@@ -177,15 +190,7 @@ def test_copy_slots_moves_tokens_byte_for_byte(rng: np.random.Generator, page_st
     bytes (fetch-dequant reads the same rows back), skipped pairs and every other byte stay."""
     torch = torch_module()
     case = make_case(rng, [200, 64], num_heads=16, num_layers=2, spare_pages=3)
-    stride = page_stride or ref.PAGE_BYTES
-    image = to_torch(case.image).view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
-    memory = torch.full(
-        (case.num_layers, case.num_pages, stride), 0x5A, dtype=torch.uint8, device="cuda"
-    )
-    memory[:, :, : ref.PAGE_BYTES] = image
-    cache = snapmla.KVCache(
-        case.num_layers, case.num_pages, buffer=memory.view(-1), page_stride=page_stride
-    )
+    memory, cache = _strided_cache(case, page_stride, 0x5A)
     n = 40
     src = page_slots(case.block_table[0], n).astype(np.int64)
     used = set(case.block_table[0, :4].tolist()) | {int(case.block_table[1, 0])}
@@ -223,15 +228,7 @@ def test_gather_dequant_matches_fetch_by_slots(rng: np.random.Generator, page_st
     gives NaN rows, tokens past the outputs are skipped."""
     torch = torch_module()
     case = make_case(rng, [130, 64, 0, 5], num_heads=16, num_layers=2)
-    stride = page_stride or ref.PAGE_BYTES
-    image = to_torch(case.image).view(case.num_layers, case.num_pages, ref.PAGE_BYTES)
-    memory = torch.full(
-        (case.num_layers, case.num_pages, stride), 0x5A, dtype=torch.uint8, device="cuda"
-    )
-    memory[:, :, : ref.PAGE_BYTES] = image
-    cache = snapmla.KVCache(
-        case.num_layers, case.num_pages, buffer=memory.view(-1), page_stride=page_stride
-    )
+    _, cache = _strided_cache(case, page_stride, 0x5A)
     table = case.block_table.copy()
     table[3, 0] = case.num_pages + 7  # request 3's page is outside the layer: NaN rows
     lens = case.seqlens.copy()
