@@ -35,6 +35,16 @@ _INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
 _LAYER_ALIGNMENT = 128  # a layer of KVCache(layers=...): the planes' alignment (C: kAlignLayer)
 _MAX_PAGE_STRIDE = 2**40  # TMA: global strides below 2^40
+
+
+def page_stride_ok(stride: int) -> bool:
+    """A page stride the C library takes: 41216 (packed) or a larger multiple of 128 (the
+    planes' alignment) below 2^40 (TMA's stride limit)."""
+    return stride == PAGE_BYTES or (
+        stride > PAGE_BYTES and stride % 128 == 0 and stride < _MAX_PAGE_STRIDE
+    )
+
+
 MAX_DEVICE = 63  # the C API's device ordinals: 0 .. 63
 
 
@@ -233,7 +243,7 @@ class KVCache(Closable):
         nbytes = int(nbytes_c[0])
         page_stride = check_int(page_stride, op, "page_stride", 0, MAX_SPAN_BYTES)
         if page_stride:
-            if page_stride < PAGE_BYTES or page_stride % 128 or page_stride >= _MAX_PAGE_STRIDE:
+            if not page_stride_ok(page_stride):
                 raise argument_error(
                     op,
                     "page_stride",

@@ -39,6 +39,7 @@ import torch
 from . import _lib
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
+from .cache import page_stride_ok
 from .decode import _ARGS, _ARGS_SIZE, _ARGS_T, _U64, KERNELS, MAX_BATCH, MAX_SM_PARTS
 
 __all__ = [
@@ -188,7 +189,7 @@ def _check_cache(op: str, cache: Any) -> None:
     larger multiple of 128."""
     _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
     stride = cache.shape[2]
-    if stride != PAGE_BYTES and (stride < PAGE_BYTES or stride % 128 or stride >= 2**40):
+    if not page_stride_ok(stride):
         raise argument_error(
             op,
             "cache",
