@@ -5,7 +5,8 @@
 #   .carry/bin/seesaw_trace 32 128 16384      # batch heads seqlen [q_len [min part cost]]
 #   .carry/bin/seesaw_timeline 32 128 16384
 #   .carry/bin/seesaw_trace_refill32 128 16 16384 2   # N = 32 with SNAPMLA_SEESAW_REFILL32
-#   .carry/bin/seesaw_trace_producer 32 128 16384     # with SNAPMLA_SEESAW_PRODUCER
+#   .carry/bin/seesaw_trace_producer 128 16 16384     # the producer warpgroup at every N
+#   .carry/bin/seesaw_trace_noproducer 32 128 16384   # at none (the default: N = 32 and 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -19,8 +20,7 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 # Experimental variants for an A/B in the same call (kernel.cuh's SNAPMLA_SEESAW_* switches).
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_REFILL32=1 "${src[@]}" -o .carry/bin/seesaw_trace_refill32 &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=1 "${src[@]}" -o .carry/bin/seesaw_trace_producer &
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=1 -DSNAPMLA_SEESAW_TRACE "${src[@]}" \
-  -o .carry/bin/seesaw_timeline_producer &
+"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=0 "${src[@]}" -o .carry/bin/seesaw_trace_noproducer &
 wait -n && wait -n && wait -n && wait -n && wait -n
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).

@@ -61,8 +61,10 @@ for stage in "$@"; do
       ;;
     host-c)  # needs .carry/bin/host_overhead_c (built by bench/build_trace.sh)
       log "host time of the C API's calls (bench/host_overhead_c.cu)"
+      # built against a CMake build (soname libsnapmla.so.0); the wheel's file is libsnapmla.so
+      mkdir -p /tmp/host-c-lib && ln -sf /tmp/site/snapmla/lib/libsnapmla.so /tmp/host-c-lib/libsnapmla.so.0
       for b in 1 64; do
-        LD_LIBRARY_PATH=/tmp/site/snapmla/lib .carry/bin/host_overhead_c $b 128 2000 2>&1 \
+        LD_LIBRARY_PATH=/tmp/host-c-lib .carry/bin/host_overhead_c $b 128 2000 2>&1 \
           | tee -a "$OUT/host-c.log" || status=1
       done
       ;;

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import zlib
 
+import numpy as np
 import pytest
 
 NO_GPU_REASON = "no CUDA GPU"
@@ -31,6 +33,12 @@ def require_gpu() -> None:
     """Skips the calling test with the reason "no CUDA GPU" when no device is visible."""
     if not cuda_device_available():
         pytest.skip(NO_GPU_REASON)
+
+
+@pytest.fixture
+def rng(request: pytest.FixtureRequest) -> np.random.Generator:
+    """A generator seeded from the test's id: fresh inputs per test, reproducible runs."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def pytest_configure(config: pytest.Config) -> None:

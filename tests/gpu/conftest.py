@@ -1,4 +1,5 @@
-"""Fixtures of the GPU suite: per-test seeded random generators, a device sync after each test.
+"""Fixtures of the GPU suite: a device sync after each test (the seeded `rng` is in
+tests/conftest.py, where every test file finds it whatever the order of the paths given).
 
 Every test module here is marked ``gpu``; tests/conftest.py skips them ("no CUDA GPU") on a
 machine where neither CuPy nor PyTorch sees a device.
@@ -8,21 +9,13 @@ from __future__ import annotations
 
 import os
 import sys
-import zlib
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 # JAX must not grab most of the GPU memory when the JAX tests import it.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # for `import _util`
-
-
-@pytest.fixture
-def rng(request: pytest.FixtureRequest) -> np.random.Generator:
-    """A generator seeded from the test's id: fresh inputs per test, reproducible runs."""
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 @pytest.fixture(autouse=True)

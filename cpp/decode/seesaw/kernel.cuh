@@ -83,24 +83,31 @@ constexpr int kTraceBlocks = 64;
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 
-// SNAPMLA_SEESAW_PRODUCER (experimental, off; bench/NOTES.md): a third warpgroup issues every
-// load (its elected thread waits on per-stage "empty" barriers that each consumer warpgroup
-// arrives on after its PV of a block), so no consumer warp stops to issue TMA; setmaxnreg
-// gives the producer 24 registers and the consumers 240.
+// The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
+// per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
+// so no consumer warp stops to issue TMA; setmaxnreg gives the producer 24 registers and the
+// consumers 240. On at N = 32 and 64, where it measured 5-14% faster in one A/B call
+// (bench/results/2026-12-01/seesaw-ab-producer-c2675c6.log); off at N = 16, where warp 3
+// refills during the softmax and the producer measured 2% slower. SNAPMLA_SEESAW_PRODUCER=0 or
+// 1 forces it off or on at every N (experiments; bench/NOTES.md).
 #ifndef SNAPMLA_SEESAW_PRODUCER
-#define SNAPMLA_SEESAW_PRODUCER 0
+#define SNAPMLA_SEESAW_PRODUCER -1
 #endif
-constexpr bool kProducer = SNAPMLA_SEESAW_PRODUCER != 0;
-constexpr int kCtaThreads = kThreads + (kProducer ? kWgThreads : 0);
-constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
+template <int kN>
+constexpr bool kProducerAt = SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 : SNAPMLA_SEESAW_PRODUCER != 0;
+template <int kN>
+constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
 static_assert(kBarCta < 16, "16 named barriers per CTA");
 
 template <int kN>
-__global__ void __launch_bounds__(kCtaThreads, 1)
+__global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
+  constexpr bool kProducer = kProducerAt<kN>;
+  constexpr int kCtaThreads = kCtaThreadsAt<kN>;
+  constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
@@ -128,10 +135,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
   const int tid = threadIdx.x, wtid = tid % kWgThreads, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
-  const int g = lane / 4, t = lane % 4;
-  const int rows_total = p.q_len * p.num_heads;
-  const int r0 = 16 * warp + g;             // S rows of this thread: r0 and r0 + 8
-  const bool softmax_warp = 16 * warp < kN;  // a warp whose S rows reach PV
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
@@ -142,24 +145,22 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     mbar_fence_init();
   }
   __syncthreads();
-  // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
-  // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
-  const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-  const uint32_t stsm_off = p8_lane_offset(lane, warp);
-
-  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
-  const RequestRange requests = part_requests(p, L, part);
   // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
-  // the consumers' under 240; without SNAPMLA_SEESAW_PRODUCER only the consumers' exists, as
-  // a plain block: the validated default's code, unchanged).
-#if SNAPMLA_SEESAW_PRODUCER
+  // the consumers' under 240; without a producer only the consumers' exists). Each role
+  // computes its per-thread constants after setmaxnreg: live across it, they would spill.
   auto run_requests = [&](auto producer_tag) {
     constexpr bool kIsProducer = decltype(producer_tag)::value;
-#else
-  {
-    constexpr bool kIsProducer = false;
-#endif
+    const int g = lane / 4, t = lane % 4;
+    const int rows_total = p.q_len * p.num_heads;
+    const int r0 = 16 * warp + g;             // S rows of this thread: r0 and r0 + 8
+    const bool softmax_warp = 16 * warp < kN;  // a warp whose S rows reach PV
+    // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
+    // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
+    const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+    const uint32_t stsm_off = p8_lane_offset(lane, warp);
+    const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+    const RequestRange requests = part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
@@ -709,18 +710,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         __syncthreads();
       }
     }
-#if SNAPMLA_SEESAW_PRODUCER
   };
-  if (wg == 2) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-    run_requests(std::true_type{});
+  if constexpr (kProducer) {
+    if (wg == 2) {
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      run_requests(std::true_type{});
+    } else {
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+      run_requests(std::false_type{});
+    }
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
     run_requests(std::false_type{});
   }
-#else
-  }
-#endif
 }
 
 template <int kN>
@@ -728,7 +729,8 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
   const cudaError_t err = cudaFuncSetAttribute(
       seesaw_decode_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  seesaw_decode_kernel<kN><<<dim3(p.num_parts, p.row_tiles), kCtaThreads, kSmemBytes, stream>>>(p, maps);
+  seesaw_decode_kernel<kN>
+      <<<dim3(p.num_parts, p.row_tiles), kCtaThreadsAt<kN>, kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }
 
