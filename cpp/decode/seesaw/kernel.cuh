@@ -146,6 +146,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   }
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
+  // bar.sync is aligned: a warp counts as arrived when its first lanes do, so a warp that a
+  // branch left divergent (the producer's elected thread, the epilogue's per-lane stores) is
+  // reconverged first, or its late lanes would run past the barrier (racecheck and synccheck
+  // flag it).
+  auto converged_barrier = [](int id, int threads) {
+    __syncwarp();
+    named_barrier(id, threads);
+  };
   // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
   // the consumers' under 240; without a producer only the consumers' exists). Each role
   // computes its per-thread constants after setmaxnreg: live across it, they would spill.
@@ -238,12 +246,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
         it += n;
-        named_barrier(kBarCta, kCtaThreads);  // the consumers' end of the request
+        converged_barrier(kBarCta, kCtaThreads);  // the consumers' end of the request
         continue;
       }
       // q_scale written (by the consumers only, with a producer)
       if constexpr (kProducer) {
-        named_barrier(kBarConsumers, kThreads);
+        converged_barrier(kBarConsumers, kThreads);
       } else {
         __syncthreads();
       }
@@ -666,7 +674,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
-        named_barrier(kBarConsumers, kThreads);
+        converged_barrier(kBarConsumers, kThreads);
       } else {
         __syncthreads();
       }
@@ -705,7 +713,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
       if constexpr (kProducer) {
-        named_barrier(kBarCta, kCtaThreads);
+        converged_barrier(kBarCta, kCtaThreads);
       } else {
         __syncthreads();
       }
