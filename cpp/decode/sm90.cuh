@@ -111,6 +111,12 @@ __device__ __forceinline__ SmemDesc make_desc_base(const void* start, Swizzle sw
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The same, without .aligned (barrier.sync): for a barrier that threads reach at different
+// instructions or from divergent warps (a producer warpgroup and the consumers, a request's end);
+// the hardware then counts threads, not warps.
+__device__ __forceinline__ void named_barrier_unaligned(int id, int threads) {
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

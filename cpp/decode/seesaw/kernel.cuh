@@ -146,14 +146,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   }
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
-  // bar.sync is aligned: a warp counts as arrived when its first lanes do, so a warp that a
-  // branch left divergent (the producer's elected thread, the epilogue's per-lane stores) is
-  // reconverged first, or its late lanes would run past the barrier (racecheck and synccheck
-  // flag it).
-  auto converged_barrier = [](int id, int threads) {
-    __syncwarp();
-    named_barrier(id, threads);
-  };
+  // With a producer, the barriers at a request's edges (kBarCta: all three warpgroups;
+  // kBarConsumers) are reached at different instructions and after divergent branches (the
+  // producer's elected thread, the epilogue's per-row stores): bar.sync (aligned) is undefined
+  // there (synccheck: divergent threads; racecheck: the producer's next bad_page write raced
+  // the epilogue's read), so they are barrier.sync, which counts threads.
   // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
   // the consumers' under 240; without a producer only the consumers' exists). Each role
   // computes its per-thread constants after setmaxnreg: live across it, they would spill.
@@ -246,12 +243,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
         it += n;
-        converged_barrier(kBarCta, kCtaThreads);  // the consumers' end of the request
+        named_barrier_unaligned(kBarCta, kCtaThreads);  // the consumers' end of the request
         continue;
       }
       // q_scale written (by the consumers only, with a producer)
       if constexpr (kProducer) {
-        converged_barrier(kBarConsumers, kThreads);
+        named_barrier_unaligned(kBarConsumers, kThreads);
       } else {
         __syncthreads();
       }
@@ -674,7 +671,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
-        converged_barrier(kBarConsumers, kThreads);
+        named_barrier_unaligned(kBarConsumers, kThreads);
       } else {
         __syncthreads();
       }
@@ -713,7 +710,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
       if constexpr (kProducer) {
-        converged_barrier(kBarCta, kCtaThreads);
+        named_barrier_unaligned(kBarCta, kCtaThreads);
       } else {
         __syncthreads();
       }
