@@ -99,7 +99,8 @@ template <int kN>
 constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
-static_assert(kBarCta < 16, "16 named barriers per CTA");
+constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
+static_assert(kBarStart < 16, "16 named barriers per CTA");
 
 template <int kN>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
@@ -231,6 +232,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
+        // bad_page reset and the first loads issued: the consumers' start barrier, one way.
+        named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
         if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
             const uint32_t st = (it0 + j) % kStages;
@@ -246,9 +249,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarCta, kCtaThreads);  // the consumers' end of the request
         continue;
       }
-      // q_scale written (by the consumers only, with a producer)
+      // q_scale written; with a producer, also its bad_page reset
       if constexpr (kProducer) {
-        named_barrier_unaligned(kBarConsumers, kThreads);
+        named_barrier_unaligned(kBarStart, kCtaThreads);
       } else {
         __syncthreads();
       }
