@@ -141,6 +141,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
+      s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
       };
       if (tid == kLoaderTid) {
-        s.bad_page = 0;  // the loads below and the refills set it
+        if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
         mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
@@ -232,7 +233,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
-        // bad_page reset and the first loads issued: the consumers' start barrier, one way.
+        // The first loads issued (their bad_page writes): the consumers' start barrier, one way.
         named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
         if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarCta, kCtaThreads);  // the consumers' end of the request
         continue;
       }
-      // q_scale written; with a producer, also its bad_page reset
+      // q_scale written; with a producer, also its first loads' bad_page
       if constexpr (kProducer) {
         named_barrier_unaligned(kBarStart, kCtaThreads);
       } else {
@@ -713,6 +714,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
       if constexpr (kProducer) {
+        // Every consumer read bad_page: reset it for the next request before the producer
+        // (past kBarCta) may set it again; racecheck sees this order (it did not see the one
+        // through kBarCta alone, with the producer resetting it at the next request's start).
+        named_barrier_unaligned(kBarConsumers, kThreads);
+        if (tid == 0) s.bad_page = 0;
         named_barrier_unaligned(kBarCta, kCtaThreads);
       } else {
         __syncthreads();
