@@ -240,8 +240,7 @@ typedef struct snapmla_cache_config {
                           >= SNAPMLA_PAGE_BYTES, so that the pages can sit inside an engine's
                           larger slots (vLLM's fp8_ds_mla reserves 656 bytes a token: 64 x 656 =
                           41984). A layer is then num_pages * page_stride bytes and the cache
-                          num_layers times that (memory_bytes and layer_memory accordingly).
-                          Experimental in 0.2: not yet run on a GPU (bench/NOTES.md) */
+                          num_layers times that (memory_bytes and layer_memory accordingly). */
 } snapmla_cache_config_t;
 
 /* Defaults: num_layers and num_pages must be set; page_size 0 (= 64), the current device,
@@ -352,7 +351,7 @@ SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_
  *   c_kv, k_pe   BF16 [num_rows, 512] / [num_rows, 64] out, strides as fetch_dequant's
  *   A page id outside the layer gives a NaN row. Rows no token maps to keep their contents;
  *   two tokens mapped to one row race. num_rows = 0 is a no-op that checks only cache and
- *   layer. Experimental in 0.2: not yet run on a GPU. [graph-safe] */
+ *   layer. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
     snapmla_cache_t cache, int32_t layer, const int32_t* block_table, int64_t block_table_stride,
     int32_t batch, int32_t max_pages, const int32_t* seqlens, const int64_t* out_rows,
@@ -369,7 +368,7 @@ SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
  *             without a synchronization); nothing outside the layer is read or written.
  *   A slot written by one token and read or written by another races: keep the destinations
  *   distinct and apart from the sources. n = 0 is a no-op that checks only cache, layer and n.
- *   Experimental in 0.2: not yet run on a GPU. [graph-safe] */
+ *   [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t layer,
                                                 const int64_t* src_slots, const int64_t* dst_slots,
                                                 int64_t num_tokens, snapmla_stream_t stream);
@@ -445,7 +444,7 @@ typedef struct snapmla_decode_args {
                                    its strides >= 512. Engines keep the two apart, and a concat
                                    per layer and step is bandwidth spent for nothing. NULL (the
                                    default; what an older caller's struct_size reads): q holds
-                                   both, 576 per row. Experimental in 0.2: not yet run on a GPU */
+                                   both, 576 per row. */
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;

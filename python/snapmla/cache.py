@@ -220,7 +220,7 @@ class KVCache(Closable):
             page_stride: Bytes from one page to the next within a layer: 0 (41216, the pages
                 packed), or a multiple of 128 above it, so that the pages sit inside an
                 engine's larger slots (64 x 656 = 41984 for vLLM's fp8_ds_mla). A layer is then
-                ``num_pages * page_stride`` bytes. Experimental in 0.2: not yet run on a GPU.
+                ``num_pages * page_stride`` bytes.
             device: CUDA device ordinal, 0..63. With ``buffer`` it must match the buffer's
                 device (``None``: the buffer's); without, ``None`` means CuPy's current device.
 
@@ -491,8 +491,6 @@ class KVCache(Closable):
                 are skipped, rows no token maps to keep their contents; a page id outside the
                 layer gives a NaN row.
             stream: CUDA stream, as for ``append``.
-
-        Experimental in 0.2: not yet run on a GPU.
         """
         op = "KVCache.gather_dequant"
         self._enter(op)
@@ -569,8 +567,6 @@ class KVCache(Closable):
                 token and read or written for another races: keep the destinations distinct and
                 apart from the sources.
             stream: CUDA stream, as for ``append``.
-
-        Experimental in 0.2: not yet run on a GPU.
         """
         op = "KVCache.copy_slots"
         self._enter(op)

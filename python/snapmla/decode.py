@@ -571,7 +571,7 @@ def decode(
         q_pe: Optional (since 0.2): the RoPE part of the queries in its own BF16
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
-            and step. Experimental in 0.2: not yet run on a GPU.
+            and step.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.

@@ -177,8 +177,8 @@ def empty_cache(
     """A cache's memory, allocated by PyTorch: uint8 ``[num_layers, num_pages, page_stride]``
     (the byte format of ``snapmla.h``; contents undefined until appended). ``device``: a CUDA
     device (``None``: the current one). ``page_stride``: 41216 (the pages packed), or a larger
-    multiple of 128 (pages inside an engine's larger slots; experimental in 0.2: not yet run on
-    a GPU)."""
+    multiple of 128 (pages inside an engine's larger slots; on the GPU it is tested through
+    ``KVCache``, not yet through these ops)."""
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return torch.empty((num_layers, num_pages, page_stride), dtype=torch.uint8, device=device)
