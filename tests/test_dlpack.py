@@ -24,6 +24,7 @@ from snapmla._dlpack import (
     TensorView,
     dlpack_stream,
     dtype_name,
+    torch_fields,
     view,
 )
 
@@ -542,3 +543,12 @@ def test_unsupported_dlpack_major_version() -> None:
         view(fake)
     gc.collect()
     assert fake.deleted == 1  # the refused capsule still frees itself
+
+
+def test_torch_view_leaves_cpu_tensors_and_other_objects_to_dlpack() -> None:
+    """The direct torch read (issue #10) applies to CUDA ``torch.Tensor`` objects only; the GPU
+    suite compares it with DLPack field by field (tests/gpu/test_torch_view_gpu.py)."""
+    assert torch_fields(object(), None) is None
+    assert torch_fields(np.zeros(3), None) is None
+    torch = pytest.importorskip("torch")
+    assert torch_fields(torch.zeros(3), None) is None

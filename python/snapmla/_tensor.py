@@ -311,10 +311,17 @@ class Checker:
         stream = self.stream
         if stream is not None:  # the handle once resolved, else the resolver
             stream = stream.handle if stream._handle is None else stream._handle
-        capsule = _dlpack.export(obj, stream, self.op, argument)
-        # A tensor whose DLPack bytes (see capsule_key) passed these same checks before
-        # passes them again: hand out that view, holding this call's capsule.
-        key = _dlpack.capsule_key(capsule)
+        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule.
+        direct = _dlpack.torch_fields(obj, stream)
+        if direct is not None:
+            key: Any = direct
+            keepalive: Any = None  # the caller's frame holds the tensor for the call
+        else:
+            capsule = _dlpack.export(obj, stream, self.op, argument)
+            key = _dlpack.capsule_key(capsule)
+            keepalive = (obj, capsule)
+        # A tensor whose DLPack bytes (see capsule_key), or torch attributes, passed these same
+        # checks before passes them again: hand out that view, holding this call's capsule.
         if key is not None:
             memo_key = (key, dtypes, shape, layout, writable, align)
             try:
@@ -322,10 +329,14 @@ class Checker:
             except TypeError:  # an unhashable shape or dtypes (never from snapmla's ops)
                 checked = memo_key = key = None
             if checked is not None:
-                v = checked.with_keepalive((obj, capsule))
+                v = checked if keepalive is None else checked.with_keepalive(keepalive)
                 self.views.append((argument, v))
                 return v
-        v = _dlpack._read_capsule(capsule, obj, self.op, argument)
+        if direct is not None:
+            ptr, dims, strides, name, device_id, itemsize = direct
+            v = _dlpack.TensorView(ptr, dims, strides, name, _dlpack.CUDA, device_id, itemsize)
+        else:
+            v = _dlpack._read_capsule(capsule, obj, self.op, argument)
         if v.dtype not in dtypes:
             raise argument_error(self.op, argument, _dtype_text(dtypes), v.dtype)
         if not _shape_matches(v.shape, shape):
