@@ -413,6 +413,42 @@ def test_quantize_q_refuses(
         quantize_q(kwargs.pop("q"), **kwargs)
 
 
+TWO_TERM_CASES = [
+    ("precision-name", {"precision": "fp16"}, "precision", "'fp8' or 'fp8x2'"),
+    ("precision-type", {"precision": 2}, "precision", "got 2"),
+    ("out-three", {"out": (None, None, None)}, "out", "q_lo, q_lo_scale"),
+    ("q_lo-dtype", {"out": (None,) * 3 + (f32(2, 4, 512), None)}, r"out\[3\]", "float8"),
+    ("q_lo-shape", {"out": (None,) * 3 + (fp8(2, 4, 511), None)}, r"out\[3\]", "shape"),
+    ("q_lo_scale-shape", {"out": (None,) * 4 + (f32(2, 5),)}, r"out\[4\]", "shape"),
+    (
+        "q_lo-align",
+        {"out": (None,) * 3 + (at(fp8, 2, 4, 512, offset=4), None)},
+        r"out\[3\]",
+        "8-byte aligned address",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "argument", "pattern"),
+    [c[1:] for c in TWO_TERM_CASES],
+    ids=[c[0] for c in TWO_TERM_CASES],
+)
+def test_quantize_q_two_term_refuses(
+    overrides: dict[str, Any], argument: str, pattern: str
+) -> None:
+    kwargs = {**_q_defaults(), "precision": "fp8x2", **overrides}
+    with refused(argument, pattern):
+        quantize_q(kwargs.pop("q"), **kwargs)
+
+
+def test_quantize_q_two_term_overlap_is_refused() -> None:
+    q = bf16(2, 4, 576)
+    lo_scale = f32(2, 4, address=q.data.ctypes.data + 256)
+    with refused(r"out\[4\]", "does not overlap q"):
+        quantize_q(q, out=(None,) * 4 + (lo_scale,), precision="fp8x2", stream=STREAM)
+
+
 def test_quantize_q_layouts() -> None:
     def check(q: FakeTensor) -> tuple[int, int, int, int]:
         _, n, h, token, head, outputs, device = _validate_quantize_args(

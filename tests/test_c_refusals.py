@@ -127,6 +127,19 @@ PARAMS: dict[str, tuple[str, ...]] = {
         "q_scale",
         "stream",
     ),
+    "snapmla_quantize_q2": (
+        "q",
+        "num_tokens",
+        "num_heads",
+        "q_stride_token",
+        "q_stride_head",
+        "q_content",
+        "q_rope",
+        "q_scale",
+        "q_lo",
+        "q_lo_scale",
+        "stream",
+    ),
     "snapmla_decode_buffer_sizes": ("config", "plan_bytes", "workspace_bytes"),
     "snapmla_decode_plan": ("config", "cache_seqlens", "plan", "stream"),
     "snapmla_decode": ("cache", "config", "args", "plan", "workspace", "stream"),
@@ -397,7 +410,8 @@ def base(fn: str) -> dict[str, Any]:
             "k_pe_stride": 64,
             "stream": 0,
         }
-    if fn == "snapmla_quantize_q":
+    if fn in ("snapmla_quantize_q", "snapmla_quantize_q2"):
+        two_term = {"q_lo": dev(5), "q_lo_scale": dev(6)} if fn.endswith("2") else {}
         return {
             "q": dev(1),
             "num_tokens": 3,
@@ -407,6 +421,7 @@ def base(fn: str) -> dict[str, Any]:
             "q_content": dev(2),
             "q_rope": dev(3),
             "q_scale": dev(4),
+            **two_term,
             "stream": 0,
         }
     if fn == "snapmla_decode_buffer_sizes":
@@ -446,6 +461,7 @@ ACCEPTED = {
     "snapmla_append": VALIDATED,
     "snapmla_fetch_dequant": VALIDATED,
     "snapmla_quantize_q": VALIDATED,
+    "snapmla_quantize_q2": VALIDATED,
     "snapmla_decode_buffer_sizes": SUCCESS,  # num_sm_parts given: no device query
     "snapmla_decode_plan": VALIDATED,
     "snapmla_decode": VALIDATED,
@@ -638,8 +654,7 @@ def _append_fetch_cases(fn: str) -> list[Case]:
     return cases
 
 
-def _quantize_cases() -> list[Case]:
-    fn = "snapmla_quantize_q"
+def _quantize_cases(fn: str) -> list[Case]:
     cases: list[Case] = [
         (f"{fn}/num_tokens-negative", fn, {"num_tokens": -3}, "num_tokens", "got -3"),
         (f"{fn}/num_heads-0", fn, {"num_heads": 0}, "num_heads", "expected 1 .. 1024, got 0"),
@@ -694,6 +709,12 @@ def _quantize_cases() -> list[Case]:
         (f"{fn}/q_rope-wraps", fn, {"q_rope": TOP - 1024}, "q_rope", "runs past"),
         (f"{fn}/q_scale-wraps", fn, {"q_scale": TOP - 64}, "q_scale", "runs past"),
     ]
+    if fn.endswith("2"):
+        cases += _pointer_cases(fn, "q_lo", 8) + _pointer_cases(fn, "q_lo_scale", 4)
+        cases += [
+            (f"{fn}/q_lo-wraps", fn, {"q_lo": TOP - 4096}, "q_lo", "runs past"),
+            (f"{fn}/q_lo_scale-wraps", fn, {"q_lo_scale": TOP - 64}, "q_lo_scale", "runs past"),
+        ]
     return cases
 
 
@@ -1091,7 +1112,7 @@ def _all_cases() -> list[Case]:
     ]
     cases += _append_fetch_cases("snapmla_append")
     cases += _append_fetch_cases("snapmla_fetch_dequant")
-    cases += _quantize_cases()
+    cases += _quantize_cases("snapmla_quantize_q") + _quantize_cases("snapmla_quantize_q2")
     fn = "snapmla_decode_buffer_sizes"
     cases += _decode_config_cases(fn)
     cases += [
@@ -1325,6 +1346,7 @@ def test_zero_tokens_are_a_no_op_that_checks_little() -> None:
         ("snapmla_append", ("c_kv", "k_pe", "slots")),
         ("snapmla_fetch_dequant", ("c_kv", "k_pe", "slots")),
         ("snapmla_quantize_q", ("q", "q_content", "q_rope", "q_scale")),
+        ("snapmla_quantize_q2", ("q", "q_content", "q_rope", "q_scale", "q_lo", "q_lo_scale")),
     ):
         overrides: dict[str, Any] = {"num_tokens": 0, **{n: 0 for n in nulls}}
         assert invoke(fn, with_overrides(fn, overrides)).status == SUCCESS, fn
@@ -1665,7 +1687,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         if not span_ok(v["slots"], 8, 1, [(n, 1)]):
             bad |= {"slots", "num_tokens"}
         return bad, VALIDATED
-    if fn == "snapmla_quantize_q":
+    if fn in ("snapmla_quantize_q", "snapmla_quantize_q2"):
         n, h = v["num_tokens"], v["num_heads"]
         if n < 0:
             bad.add("num_tokens")
@@ -1685,11 +1707,10 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
             bad.add("q_stride_head")
         if not span_ok(v["q"], 2, 576, [(n, st_), (h, sh)]):
             bad |= {"q", "q_stride_token", "q_stride_head"}
-        for name, align, width, elem in (
-            ("q_content", 8, 512, 1),
-            ("q_rope", 16, 64, 2),
-            ("q_scale", 4, 1, 4),
-        ):
+        outputs = [("q_content", 8, 512, 1), ("q_rope", 16, 64, 2), ("q_scale", 4, 1, 4)]
+        if fn.endswith("2"):
+            outputs += [("q_lo", 8, 512, 1), ("q_lo_scale", 4, 1, 4)]
+        for name, align, width, elem in outputs:
             if pointer_bad(v, name, align):
                 bad.add(name)
             if not span_ok(v[name], elem, width, [(rows, width)]):
@@ -2006,6 +2027,21 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "q_content": POINTER,
             "q_rope": POINTER,
             "q_scale": POINTER,
+            "stream": STREAM,
+        }
+    ),
+    "snapmla_quantize_q2": st.fixed_dictionaries(
+        {
+            "q": POINTER,
+            "num_tokens": COUNT,
+            "num_heads": _maybe_valid(st.integers(1, 1024), st.one_of(st.integers(0, 1025), INT32)),
+            "q_stride_token": row_stride(576),
+            "q_stride_head": row_stride(576),
+            "q_content": POINTER,
+            "q_rope": POINTER,
+            "q_scale": POINTER,
+            "q_lo": POINTER,
+            "q_lo_scale": POINTER,
             "stream": STREAM,
         }
     ),

@@ -878,10 +878,12 @@ snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim ba
 }
 }  // namespace
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
-    const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
-    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale, snapmla_stream_t stream) {
-  const char* op = "snapmla_quantize_q";
+namespace {
+// snapmla_quantize_q (two_term false: q_lo and q_lo_scale unused) and snapmla_quantize_q2.
+snapmla_status_t quantize_q_impl(const char* op, const void* q, int64_t num_tokens,
+                                 int32_t num_heads, int64_t q_stride_token, int64_t q_stride_head,
+                                 void* q_content, void* q_rope, float* q_scale, bool two_term,
+                                 void* q_lo, float* q_lo_scale, snapmla_stream_t stream) {
   SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
                   static_cast<long long>(num_tokens));
   SNAPMLA_REQUIRE(num_heads >= 1 && num_heads <= kMaxQuantizeHeads,
@@ -903,6 +905,13 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
       check_span(op, "q_content", q_content, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
   SNAPMLA_TRY(check_span(op, "q_rope", q_rope, 2, kRopeDim, {{rows, kRopeDim, "num_tokens"}}));
   SNAPMLA_TRY(check_span(op, "q_scale", q_scale, 4, 1, {{rows, 1, "num_tokens"}}));
+  if (two_term) {
+    SNAPMLA_TRY(check_pointer(op, "q_lo", q_lo, kAlignQContent, "8-byte stores of E4M3 codes"));
+    SNAPMLA_TRY(check_pointer(op, "q_lo_scale", q_lo_scale, kAlignInt32, "fp32 elements"));
+    SNAPMLA_TRY(
+        check_span(op, "q_lo", q_lo, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
+    SNAPMLA_TRY(check_span(op, "q_lo_scale", q_lo_scale, 4, 1, {{rows, 1, "num_tokens"}}));
+  }
   SNAPMLA_TRY(check_device(op, nullptr));
   QuantizeQParams p{static_cast<const uint16_t*>(q),
                     q_stride_token,
@@ -914,8 +923,30 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                     static_cast<uint8_t*>(q_content),
                     static_cast<uint16_t*>(q_rope),
                     q_scale};
+  if (two_term) {
+    p.q_lo = static_cast<uint8_t*>(q_lo);
+    p.q_lo_scale = q_lo_scale;
+  }
   SNAPMLA_CUDA(op, launch_quantize_q(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
+}
+}  // namespace
+
+extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
+    const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
+    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale, snapmla_stream_t stream) {
+  return quantize_q_impl("snapmla_quantize_q", q, num_tokens, num_heads, q_stride_token,
+                         q_stride_head, q_content, q_rope, q_scale, false, nullptr, nullptr,
+                         stream);
+}
+
+extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q2(
+    const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
+    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale, void* q_lo,
+    float* q_lo_scale, snapmla_stream_t stream) {
+  return quantize_q_impl("snapmla_quantize_q2", q, num_tokens, num_heads, q_stride_token,
+                         q_stride_head, q_content, q_rope, q_scale, true, q_lo, q_lo_scale,
+                         stream);
 }
 
 // ------------------------------------------------------------------------------ decode

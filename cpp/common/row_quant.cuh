@@ -79,20 +79,30 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
   return q;
 }
 
-// content / rope: this row's inputs (element 0). Whole warp must call it.
-template <bool kAligned>
-__device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, const uint16_t* rope,
-                                                     int lane) {
-  const Bf16x8 c0 = load_bf16x8<kAligned>(content + 8 * lane);
-  const Bf16x8 c1 = load_bf16x8<kAligned>(content + kContentDim / 2 + 8 * lane);
-  Bf16x8 r{};
-  if (lane < kRopeLanes) r = load_bf16x8<kAligned>(rope + 8 * lane);
+// One lane's inputs of a row: content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8), and
+// RoPE elements [8l, 8l + 8) for l < 8 (zero elsewhere).
+struct RowInputs {
+  Bf16x8 c0, c1, r;
+};
 
+template <bool kAligned>
+__device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uint16_t* rope,
+                                              int lane) {
+  RowInputs in;
+  in.c0 = load_bf16x8<kAligned>(content + 8 * lane);
+  in.c1 = load_bf16x8<kAligned>(content + kContentDim / 2 + 8 * lane);
+  in.r = Bf16x8{};
+  if (lane < kRopeLanes) in.r = load_bf16x8<kAligned>(rope + 8 * lane);
+  return in;
+}
+
+// The contract's quantization of a loaded row. Whole warp must call it.
+__device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    amax = nan_max(amax, nan_max(fabsf(lo_f(c0.w[i])), fabsf(hi_f(c0.w[i]))));
-    amax = nan_max(amax, nan_max(fabsf(lo_f(c1.w[i])), fabsf(hi_f(c1.w[i]))));
+    amax = nan_max(amax, nan_max(fabsf(lo_f(in.c0.w[i])), fabsf(hi_f(in.c0.w[i]))));
+    amax = nan_max(amax, nan_max(fabsf(lo_f(in.c1.w[i])), fabsf(hi_f(in.c1.w[i]))));
   }
   amax = warp_nan_max(amax);
   const float s = row_scale(amax);
@@ -100,10 +110,68 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
   // Fast path for the whole row; a row with a non-finite scale or quotient (rare: NaN/Inf
   // inputs, RoPE overflow) takes the IEEE division everywhere, warp-uniformly.
   bool ok = isfinite(s);
-  QuantizedRow q =
-      ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, c0, c1, r, s, ok) : QuantizedRow{};
-  if (!__all_sync(0xffffffffu, ok)) q = quantize_with(IeeeDivider{s}, c0, c1, r, s, ok);
+  QuantizedRow q = ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, in.c0, in.c1, in.r, s, ok)
+                      : QuantizedRow{};
+  if (!__all_sync(0xffffffffu, ok)) q = quantize_with(IeeeDivider{s}, in.c0, in.c1, in.r, s, ok);
   return q;
+}
+
+// content / rope: this row's inputs (element 0). Whole warp must call it.
+template <bool kAligned>
+__device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, const uint16_t* rope,
+                                                     int lane) {
+  return quantize_loaded(load_row<kAligned>(content, rope, lane));
+}
+
+// The two-term query's low part (snapmla.reference.quantize_q2): per element the residual
+// r = fmaf(-s1, q_hi, q) (one rounding), its row scale s2 = max(amax(r) / 448, s1 * 2^-16) (fp32
+// IEEE division; NaN stays NaN) and q_lo = e4m3(r / s2) (IEEE quotient, one E4M3 rounding).
+// Same element-to-lane map as QuantizedRow's content. Whole warp must call it.
+constexpr float kQLoScaleFloor = 1.52587890625e-05f;  // 2^-16
+struct QuantizedLo {
+  uint2 content[2];
+  float scale;
+};
+
+__device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
+                                                         const QuantizedRow& hi) {
+  float r[16];
+  const float s1 = hi.scale;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const Bf16x8& x = half ? in.c1 : in.c0;
+    const uint32_t codes[2] = {hi.content[half].x, hi.content[half].y};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // elements 2i, 2i + 1 of this 8-wide chunk
+      const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
+      r[8 * half + 2 * i] = fmaf(-s1, h.x, lo_f(x.w[i]));
+      r[8 * half + 2 * i + 1] = fmaf(-s1, h.y, hi_f(x.w[i]));
+    }
+  }
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 16; ++i) amax = nan_max(amax, fabsf(r[i]));
+  amax = warp_nan_max(amax);
+  float s2 = __fdiv_rn(amax, kFp8Max);
+  const float floor = s1 * kQLoScaleFloor;  // exact: a power-of-two multiple
+  s2 = (s2 < floor) ? floor : s2;
+
+  auto quantize = [&](const auto& div, bool& ok) {
+    QuantizedLo lo;
+    lo.scale = s2;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float* v = r + 8 * half;
+      lo.content[half] =
+          make_uint2(to_e4m3x4(div(v[0], ok), div(v[1], ok), div(v[2], ok), div(v[3], ok)),
+                     to_e4m3x4(div(v[4], ok), div(v[5], ok), div(v[6], ok), div(v[7], ok)));
+    }
+    return lo;
+  };
+  bool ok = isfinite(s2);
+  QuantizedLo lo = ok ? quantize(FastDivider{s2, __frcp_rn(s2)}, ok) : QuantizedLo{};
+  if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s2}, ok);
+  return lo;
 }
 
 // Store a quantized row: content to `content_out` (512 bytes), RoPE to `rope_out` (64 bf16),
@@ -114,6 +182,14 @@ __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* conten
   reinterpret_cast<uint2*>(content_out + kContentDim / 2)[lane] = q.content[1];
   if (lane < kRopeLanes) reinterpret_cast<uint4*>(rope_out)[lane] = q.rope;
   if (lane == 0) *scale_out = q.scale;
+}
+
+// Store the low term: content to `content_out` (512 bytes, 8-byte aligned), scale to `scale_out`.
+__device__ __forceinline__ void store_low_term(const QuantizedLo& lo, uint8_t* content_out,
+                                               float* scale_out, int lane) {
+  reinterpret_cast<uint2*>(content_out)[lane] = lo.content[0];
+  reinterpret_cast<uint2*>(content_out + kContentDim / 2)[lane] = lo.content[1];
+  if (lane == 0) *scale_out = lo.scale;
 }
 
 }  // namespace snapmla

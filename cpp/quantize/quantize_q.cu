@@ -9,8 +9,9 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 8;
 
-// One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart).
-template <bool kAligned, bool kSplit>
+// One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
+// kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
+template <bool kAligned, bool kSplit, bool kTwoTerm = false>
 __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
@@ -25,8 +26,15 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
                                         (token % p.q_len) * p.pe_stride_token +
                                         head * p.pe_stride_head
                                   : in + kContentDim;
-    const QuantizedRow q = quantize_row<kAligned>(in, rope, lane);
-    store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
+    if constexpr (kTwoTerm) {
+      const RowInputs x = load_row<kAligned>(in, rope, lane);
+      const QuantizedRow q = quantize_loaded(x);
+      store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
+      store_low_term(quantize_low_term(x, q), p.q_lo + r * kContentDim, p.q_lo_scale + r, lane);
+    } else {
+      const QuantizedRow q = quantize_row<kAligned>(in, rope, lane);
+      store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
+    }
   }
 }
 
@@ -44,12 +52,21 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
                        (!split || ((reinterpret_cast<uintptr_t>(p.q_pe) % 16 == 0) &&
                                    (p.pe_stride_batch % 8 == 0) && (p.pe_stride_token % 8 == 0) &&
                                    (p.pe_stride_head % 8 == 0)));
-  if (aligned) {
-    split ? quantize_q_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
-          : quantize_q_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
+  // One instantiation per (aligned, split, two-term); the one-term ones are the validated
+  // kernels of before the two-term query, unchanged.
+  auto launch = [&](auto kernel) { kernel<<<blocks, kThreads, 0, stream>>>(p); };
+  if (p.q_lo != nullptr) {
+    if (aligned) {
+      split ? launch(quantize_q_kernel<true, true, true>)
+            : launch(quantize_q_kernel<true, false, true>);
+    } else {
+      split ? launch(quantize_q_kernel<false, true, true>)
+            : launch(quantize_q_kernel<false, false, true>);
+    }
+  } else if (aligned) {
+    split ? launch(quantize_q_kernel<true, true>) : launch(quantize_q_kernel<true, false>);
   } else {
-    split ? quantize_q_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
-          : quantize_q_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
+    split ? launch(quantize_q_kernel<false, true>) : launch(quantize_q_kernel<false, false>);
   }
   return cudaGetLastError();
 }

@@ -23,6 +23,10 @@ struct QuantizeQParams {
   int64_t pe_stride_batch;
   int64_t pe_stride_token;
   int64_t pe_stride_head;
+  // Optional: the two-term query's low part (snapmla.reference.quantize_q2), e4m3 [n, h, 512]
+  // and its fp32 row scale [n, h], both contiguous. nullptr: the one-term contract only.
+  uint8_t* q_lo;
+  float* q_lo_scale;
 };
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);

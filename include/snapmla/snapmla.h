@@ -389,6 +389,23 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
                                                 void* q_rope, float* q_scale,
                                                 snapmla_stream_t stream);
 
+/* The two-term query (optional, precision beyond the contract's one FP8 row; issue 9): as
+ * snapmla_quantize_q, bit for bit in q_content, q_rope and q_scale, plus the row's residual
+ * in a second FP8 row with its own scale, so that q_nope ~ q_scale * q_content + q_lo_scale *
+ * q_lo to about 2^-8 relative. Per finite row, in fp32: r = fmaf(-s1, q_content, q_nope) (one
+ * rounding; s1 = q_scale), s2 = amax(r) / 448 (IEEE division) floored at s1 * 2^-16, q_lo =
+ * E4M3(r / s2) (IEEE quotient, round to nearest even, saturating). A NaN in the row makes s1,
+ * s2 and every code of both rows NaN. snapmla.reference.quantize_q2 models it bit for bit.
+ *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
+ *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
+ *   The rest as snapmla_quantize_q. No decode kernel takes the low term yet. Experimental in
+ *   0.2: not yet run on a GPU (bench/NOTES.md). [graph-safe] */
+SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
+                                                 int32_t num_heads, int64_t q_stride_token,
+                                                 int64_t q_stride_head, void* q_content,
+                                                 void* q_rope, float* q_scale, void* q_lo,
+                                                 float* q_lo_scale, snapmla_stream_t stream);
+
 /* ------------------------------------------------------------------------------ decode */
 
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */

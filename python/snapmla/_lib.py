@@ -138,6 +138,12 @@ snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_tokens,
                                     void* q_rope, float* q_scale,
                                     snapmla_stream_t stream);
 
+snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
+                                     int32_t num_heads, int64_t q_stride_token,
+                                     int64_t q_stride_head, void* q_content,
+                                     void* q_rope, float* q_scale, void* q_lo,
+                                     float* q_lo_scale, snapmla_stream_t stream);
+
 typedef struct snapmla_decode_config {
   size_t struct_size;
   int32_t batch_size;

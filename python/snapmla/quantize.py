@@ -1,4 +1,5 @@
-"""Query quantization: ``quantize_q`` (FP8 content, pre-scaled BF16 RoPE, one scale per row)."""
+"""Query quantization: ``quantize_q`` (FP8 content, pre-scaled BF16 RoPE, one scale per row;
+optionally the two-term query's low FP8 row and its scale)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device
 __all__ = ["quantize_q"]
 
 MAX_QUANTIZE_HEADS = 1024
+# Query precisions: "fp8", the contract's one FP8 row; "fp8x2", the two-term query (a second
+# FP8 row on the first's residual, with its own scale; snapmla.reference.quantize_q2).
+PRECISIONS = ("fp8", "fp8x2")
 # Why the outputs' alignments (4: the element size, no note).
 _ALIGN_NOTES = {8: "the kernel's 8-byte stores", 16: "the kernel's 16-byte stores"}
 
@@ -40,11 +44,16 @@ def _token_stride(op: str, v: TensorView, default: int) -> int:
 
 
 def _validate_quantize_args(
-    q: Any, out: Sequence[Any] | None, stream: Stream
+    q: Any, out: Sequence[Any] | None, stream: Stream, precision: str = "fp8"
 ) -> tuple[TensorView, int, int, int, int, list[TensorView | None], int]:
     """Checks of ``quantize_q``; returns ``(q, n, h, token_stride, head_stride, outputs,
     device)`` with ``None`` for outputs still to allocate."""
     op = "quantize_q"
+    if precision not in PRECISIONS:
+        raise argument_error(
+            op, "precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision)
+        )
+    count = 5 if precision == "fp8x2" else 3
     checker = Checker(op, stream)
     v = checker.tensor(q, "q", dtypes=BF16, shape=("...", "h", HEAD_DIM), layout="inner")
     lead, h = v.shape[:-2], v.shape[-2]
@@ -57,18 +66,22 @@ def _validate_quantize_args(
         n *= size
     head_stride = checker.stride(v, "q", -2, HEAD_DIM, "head")
     token_stride = _token_stride(op, v, h * head_stride)
+    names = "(q_content, q_rope, q_scale" + (", q_lo, q_lo_scale)" if count == 5 else ")")
     if out is None:
-        out = (None, None, None)
-    elif isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != 3:
-        raise argument_error(
-            op, "out", "None or a sequence (q_content, q_rope, q_scale)", type(out).__name__
-        )
+        out = (None,) * count
+    elif isinstance(out, (str, bytes)) or not isinstance(out, Sequence) or len(out) != count:
+        got = type(out).__name__
+        if isinstance(out, Sequence) and not isinstance(out, (str, bytes)):
+            got = f"a sequence of {len(out)}"
+        raise argument_error(op, "out", f"None or a sequence {names}", got)
     # (argument, dtypes, shape, alignment: what the kernel's stores need)
     specs = (
         ("out[0]", FP8, (*lead, h, CONTENT_DIM), 8),
         ("out[1]", BF16, (*lead, h, ROPE_DIM), 16),
         ("out[2]", FP32, (*lead, h), 4),
-    )
+        ("out[3]", FP8, (*lead, h, CONTENT_DIM), 8),
+        ("out[4]", FP32, (*lead, h), 4),
+    )[:count]
     outputs: list[TensorView | None] = []
     for obj, (name, dtypes, shape, align) in zip(out, specs):
         outputs.append(
@@ -87,14 +100,14 @@ def _validate_quantize_args(
     device = checker.devices(None)
     for i, (name, _, _, _) in enumerate(specs):
         if outputs[i] is not None:
-            others = [("q", v)] + [(specs[j][0], outputs[j]) for j in range(i + 1, 3)]
+            others = [("q", v)] + [(specs[j][0], outputs[j]) for j in range(i + 1, count)]
             checker.no_overlap(name, outputs[i], others)
     return v, n, h, token_stride, head_stride, outputs, device
 
 
 def quantize_q(
-    q: Any, *, out: Sequence[Any] | None = None, stream: Any = None
-) -> tuple[Any, Any, Any]:
+    q: Any, *, out: Sequence[Any] | None = None, stream: Any = None, precision: str = "fp8"
+) -> tuple[Any, ...]:
     """Quantize query rows as the numerics contract says: one scale per (token, head).
 
     Args:
@@ -110,12 +123,19 @@ def quantize_q(
             ``.cuda_stream`` (PyTorch). ``None``: torch's current stream if ``q`` or an
             output is a torch tensor (so that CUDA graph capture works without ``stream=``),
             else CuPy's current stream. The producers' ``__dlpack__(stream=...)`` is given it.
+        precision: ``"fp8"`` (the contract) or ``"fp8x2"``: also the two-term query's low
+            row, ``q_lo`` FP8 ``[..., h, 512]`` (8-byte aligned), and its scale ``q_lo_scale``
+            fp32 ``[..., h]`` (``out`` then has five entries), so that ``q_nope ~ q_scale *
+            q_content + q_lo_scale * q_lo`` to about 2^-8 relative; the first three outputs
+            are the same bits as with ``"fp8"`` (``snapmla.reference.quantize_q2``, the C
+            header's ``snapmla_quantize_q2``). No decode kernel takes the low row yet;
+            experimental: not yet run on a GPU.
 
     Returns:
-        ``(q_content, q_rope, q_scale)``: the given outputs, or new CuPy arrays of dtypes
-        ``ml_dtypes.float8_e4m3fn``, ``ml_dtypes.bfloat16`` and ``float32`` (``uint8`` /
-        ``uint16`` holding the bits where CuPy refuses the ml_dtypes types), allocated under
-        the call's stream.
+        ``(q_content, q_rope, q_scale)`` (``"fp8x2"``: ``+ (q_lo, q_lo_scale)``): the given
+        outputs, or new CuPy arrays of dtypes ``ml_dtypes.float8_e4m3fn``,
+        ``ml_dtypes.bfloat16`` and ``float32`` (``uint8`` / ``uint16`` holding the bits where
+        CuPy refuses the ml_dtypes types), allocated under the call's stream.
 
     Raises:
         SnapMLAError: An argument is refused (nothing is written) or the library failed.
@@ -123,16 +143,19 @@ def quantize_q(
     op = "quantize_q"
     outputs = tuple(out) if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) else ()
     s = Stream(stream, op, (q, *outputs))
-    v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(q, out, s)
+    v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(
+        q, out, s, precision
+    )
+    two_term = len(views) == 5
     lead = v.shape[:-2]
-    given = (None, None, None) if out is None else tuple(out)
+    given = (None,) * len(views) if out is None else tuple(out)
     results: list[Any] = []
     ptrs: list[int] = []
     with on_device(op, device):
-        shapes = ((*lead, h, CONTENT_DIM), (*lead, h, ROPE_DIM), (*lead, h))
-        for obj, view, shape, dtype in zip(
-            given, views, shapes, ("float8_e4m3fn", "bfloat16", "float32")
-        ):
+        content, row = (*lead, h, CONTENT_DIM), (*lead, h)
+        shapes = (content, (*lead, h, ROPE_DIM), row, content, row)
+        dtypes = ("float8_e4m3fn", "bfloat16", "float32", "float8_e4m3fn", "float32")
+        for obj, view, shape, dtype in zip(given, views, shapes, dtypes):
             if view is None:
                 obj, ptr = empty(op, shape, dtype, device, s)
             else:
@@ -141,18 +164,22 @@ def quantize_q(
             ptrs.append(ptr)
         if n > 0:
             ffi = _lib.ffi
-            _lib.check(
-                _lib.lib().snapmla_quantize_q(
-                    ffi.cast(_CT["const void*"], v.ptr),
-                    n,
-                    h,
-                    token_stride,
-                    head_stride,
-                    ffi.cast(_CT["void*"], ptrs[0]),
-                    ffi.cast(_CT["void*"], ptrs[1]),
-                    ffi.cast(_CT["float*"], ptrs[2]),
-                    s.c(device),
-                ),
-                "snapmla_quantize_q",
+            common = (
+                ffi.cast(_CT["const void*"], v.ptr),
+                n,
+                h,
+                token_stride,
+                head_stride,
+                ffi.cast(_CT["void*"], ptrs[0]),
+                ffi.cast(_CT["void*"], ptrs[1]),
+                ffi.cast(_CT["float*"], ptrs[2]),
             )
-    return results[0], results[1], results[2]
+            if two_term:
+                low = (ffi.cast(_CT["void*"], ptrs[3]), ffi.cast(_CT["float*"], ptrs[4]))
+                status = _lib.lib().snapmla_quantize_q2(*common, *low, s.c(device))
+                _lib.check(status, "snapmla_quantize_q2")
+            else:
+                _lib.check(
+                    _lib.lib().snapmla_quantize_q(*common, s.c(device)), "snapmla_quantize_q"
+                )
+    return tuple(results)

@@ -106,3 +106,68 @@ def test_quantize_q_zero_tokens() -> None:
     got = snapmla.quantize_q(q)
     assert tuple(got[0].shape) == (0, 4, 512) and tuple(got[1].shape) == (0, 4, 64)
     assert tuple(got[2].shape) == (0, 4)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray, view: type, label: str) -> None:
+    """``got`` equals ``want`` bit for bit where ``want`` is not NaN, and NaN where it is."""
+    assert got.shape == want.shape, f"{label}: shape {got.shape} vs {want.shape}"
+    nan = np.isnan(want.astype(np.float32))
+    assert np.array_equal(np.isnan(got.astype(np.float32)), nan), f"{label}: NaN positions"
+    diff = got.view(view)[~nan] != want.view(view)[~nan]
+    assert not diff.any(), f"{label}: {int(diff.sum())} values differ"
+
+
+@pytest.mark.parametrize(("n", "h"), [(1, 1), (7, 1), (3, 24), (64, 24), (5, 128), (1, 1024)])
+def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None:
+    """precision="fp8x2" (snapmla_quantize_q2) against reference.quantize_q2, bit for bit:
+    the first three outputs are quantize_q's, the low row and its scale the two-term model's,
+    with the edge rows: all zero (both scales floored), exactly representable (zero residual:
+    s2 = s1 * 2^-16), tiny, huge, an infinity and a NaN."""
+    q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
+    rows = q.reshape(n * h, 576)
+    edges = [
+        np.zeros(512, np.float32),
+        np.tile(np.float32([1.0, -0.5, 448.0, 2.0**-9]), 128),  # E4M3 values x s1 = 1
+        np.full(512, 2.0**-100, np.float32),
+        np.full(512, 3.0e38, np.float32),
+        np.where(np.arange(512) == 7, np.inf, 1.0).astype(np.float32),
+        np.where(np.arange(512) == 300, np.nan, 1.0).astype(np.float32),
+    ]
+    for i, edge in enumerate(edges[: len(rows)]):
+        rows[i, :512] = edge.astype(BF16)
+    q = rows.reshape(n, h, 576)
+    outs = (
+        to_torch(np.full((n, h, 512), 0x7F, np.uint8)),
+        nan_torch((n, h, 64)),
+        nan_torch((n, h), "float32"),
+        to_torch(np.full((n, h, 512), 0x7F, np.uint8)),
+        nan_torch((n, h), "float32"),
+    )
+    got = snapmla.quantize_q(to_torch(q), out=outs, precision="fp8x2")
+    assert len(got) == 5 and all(g is o for g, o in zip(got, outs))
+    synchronize()
+    want = ref.quantize_q2(q)
+    label = f"quantize_q2 n={n} h={h}"
+    _same_bits(to_numpy(got[0], FP8), want[0], np.uint8, f"{label} q_content")
+    _same_bits(to_numpy(got[1], BF16), want[1], np.uint16, f"{label} q_rope")
+    _same_bits(to_numpy(got[2], np.float32), want[2], np.uint32, f"{label} q_scale")
+    _same_bits(to_numpy(got[3], FP8), want[3], np.uint8, f"{label} q_lo")
+    _same_bits(to_numpy(got[4], np.float32), want[4], np.uint32, f"{label} q_lo_scale")
+    # The point of it: the two rows rebuild q_nope to about 2^-8 relative (finite rows).
+    s1, s2 = want[2][..., None].astype(np.float64), want[4][..., None].astype(np.float64)
+    rebuilt = s1 * want[0].astype(np.float64) + s2 * want[3].astype(np.float64)
+    qn = q[..., :512].astype(np.float64)
+    bound = 1.0001 * (2.0**-8 * np.abs(qn) + 2.0**-14 * s1 + 2.0**-10 * s2)
+    finite = np.isfinite(rebuilt) & np.isfinite(qn)
+    assert np.all(np.abs(rebuilt - qn)[finite] <= bound[finite]), label
+
+
+def test_quantize_q2_allocates_and_matches_one_term(rng: np.random.Generator) -> None:
+    q = to_torch(random_bf16(rng, (2, 3, 16, 576), spread=4.0))
+    one = snapmla.quantize_q(q)
+    two = snapmla.quantize_q(q, precision="fp8x2")
+    synchronize()
+    assert len(one) == 3 and len(two) == 5
+    assert tuple(two[3].shape) == (2, 3, 16, 512) and tuple(two[4].shape) == (2, 3, 16)
+    for a, b in zip(one, two):
+        assert np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8))
