@@ -733,6 +733,44 @@ def _decode_cases() -> list[Case]:
                 f"ends inside field 'args.{name}'",
             )
         )
+    precision_at = ffi.offsetof("snapmla_decode_args_t", "q_precision")
+    cases += [
+        (
+            f"{fn}/args-size-{precision_at + 2}",
+            fn,
+            {"args.struct_size": precision_at + 2},
+            "args",
+            "ends inside field 'args.q_precision'",
+        ),
+        (
+            f"{fn}/q_precision-2",
+            fn,
+            {"args.q_precision": 2},
+            "args.q_precision",
+            r"expected 0 \(fp8\) or 1 \(fp8x2\), got 2",
+        ),
+        (
+            f"{fn}/q_precision-negative",
+            fn,
+            {"args.q_precision": -1},
+            "args.q_precision",
+            "got -1",
+        ),
+        (
+            f"{fn}/q_precision-fp8x2-auto",
+            fn,
+            {"args.q_precision": 1},
+            "args.q_precision",
+            r"1 \(fp8x2\) needs args.kernel 1 \(reference\).*got kernel 0",
+        ),
+        (
+            f"{fn}/q_precision-fp8x2-fast",
+            fn,
+            {"args.q_precision": 1, "args.kernel": 2},
+            "args.q_precision",
+            "got kernel 2",
+        ),
+    ]
     # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
     split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}
     split |= {"args.q_pe_stride_token": 16 * 64, "args.q_pe_stride_head": 64}
@@ -1738,6 +1776,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     # snapmla_decode
     q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")
     optional = tuple((q_pe_at + 8 * k, 8) for k in range(4))  # q_pe and its three strides
+    optional += ((ffi.offsetof("snapmla_decode_args_t", "q_precision"), 4),)
     if not struct_ok(v["args"], q_pe_at, optional):
         return {"args"}, VALIDATED
     a = v["args"].read_back()
@@ -1749,6 +1788,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.softmax_scale")
     if not 0 <= a["kernel"] <= 2:
         bad.add("args.kernel")
+    if a["q_precision"] not in (0, 1) or (a["q_precision"] == 1 and a["kernel"] != 1):
+        bad.add("args.q_precision")
     if a["q"] == 0 or a["q"] % 2:
         bad.add("args.q")
     dims = [(b, a["q_stride_batch"]), (s_q, a["q_stride_token"]), (h, a["q_stride_head"])]
@@ -1914,6 +1955,7 @@ DECODE_ARGS = struct_arg(
             "causal": INT32,
             "softmax_scale": _maybe_valid(st.floats(1e-3, 10.0), st.floats(width=32)),
             "kernel": _maybe_valid(st.integers(0, 2), st.one_of(st.integers(-1, 3), INT32)),
+            "q_precision": often(0, st.one_of(st.integers(-1, 2), INT32), 80),
             "q": POINTER,
             "q_stride_batch": row_stride(576 * 128 * 4),
             "q_stride_token": row_stride(576 * 128),

@@ -227,12 +227,13 @@ def test_fast_kernel_producer_split(n: int) -> None:
         assert not alloc, alloc
 
 
+@pytest.mark.parametrize("two_term", [0, 1])
 @pytest.mark.parametrize("strided", [0, 1])
-def test_reference_kernel_sass_uses_tensor_cores(strided: int) -> None:
+def test_reference_kernel_sass_uses_tensor_cores(strided: int, two_term: int) -> None:
     """The reference kernel's FP8 mma.sync becomes FP16 HMMA with fp32 accumulation (which is
-    why it matches the model to ~1e-5), and its BF16 PV is BF16 HMMA; in both instantiations
-    (packed pages, and a caller's page stride)."""
-    sass = _kernel(_sass_by_kernel(), f"reference_decode_kernelILb{strided}")
+    why it matches the model to ~1e-5), and its BF16 PV is BF16 HMMA; in every instantiation
+    (packed pages or a caller's page stride; the contract's query or the two-term one)."""
+    sass = _kernel(_sass_by_kernel(), f"reference_decode_kernelILb{strided}ELb{two_term}E")
     hmma = collections.Counter(
         m.group(1) for line in sass if (m := re.search(r"\b(HMMA\.16816\.F32(?:\.BF16)?)", line))
     )

@@ -998,7 +998,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       {{"q_pe", offsetof(snapmla_decode_args_t, q_pe), sizeof(void*)},
        {"q_pe_stride_batch", offsetof(snapmla_decode_args_t, q_pe_stride_batch), sizeof(int64_t)},
        {"q_pe_stride_token", offsetof(snapmla_decode_args_t, q_pe_stride_token), sizeof(int64_t)},
-       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)}}));
+       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)},
+       {"q_precision", offsetof(snapmla_decode_args_t, q_precision), sizeof(int32_t)}}));
   snapmla_cache cache;
   SNAPMLA_TRY(check_cache_layer(op, handle, "args.layer", a.layer, &cache));
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
@@ -1007,6 +1008,15 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   SNAPMLA_REQUIRE(a.kernel >= SNAPMLA_DECODE_KERNEL_AUTO && a.kernel <= SNAPMLA_DECODE_KERNEL_FAST,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
+                  op, a.kernel);
+  SNAPMLA_REQUIRE(a.q_precision == SNAPMLA_Q_PRECISION_FP8 ||
+                      a.q_precision == SNAPMLA_Q_PRECISION_FP8X2,
+                  "%s: argument 'args.q_precision': expected 0 (fp8) or 1 (fp8x2), got %d", op,
+                  a.q_precision);
+  const bool two_term = a.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
+  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE,
+                  "%s: argument 'args.q_precision': 1 (fp8x2) needs args.kernel 1 (reference) "
+                  "in this version (the tensor-core kernel does not take it yet), got kernel %d",
                   op, a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
@@ -1061,6 +1071,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                      a.q_pe_stride_batch,
                      a.q_pe_stride_token,
                      a.q_pe_stride_head};
+  if (two_term) {
+    qp.q_lo = ws + w.q_lo;
+    qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
+  }
   SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
 
   decode::DecodeParams p{};
@@ -1086,6 +1100,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   p.lse = a.lse;
   p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
+  if (two_term) {
+    p.q_lo = qp.q_lo;
+    p.q_lo_scale = qp.q_lo_scale;
+  }
   // AUTO runs the seesaw kernel: it passes the contract's tensor-core tier and was faster than
   // the reference kernel at every measured shape. The reference kernel is there by name.
   if (a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE) {

@@ -68,6 +68,8 @@ struct WorkspaceLayout {
   int64_t q_scale;      // fp32 [b, s_q, h]
   int64_t partial_o;    // fp32 [2 * num_parts, row_tiles * 64, 512]
   int64_t partial_lse;  // fp32 [2 * num_parts, row_tiles * 64]
+  int64_t q_lo;         // e4m3 [b, s_q, h, 512]: the two-term query's low row (args.q_precision)
+  int64_t q_lo_scale;   // fp32 [b, s_q, h]
   int64_t total_bytes;
 
   static WorkspaceLayout make(int batch, int q_len, int num_heads, int num_parts);
@@ -103,6 +105,10 @@ struct DecodeParams {
   unsigned long long* trace;  // bench/seesaw_trace.cu: clock64 per (warpgroup, block, event)
 #endif
   int64_t page_stride;  // bytes from a page to the next (kPageBytes: packed)
+  // The two-term query (workspace; the reference kernel only): the low row and its scale.
+  // nullptr: the contract's one FP8 row.
+  const uint8_t* q_lo;     // e4m3 [b, s_q, h, 512]
+  const float* q_lo_scale;  // fp32 [b, s_q, h]
 };
 
 int default_num_parts(int sm_count, int row_tiles);

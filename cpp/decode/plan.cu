@@ -124,7 +124,9 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
   w.q_scale = align(w.q_rope + rows * kRopeDim * 2);
   w.partial_o = align(w.q_scale + rows * 4);
   w.partial_lse = align(w.partial_o + slots * row_tiles * kTileRows * kContentDim * 4);
-  w.total_bytes = align(w.partial_lse + slots * row_tiles * kTileRows * 4);
+  w.q_lo = align(w.partial_lse + slots * row_tiles * kTileRows * 4);
+  w.q_lo_scale = align(w.q_lo + rows * kContentDim);
+  w.total_bytes = align(w.q_lo_scale + rows * 4);
   return w;
 }
 

@@ -10,6 +10,9 @@
 //       widened likewise, so each product is the exact FP8 x FP8 product of the contract.
 // The two warps of a row group exchange row maxima through shared memory; both then carry
 // identical m and sigma, and each keeps its own partial l (the recursion is linear in l).
+// kTwoTerm (args.q_precision FP8X2): a second FP8 content pass with the query's low row into its
+// own accumulator, combined per logit as fmaf(rho, acc_lo, acc_hi), rho = s2 / s1 per row
+// (snapmla.reference, q_terms=2); one K stage instead of two, to make room for the low row.
 #include <algorithm>
 
 #include "common/launch.h"
@@ -42,16 +45,20 @@ struct KStage {
   alignas(16) float scale[kBlockN];
 };
 
+template <bool kTwoTerm>
 struct SharedStorage {
   alignas(16) uint8_t q_content[kTileRows * kQStride];  // [64 rows][512 e4m3]
   alignas(16) uint8_t q_rope[kTileRows * kRopeStride];  // [64 rows][64 bf16]
   alignas(16) float q_scale[kTileRows];
-  KStage k[2];                                  // double-buffered KV block
+  KStage k[kTwoTerm ? 1 : 2];                   // the KV block, double-buffered (one-term)
   alignas(16) uint8_t v[kBlockN * kVStride];    // [64 tokens][512 bf16]
   alignas(16) uint8_t p[kTileRows * kPStride];  // [64 rows][64 bf16] (P8 values)
   float red_max[2][kTileRows];
   float red_pmax[2][kTileRows];
   float red_l[2][kTileRows];
+  // kTwoTerm: the query's low row [64 rows][512 e4m3] and rho = s2 / s1 per row.
+  alignas(16) uint8_t q_lo[kTwoTerm ? kTileRows * kQStride : 16];
+  float q_rho[kTwoTerm ? kTileRows : 1];
 };
 
 // ----------------------------------------------------------------------------- PTX wrappers
@@ -102,8 +109,10 @@ __device__ __forceinline__ void row_group_sync(int rg) {
 __device__ __forceinline__ float nan_to_zero(float x) { return x != x ? 0.f : x; }
 
 // ------------------------------------------------------------------------------ loading
-// Queries of request b for this CTA's 64 rows; padding rows are zero with scale 0.
-__device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int tile) {
+// Queries of request b for this CTA's 64 rows; padding rows are zero with scale 0 (and, for
+// the two-term query, rho 0).
+template <bool kTwoTerm>
+__device__ void load_q_tile(SharedStorage<kTwoTerm>& s, const DecodeParams& p, int b, int tile) {
   const int rows = p.q_len * p.num_heads;
   const int64_t row0 = int64_t{b} * rows;
   for (int c = threadIdx.x; c < kTileRows * (kContentDim / 16); c += kThreads) {
@@ -130,6 +139,22 @@ __device__ void load_q_tile(SharedStorage& s, const DecodeParams& p, int b, int 
   for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
     const int fr = tile * kTileRows + r;
     s.q_scale[r] = fr < rows ? p.q_scale[row0 + fr] : 0.f;
+  }
+  if constexpr (kTwoTerm) {
+    for (int c = threadIdx.x; c < kTileRows * (kContentDim / 16); c += kThreads) {
+      const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
+      const int fr = tile * kTileRows + r;
+      uint8_t* dst = s.q_lo + r * kQStride + col * 16;
+      if (fr < rows) {
+        cp_async16(dst, p.q_lo + (row0 + fr) * kContentDim + col * 16);
+      } else {
+        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
+      }
+    }
+    for (int r = threadIdx.x; r < kTileRows; r += kThreads) {  // fp32 IEEE division
+      const int fr = tile * kTileRows + r;
+      s.q_rho[r] = fr < rows ? __fdiv_rn(p.q_lo_scale[row0 + fr], p.q_scale[row0 + fr]) : 0.f;
+    }
   }
 }
 
@@ -161,7 +186,7 @@ __device__ bool load_k_block(KStage& st, const DecodeParams& p, int b, int blk) 
 // codes: a row that must not see a token multiplies its V by P = 0, and 0 * NaN would leak
 // the NaN into it. Rows that do see a NaN token still turn NaN, through its logit (the
 // content enters QK unsanitized, and append gives such a token a NaN scale).
-__device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
+__device__ void widen_v(uint8_t* v, const KStage& st, int valid_tokens) {
   for (int c = threadIdx.x; c < kBlockN * (kContentDim / 16); c += kThreads) {
     const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
     uint4 in = *reinterpret_cast<const uint4*>(st.content + r * kQStride + col * 16);
@@ -175,17 +200,17 @@ __device__ void widen_v(SharedStorage& s, const KStage& st, int valid_tokens) {
       o[2 * k] = pack_bf16x2(nan_to_zero(a.x), nan_to_zero(a.y));
       o[2 * k + 1] = pack_bf16x2(nan_to_zero(bb.x), nan_to_zero(bb.y));
     }
-    uint4* dst = reinterpret_cast<uint4*>(s.v + r * kVStride + col * 32);
+    uint4* dst = reinterpret_cast<uint4*>(v + r * kVStride + col * 32);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
   }
 }
 
 // ------------------------------------------------------------------------------ the kernel
-template <bool kStrided>
+template <bool kStrided, bool kTwoTerm = false>
 __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const DecodeParams p) {
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  SharedStorage& s = *reinterpret_cast<SharedStorage*>(smem_raw);
+  SharedStorage<kTwoTerm>& s = *reinterpret_cast<SharedStorage<kTwoTerm>*>(smem_raw);
 
   const int part = blockIdx.x, tile = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -215,8 +240,8 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
     cp_async_commit();
 
     for (int blk = seg.blk_lo; blk < seg.blk_hi; ++blk) {
-      const int stage = (blk - seg.blk_lo) & 1;
-      if (blk + 1 < seg.blk_hi) {
+      const int stage = kTwoTerm ? 0 : (blk - seg.blk_lo) & 1;
+      if (!kTwoTerm && blk + 1 < seg.blk_hi) {
         bad_page |= !load_k_block<kStrided>(s.k[stage ^ 1], p, b, blk + 1);
         cp_async_commit();
         cp_async_wait<1>();
@@ -226,20 +251,26 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
       __syncthreads();  // block `blk` landed; the previous PV is done with s.v and s.p
       const KStage& ks = s.k[stage];
       const int tok0 = blk * kBlockN;
-      widen_v(s, ks, seqlen - tok0);
+      widen_v(s.v, ks, seqlen - tok0);
 
       // ---- S = Q K^T for rows 16rg.. x tokens 32half.. (4 n-tiles of 8 tokens)
       float acc[4][4];
 #pragma unroll
       for (int n = 0; n < 4; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      float acc_lo[kTwoTerm ? 4 : 1][4];  // the low row's content products (kTwoTerm)
+#pragma unroll
+      for (int n = 0; n < (kTwoTerm ? 4 : 1); ++n) {
+        acc_lo[n][0] = acc_lo[n][1] = acc_lo[n][2] = acc_lo[n][3] = 0.f;
+      }
       {
         const int a_row = rg * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
         const int a_col = 16 * (lane / 16);
         const int b_col = 16 * ((lane / 8) % 2);
 #pragma unroll 4
         for (int kk = 0; kk < kContentDim; kk += 32) {  // FP8 content, k = 32 bytes
-          uint32_t a[4];
+          uint32_t a[4], a_lo[4];
           ldmatrix_x4(a, s.q_content + a_row * kQStride + kk + a_col);
+          if constexpr (kTwoTerm) ldmatrix_x4(a_lo, s.q_lo + a_row * kQStride + kk + a_col);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
             const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
@@ -247,6 +278,10 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
             ldmatrix_x4(bf, ks.content + b_row * kQStride + kk + b_col);
             mma_e4m3(acc[2 * np], a, bf[0], bf[1]);
             mma_e4m3(acc[2 * np + 1], a, bf[2], bf[3]);
+            if constexpr (kTwoTerm) {
+              mma_e4m3(acc_lo[2 * np], a_lo, bf[0], bf[1]);
+              mma_e4m3(acc_lo[2 * np + 1], a_lo, bf[2], bf[3]);
+            }
           }
         }
 #pragma unroll
@@ -261,6 +296,14 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
             mma_bf16(acc[2 * np], a, bf[0], bf[1]);
             mma_bf16(acc[2 * np + 1], a, bf[2], bf[3]);
           }
+        }
+      }
+      if constexpr (kTwoTerm) {  // z's content part at scale s1: acc_hi + rho * acc_lo
+        const float rho[2] = {s.q_rho[row_local[0]], s.q_rho[row_local[1]]};
+#pragma unroll
+        for (int n = 0; n < 4; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) acc[n][i] = fmaf(rho[i / 2], acc_lo[n][i], acc[n][i]);
         }
       }
 
@@ -283,6 +326,12 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
         }
       }
       __syncthreads();  // s.p (both halves) and s.v are complete
+      if constexpr (kTwoTerm) {  // every read of the one K stage is done: load the next block
+        if (blk + 1 < seg.blk_hi) {  // during this block's PV
+          bad_page |= !load_k_block<kStrided>(s.k[0], p, b, blk + 1);
+          cp_async_commit();
+        }
+      }
 
       // ---- O += P8 V for rows 16rg.. x columns 256half..
 #pragma unroll
@@ -315,20 +364,25 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
 
 }  // namespace
 
-template <bool kStrided>
+template <bool kStrided, bool kTwoTerm>
 cudaError_t launch_reference(const DecodeParams& p, cudaStream_t stream) {
-  const int smem = static_cast<int>(sizeof(SharedStorage));
-  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel<kStrided>,
+  const int smem = static_cast<int>(sizeof(SharedStorage<kTwoTerm>));
+  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel<kStrided, kTwoTerm>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   const dim3 grid(p.num_parts, p.row_tiles);
-  reference_decode_kernel<kStrided><<<grid, kThreads, smem, stream>>>(p);
+  reference_decode_kernel<kStrided, kTwoTerm><<<grid, kThreads, smem, stream>>>(p);
   return cudaGetLastError();
 }
 
 cudaError_t launch_reference_decode(const DecodeParams& p, cudaStream_t stream) {
-  return p.page_stride != kPageBytes ? launch_reference<true>(p, stream)
-                                     : launch_reference<false>(p, stream);
+  const bool strided = p.page_stride != kPageBytes;
+  if (p.q_lo != nullptr) {
+    return strided ? launch_reference<true, true>(p, stream)
+                   : launch_reference<false, true>(p, stream);
+  }
+  return strided ? launch_reference<true, false>(p, stream)
+                 : launch_reference<false, false>(p, stream);
 }
 
 }  // namespace decode

@@ -435,6 +435,17 @@ typedef enum snapmla_decode_kernel {
                                           contract's tensor-core tier (see the contract) */
 } snapmla_decode_kernel_t;
 
+/* How the query enters QK. */
+typedef enum snapmla_q_precision {
+  SNAPMLA_Q_PRECISION_FP8 = 0,  /* the contract: one FP8 row per (token, head), one scale */
+  SNAPMLA_Q_PRECISION_FP8X2 = 1 /* the two-term query (see snapmla_quantize_q2): a second FP8
+                                   row on the first's residual, a second content QK pass,
+                                   z's content part acc_hi + rho * acc_lo (one FMA, rho =
+                                   fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
+                                   Since 0.2, experimental: not yet run on a GPU, and only
+                                   the REFERENCE kernel takes it (AUTO and FAST refuse it) */
+} snapmla_q_precision_t;
+
 typedef struct snapmla_decode_args {
   size_t struct_size;         /* sizeof(snapmla_decode_args_t) */
   int32_t layer;              /* cache layer to read */
@@ -465,6 +476,8 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
+  int32_t q_precision;          /* since 0.2, optional: snapmla_q_precision_t; 0 (FP8, the
+                                   default; what an older caller's struct_size reads) */
 } snapmla_decode_args_t;
 
 /* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
@@ -472,7 +485,7 @@ typedef struct snapmla_decode_args {
 /* clang-format off */
 #define SNAPMLA_DECODE_ARGS_INIT \
   {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
-   NULL, NULL, NULL, NULL, 0, 0, 0}
+   NULL, NULL, NULL, NULL, 0, 0, 0, SNAPMLA_Q_PRECISION_FP8}
 /* clang-format on */
 
 /* Device bytes for the plan and the workspace of a decode config. The caller allocates both

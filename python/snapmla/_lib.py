@@ -159,6 +159,11 @@ typedef enum snapmla_decode_kernel {
   SNAPMLA_DECODE_KERNEL_FAST = 2
 } snapmla_decode_kernel_t;
 
+typedef enum snapmla_q_precision {
+  SNAPMLA_Q_PRECISION_FP8 = 0,
+  SNAPMLA_Q_PRECISION_FP8X2 = 1
+} snapmla_q_precision_t;
+
 typedef struct snapmla_decode_args {
   size_t struct_size;
   int32_t layer;
@@ -178,6 +183,7 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
+  int32_t q_precision;
 } snapmla_decode_args_t;
 
 snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,

@@ -34,6 +34,8 @@ __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
 
 # decode(kernel=...) names -> snapmla_decode_kernel_t.
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
+# decode(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
+Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
 
 MAX_BATCH = 65536
 MAX_SM_PARTS = 65535
@@ -62,10 +64,13 @@ _ARGS_FIELDS = (
     ("q_pe_stride_batch", "q"),
     ("q_pe_stride_token", "q"),
     ("q_pe_stride_head", "q"),
+    ("q_precision", "i"),
 )
-_ARGS = struct.Struct("=" + "".join(code for _, code in _ARGS_FIELDS))
+_ARGS_PACKED = "=" + "".join(code for _, code in _ARGS_FIELDS)
 _ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
 _ARGS_SIZE = _lib.ffi.sizeof("snapmla_decode_args_t")
+# The struct's tail padding (to its 8-byte alignment) as pad bytes.
+_ARGS = struct.Struct(_ARGS_PACKED + f"{_ARGS_SIZE - struct.calcsize(_ARGS_PACKED)}x")
 _U64 = 2**64 - 1  # pointers wrap as ffi.cast wraps them
 
 
@@ -75,7 +80,7 @@ def _check_args_layout() -> None:
         if _lib.ffi.offsetof("snapmla_decode_args_t", name) != offset:
             raise ImportError(f"snapmla: unexpected layout of snapmla_decode_args_t.{name}")
         offset += struct.calcsize("=" + code)
-    if offset != _ARGS_SIZE:
+    if not 0 <= _ARGS_SIZE - offset < 8:
         raise ImportError("snapmla: unexpected size of snapmla_decode_args_t")
 
 
@@ -343,6 +348,7 @@ class _DecodeCall(NamedTuple):
     lse: TensorView | None
     q_pe: TensorView | None = None  # the RoPE part apart (q then holds q_nope only)
     q_pe_strides: tuple[int, int, int] = (0, 0, 0)
+    q_precision: int = 0  # snapmla_q_precision_t
 
 
 def _validate_decode_args(
@@ -363,6 +369,7 @@ def _validate_decode_args(
     kernel: Any,
     stream: Stream,
     q_pe: Any = None,
+    q_precision: Any = "fp8",
 ) -> _DecodeCall:
     """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
     ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``)."""
@@ -371,6 +378,21 @@ def _validate_decode_args(
     if not isinstance(kernel, str) or kernel not in KERNELS:
         raise argument_error(
             op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
+        )
+    if not isinstance(q_precision, str) or q_precision not in Q_PRECISIONS:
+        raise argument_error(
+            op,
+            "q_precision",
+            " or ".join(repr(k) for k in Q_PRECISIONS),
+            repr(q_precision),
+        )
+    if q_precision == "fp8x2" and kernel != "reference":
+        raise argument_error(
+            op,
+            "q_precision",
+            "'fp8' with kernel " + repr(kernel) + " ('fp8x2' needs kernel='reference' in this "
+            "version: the tensor-core kernel does not take it yet)",
+            repr(q_precision),
         )
     scale = _check_softmax_scale(op, softmax_scale)
 
@@ -464,6 +486,7 @@ def _validate_decode_args(
         lv,
         pv,
         pe_strides,
+        Q_PRECISIONS[q_precision],
     )
 
 
@@ -539,6 +562,7 @@ def decode(
     kernel: str = "auto",
     stream: Any = None,
     q_pe: Any = None,
+    q_precision: str = "fp8",
 ) -> tuple[Any, Any]:
     """FP8 MLA decode attention of one layer for one step (graph-safe: only enqueues work).
 
@@ -572,6 +596,11 @@ def decode(
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
             and step.
+        q_precision: ``"fp8"`` (the numerics contract: one FP8 row per query) or ``"fp8x2"``
+            (the two-term query: a second FP8 row on the first's residual and a second
+            content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``; about half the
+            error where the query's rounding dominates). Since 0.2, experimental: not yet run
+            on a GPU, and only with ``kernel="reference"``.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.
@@ -611,6 +640,7 @@ def decode(
                 kernel=kernel,
                 stream=stream,
                 q_pe=q_pe,
+                q_precision=q_precision,
             )
         finally:
             plan._in_use.exit()
@@ -634,6 +664,7 @@ def _decode(
     kernel: Any,
     stream: Any,
     q_pe: Any = None,
+    q_precision: Any = "fp8",
 ) -> tuple[Any, Any]:
     s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse, q_pe))
     call = _validate_decode_args(
@@ -653,6 +684,7 @@ def _decode(
         kernel=kernel,
         stream=s,
         q_pe=q_pe,
+        q_precision=q_precision,
     )
     c = plan.config
     device = cache.device
@@ -688,6 +720,7 @@ def _decode(
             lse_ptr & _U64,
             (call.q_pe.ptr if call.q_pe is not None else 0) & _U64,
             *call.q_pe_strides,
+            call.q_precision,
         )
         buffers = _plan_buffers(plan)
         _lib.check(

@@ -208,8 +208,10 @@ class DecodeCase:
         q: np.ndarray | None = None,
         seqlens: np.ndarray | None = None,
         quantize_p: bool = True,
+        q_terms: int = 1,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """``decode_reference`` of this case (optionally other q / seqlens)."""
+        """``decode_reference`` of this case (optionally other q / seqlens; ``q_terms=2``:
+        the two-term query)."""
         return ref.decode_reference(
             self.q if q is None else q,
             self.kv[layer],
@@ -217,6 +219,7 @@ class DecodeCase:
             SM_SCALE,
             causal,
             quantize_p,
+            q_terms,
         )
 
 
@@ -344,6 +347,7 @@ def run_decode(
     seqlens: np.ndarray | None = None,
     block_table: np.ndarray | None = None,
     plan: Any = None,
+    q_precision: str = "fp8",
 ) -> tuple[Any, Any]:
     """Plans (unless given ``plan``) and runs one decode into poisoned (NaN) torch outputs.
 
@@ -370,6 +374,7 @@ def run_decode(
         out=out,
         lse=lse,
         kernel=kernel,
+        q_precision=q_precision,
     )
     assert got[0] is out and got[1] is lse
     synchronize()

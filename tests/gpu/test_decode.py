@@ -608,3 +608,36 @@ def test_corrupted_plan_gives_nan_rows(rng: np.random.Generator, corrupt: str) -
         out, lse = run_decode(cache, case, kernel=kernel, plan=plan)
         assert_all_nan(out, f"out with a plan whose {corrupt} is wrong ({kernel})")
         assert_all_nan(lse, f"lse with a plan whose {corrupt} is wrong ({kernel})")
+
+
+# ------------------------------------------------------------------ the two-term query (#9)
+
+
+@pytest.mark.parametrize(("h", "s_q"), [(1, 1), (16, 1), (24, 2), (128, 1), (64, 4)])
+def test_two_term_query_reference_kernel(rng: np.random.Generator, h: int, s_q: int) -> None:
+    """q_precision="fp8x2" with the reference kernel against decode_reference(q_terms=2), at
+    the reference tier's bounds, over the grid's contexts (empty, one token, page edges, long)
+    and non-causal; it must also differ from the one-term result (the low row is used)."""
+    lens = [int(x) for x in rng.permutation(GRID_LENS)]
+    case = make_case(rng, lens, num_heads=h, q_len=s_q)
+    cache = make_cache(case)
+    tol = tolerances("reference")
+    for causal in (True, False):
+        want = case.reference(causal=causal, q_terms=2)
+        out, lse = run_decode(
+            cache, case, causal=causal, kernel="reference", q_precision="fp8x2"
+        )
+        label = f"fp8x2 h={h} s_q={s_q} causal={causal} lens={lens}"
+        err = check_decode(out, lse, *want, **tol, label=label)
+        one_o, _ = case.reference(causal=causal)
+        visible = np.isfinite(one_o) & np.isfinite(want[0])
+        gap = ref.rel_l2(want[0][visible], one_o[visible])
+        assert gap > 4 * max(err, 1e-6), f"{label}: one- and two-term models {gap:.2e} apart"
+
+
+def test_two_term_query_refused_by_the_tensor_core_kernel(rng: np.random.Generator) -> None:
+    case = make_case(rng, [100], num_heads=16)
+    cache = make_cache(case)
+    for kernel in ("auto", "fast"):
+        with pytest.raises(snapmla.SnapMLAError, match="q_precision"):
+            run_decode(cache, case, kernel=kernel, q_precision="fp8x2")
