@@ -548,7 +548,7 @@ def test_unsupported_dlpack_major_version() -> None:
 def test_torch_view_leaves_cpu_tensors_and_other_objects_to_dlpack() -> None:
     """The direct torch read (issue #10) applies to CUDA ``torch.Tensor`` objects only; the GPU
     suite compares it with DLPack field by field (tests/gpu/test_torch_view_gpu.py)."""
-    assert torch_fields(object(), None) is None
-    assert torch_fields(np.zeros(3), None) is None
+    assert torch_fields(object(), 7) is None
+    assert torch_fields(np.zeros(3), 7) is None
     torch = pytest.importorskip("torch")
-    assert torch_fields(torch.zeros(3), None) is None
+    assert torch_fields(torch.zeros(3), 7) is None

@@ -192,8 +192,10 @@ SEESAW_PRODUCER = {16: False, 32: True, 64: True}
 
 def _consumer_code(sass: list[str], n: int) -> list[str]:
     """The consumer warpgroups' code: the whole kernel without a producer; with one, from the
-    consumers' setmaxnreg (USETMAXREG.TRY_ALLOC) to their EXIT. The producer's region runs
-    under 24 registers, where a few spilled scalars cost nothing on the tensor-core path."""
+    consumers' setmaxnreg (USETMAXREG.TRY_ALLOC) to the producer's (USETMAXREG.DEALLOC), the
+    layout ptxas gives today (consumer code placed past the producer's would escape this
+    check). The producer's region runs under 24 registers, where a few spilled scalars cost
+    nothing on the tensor-core path."""
     if not SEESAW_PRODUCER[n]:
         assert not [line for line in sass if "USETMAXREG" in line]
         return sass
@@ -216,15 +218,28 @@ def test_fast_kernel_uses_no_local_memory(n: int) -> None:
 @pytest.mark.parametrize("n", SEESAW_WIDTHS)
 def test_fast_kernel_producer_split(n: int) -> None:
     """With a producer warpgroup, setmaxnreg gives the consumers 240 registers and the producer
-    24 (one each); without one there is no setmaxnreg at all."""
+    24 (one each), out of the 168 a thread that the 384-thread launch holds: 128 x 24 + 256 x
+    240 = 384 x 168. Were ptxas to allocate fewer at entry, the consumers' TRY_ALLOC could never
+    succeed and the kernel would hang, so the entry count is checked too. Without a producer
+    there is no setmaxnreg at all."""
     sass = _seesaw(n)
     alloc = [line for line in sass if "USETMAXREG" in line]
     if SEESAW_PRODUCER[n]:
         assert len(alloc) == 2, alloc
         assert any("TRY_ALLOC" in x and "0xf0" in x for x in alloc), alloc
         assert any("DEALLOC" in x and "0x18" in x for x in alloc), alloc
+        assert _registers(f"seesaw_decode_kernelILi{n}E") == 168
     else:
         assert not alloc, alloc
+
+
+def _registers(part: str) -> int:
+    """REG of the one kernel named *part* in ``cuobjdump --dump-resource-usage``."""
+    cmd, env = _sass_command()
+    out = _run(cmd[0], "--dump-resource-usage", cmd[-1], env=env)
+    found = re.findall(r"Function (\S*" + re.escape(part) + r"\S*):\s*\n\s*REG:(\d+)", out)
+    assert len(found) == 1, found
+    return int(found[0][1])
 
 
 @pytest.mark.parametrize("two_term", [0, 1])

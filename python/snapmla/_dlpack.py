@@ -412,28 +412,42 @@ def torch_fields(
     obj: Any, stream: int | Callable[[int], int] | None
 ) -> tuple[int, tuple[int, ...], tuple[int, ...], str, int, int] | None:
     """``(ptr, shape, strides, dtype, device_id, itemsize)`` of a CUDA ``torch.Tensor``, read
-    from its attributes without a DLPack capsule, when that gives what DLPack would: a plain
-    strided tensor (not requiring grad, no negative bit, one of snapmla's dtypes) whose pending
-    work is on the stream asked for (or no stream is asked for), so that
-    ``__dlpack__(stream=...)`` would order nothing. ``None`` otherwise: the caller goes through
-    DLPack, which orders the streams or refuses the tensor as before.
+    from its attributes without a DLPack capsule, for a call on ``stream`` (a handle, or a
+    resolver of the device's handle) that the tensor's pending work is already on, so that
+    ``__dlpack__(stream=...)`` would order nothing. Only a plain tensor qualifies: exactly
+    ``torch.Tensor``, strided, not nested, not requiring grad, no negative bit, one of
+    snapmla's dtypes, readable (a functorch wrapper has no storage). ``None`` otherwise, and
+    with no stream: the caller then goes through DLPack, which orders the streams, or refuses
+    the tensor, as before. (The device is the caller's to check, as for DLPack tensors:
+    ``Checker.devices``.)
+
+    The strides are torch's own; some PyTorch versions' DLPack export rewrites the strides of
+    size-1 dimensions to 1. Nothing in snapmla reads the stride of a dimension of size 1 or 0.
 
     PyTorch's ``__dlpack__`` plus reading its capsule was ~6.5 us a tensor on the CPU machine
     against ~1 us for this (issue #10); a decode call reads five to seven tensors."""
     torch = sys.modules.get("torch")
-    if torch is None or type(obj) is not torch.Tensor:
+    if torch is None or stream is None or type(obj) is not torch.Tensor:
         return None
-    if not obj.is_cuda or obj.requires_grad or obj.layout is not torch.strided or obj.is_neg():
-        return None
-    name = _torch_dtype_names(torch).get(obj.dtype)
-    if name is None:
-        return None
-    device_id = obj.get_device()
-    if stream is not None:
+    try:
+        if (
+            not obj.is_cuda
+            or obj.is_nested
+            or obj.requires_grad
+            or obj.layout is not torch.strided
+            or obj.is_neg()
+        ):
+            return None
+        name = _torch_dtype_names(torch).get(obj.dtype)
+        if name is None:
+            return None
+        device_id = obj.get_device()
         handle = int(stream(device_id) if callable(stream) else stream)
         if _producer_stream(obj, device_id) != handle:
             return None
-    return obj.data_ptr(), tuple(obj.shape), obj.stride(), name, device_id, obj.element_size()
+        return obj.data_ptr(), tuple(obj.shape), obj.stride(), name, device_id, obj.element_size()
+    except Exception:  # noqa: BLE001 (a tensor without storage, ...: DLPack decides and says why)
+        return None
 
 
 def _producer_stream(obj: Any, device_id: int) -> int | None:

@@ -153,9 +153,11 @@ def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None
     _same_bits(to_numpy(got[2], np.float32), want[2], np.uint32, f"{label} q_scale")
     _same_bits(to_numpy(got[3], FP8), want[3], np.uint8, f"{label} q_lo")
     _same_bits(to_numpy(got[4], np.float32), want[4], np.uint32, f"{label} q_lo_scale")
-    # The point of it: the two rows rebuild q_nope to about 2^-8 relative (finite rows).
-    s1, s2 = want[2][..., None].astype(np.float64), want[4][..., None].astype(np.float64)
-    rebuilt = s1 * want[0].astype(np.float64) + s2 * want[3].astype(np.float64)
+    # The point of it: the kernel's two rows rebuild q_nope to about 2^-8 relative (finite rows).
+    s1 = to_numpy(got[2], np.float32)[..., None].astype(np.float64)
+    s2 = to_numpy(got[4], np.float32)[..., None].astype(np.float64)
+    hi, lo = to_numpy(got[0], FP8).astype(np.float64), to_numpy(got[3], FP8).astype(np.float64)
+    rebuilt = s1 * hi + s2 * lo
     qn = q[..., :512].astype(np.float64)
     bound = 1.0001 * (2.0**-8 * np.abs(qn) + 2.0**-14 * s1 + 2.0**-10 * s2)
     finite = np.isfinite(rebuilt) & np.isfinite(qn)
@@ -171,3 +173,24 @@ def test_quantize_q2_allocates_and_matches_one_term(rng: np.random.Generator) ->
     assert tuple(two[3].shape) == (2, 3, 16, 512) and tuple(two[4].shape) == (2, 3, 16)
     for a, b in zip(one, two):
         assert np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8))
+
+
+# The fast divider of cpp/common/row_quant.cuh turns a -0 element into +0 (code 0x00, not the
+# contract's 0x80); the fix is staged behind SNAPMLA_SIGNED_ZERO_QUOTIENT (bench/NOTES.md).
+# Strict: once the fix is the default this passes, and the mark must go.
+_SIGNED_ZERO = pytest.mark.xfail(
+    strict=True, reason="-0 becomes +0 in the fast divider (SNAPMLA_SIGNED_ZERO_QUOTIENT)"
+)
+
+
+@_SIGNED_ZERO
+@pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
+def test_quantize_q_keeps_the_sign_of_zero(rng: np.random.Generator, precision: str) -> None:
+    q = random_bf16(rng, (3, 4, 576), std=1.0, spread=4.0)
+    q[:, :, ::7] = np.float32(-0.0)  # content and RoPE elements that are -0
+    got = snapmla.quantize_q(to_torch(q), precision=precision)
+    synchronize()
+    want = ref.quantize_q2(q) if precision == "fp8x2" else ref.quantize_q(q)
+    assert np.any(want[0].view(np.uint8) == 0x80)  # the model keeps -0
+    _same_bits(to_numpy(got[0], FP8), want[0], np.uint8, f"{precision} q_content")
+    _same_bits(to_numpy(got[1], BF16), want[1], np.uint16, f"{precision} q_rope")

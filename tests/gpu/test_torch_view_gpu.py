@@ -9,15 +9,31 @@ from typing import Any
 import pytest
 from _util import torch_module
 
-from snapmla import _dlpack
+from snapmla import SnapMLAError, _dlpack
 
 pytestmark = pytest.mark.gpu
 
 FIELDS = ("ptr", "shape", "strides", "dtype", "device_id", "itemsize")
 
 
-def _through_dlpack(t: Any) -> _dlpack.TensorView:
-    return _dlpack._read_capsule(_dlpack.export(t, None, "test", "t"), t, "test", "t")
+def _through_dlpack(t: Any) -> _dlpack.TensorView | None:
+    """The DLPack view, or None where this PyTorch's DLPack export refuses the dtype (FP8 on
+    some versions; the direct read takes it)."""
+    try:
+        return _dlpack._read_capsule(_dlpack.export(t, None, "test", "t"), t, "test", "t")
+    except SnapMLAError as exc:
+        if t.dtype.itemsize == 1 and t.is_floating_point():
+            print(f"DLPack refuses {t.dtype} here: {exc}")
+            return None
+        raise
+
+
+def _comparable(fields: tuple) -> tuple:
+    """The fields with the strides of size <= 1 dimensions left out (some PyTorch versions'
+    DLPack export rewrites them; nothing reads them)."""
+    ptr, shape, strides, *rest = fields
+    kept = tuple(st for n, st in zip(shape, strides) if n > 1)
+    return (ptr, shape, kept, *rest)
 
 
 def _layouts(torch: Any) -> list[Any]:
@@ -42,11 +58,15 @@ def _layouts(torch: Any) -> list[Any]:
 
 def test_torch_view_is_what_dlpack_gives() -> None:
     torch = torch_module()
+    current = torch.cuda.current_stream().cuda_stream
     for t in _layouts(torch):
-        direct = _dlpack.torch_fields(t, None)
+        direct = _dlpack.torch_fields(t, current)
         assert direct is not None, (t.dtype, t.shape, t.stride())
         want = _through_dlpack(t)
-        assert direct == tuple(getattr(want, f) for f in FIELDS), (t.shape, t.stride())
+        if want is None:
+            continue
+        got = _comparable(direct)
+        assert got == _comparable(tuple(getattr(want, f) for f in FIELDS)), (t.shape, t.stride())
         assert (want.device_type, want.read_only) == (_dlpack.CUDA, False)
 
 
@@ -55,6 +75,7 @@ def test_torch_view_steps_aside_where_dlpack_would_act() -> None:
     t = torch.zeros(4, 8, device="cuda", dtype=torch.bfloat16)
     current = torch.cuda.current_stream().cuda_stream
     assert _dlpack.torch_fields(t, current) is not None
+    assert _dlpack.torch_fields(t, None) is None  # no stream: DLPack, as before
     assert _dlpack.torch_fields(t, lambda device: current) is not None
     side = torch.cuda.Stream()
     # Another stream: __dlpack__(stream=...) makes it wait for the current one; DLPack does it.
@@ -62,8 +83,13 @@ def test_torch_view_steps_aside_where_dlpack_would_act() -> None:
     with torch.cuda.stream(side):
         assert _dlpack.torch_fields(t, side.cuda_stream) is not None
     # What PyTorch's DLPack export refuses, or snapmla does not name itself: DLPack decides.
-    assert _dlpack.torch_fields(t.clone().requires_grad_(), None) is None
-    assert _dlpack.torch_fields(torch._neg_view(t), None) is None
-    assert _dlpack.torch_fields(t.half(), None) is None
-    assert _dlpack.torch_fields(t.cpu(), None) is None
-    assert _dlpack.torch_fields(torch.nn.Parameter(t, requires_grad=False), None) is None
+    refused = [
+        t.clone().requires_grad_(),
+        torch._neg_view(t),
+        t.half(),
+        t.cpu(),
+        torch.nn.Parameter(t, requires_grad=False),
+        torch.nested.nested_tensor([t[0], t[1, :4]]),
+    ]
+    for r in refused:
+        assert _dlpack.torch_fields(r, current) is None, r

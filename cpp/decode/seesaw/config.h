@@ -1,7 +1,8 @@
 // The seesaw decode kernel: every tile constant, the shared-memory plan and the named barriers.
 //
 // One CTA = 64 query rows (s_q x heads, flattened, heads fastest) of one part of the split-KV
-// schedule; two consumer warpgroups and no producer warpgroup. Per 64-token block (one page):
+// schedule; two consumer warpgroups, and at N = 32 and 64 a producer warpgroup (kernel.cuh,
+// kProducerAt) that issues every load. Per 64-token block (one page):
 //   QK       S[64 rows x 64 tokens] = Q K^T: 16 FP8 wgmma m64n64k32 over the content and 4 BF16
 //            wgmma m64n64k16 over the pre-scaled RoPE, in two fp32 halves (content 0-255 and
 //            256-511 + RoPE) that the CUDA cores add: FP8 wgmma does not accumulate in fp32.
@@ -16,10 +17,14 @@
 //            into a zeroed fp32 temporary that the CUDA cores add into O = gamma O + T (the
 //            rescale every online softmax pays anyway). Order: the owner's softmax of block i,
 //            then its PV of block i - 1 (the other's) and of block i.
-//   TMA      a ring of kStages pages; each stage is refilled in three parts by an elected thread
-//            of the warpgroup that last read it: each warpgroup its content half after its PV,
-//            the owner the RoPE tile and the scales after its softmax (issued after its next
-//            PV, past the softmax's proxy fence). full[stage] counts those three arrivals.
+//   TMA      a ring of kStages pages, each refilled in three parts (the two content halves, then
+//            the RoPE tile and the scales); full[stage] counts those three arrivals. With a
+//            producer warpgroup its elected thread issues all three once both consumer
+//            warpgroups have arrived on empty[stage] (after their PVs of the block). Without one
+//            (N = 16) an elected thread of the warpgroup that last read each part refills it:
+//            each warpgroup its content half after its PV, the owner the RoPE tile and the
+//            scales after its softmax (past the softmax's proxy fence), or warp 3, which runs
+//            no softmax at N = 16, during the softmax.
 //   P8 and the row statistics live in kPBuffers buffers, handed over by named barriers.
 //
 // Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
@@ -98,7 +103,7 @@ struct alignas(1024) SharedStorage {
   int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
   uint64_t q_bar;
-  uint64_t empty_bar[kStages];  // SNAPMLA_SEESAW_PRODUCER: both warpgroups done with a stage
+  uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
 };
 
 struct TensorMaps {

@@ -148,11 +148,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   }
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
-  // With a producer, the barriers at a request's edges (kBarCta: all three warpgroups;
-  // kBarConsumers) are reached at different instructions and after divergent branches (the
-  // producer's elected thread, the epilogue's per-row stores): bar.sync (aligned) is undefined
-  // there (synccheck: divergent threads; racecheck: the producer's next bad_page write raced
-  // the epilogue's read), so they are barrier.sync, which counts threads.
+  // With a producer, the barriers at a request's edges are reached at different instructions
+  // and after divergent branches (the producer's elected thread, the epilogue's per-row
+  // stores): bar.sync (aligned) is undefined there (synccheck: divergent threads; racecheck: a
+  // bad_page race), so they are barrier.sync / barrier.arrive, which count threads:
+  //   kBarStart      the producer arrives after its first loads, the consumers sync (q_scale);
+  //   kBarConsumers  the consumers only: every PV done; after the epilogue, before the
+  //                  bad_page reset (consumer thread 0);
+  //   kBarCta        all three at the request's end: the ring, Q and P8 are free again.
   // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
   // the consumers' under 240; without a producer only the consumers' exists). Each role
   // computes its per-thread constants after setmaxnreg: live across it, they would spill.
