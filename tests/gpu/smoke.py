@@ -108,6 +108,22 @@ def main() -> int:
         cupy.cuda.get_current_stream().synchronize()
         engine.close()
     print("engine layouts: done")
+
+    # The two-term query (issue 9): its quantizer, and decode with it (reference kernel), on
+    # the mixed contexts, a strided cache, out-of-range pages and lengths, and many splits.
+    for heads, q_len, parts in [(16, 1, 0), (24, 2, 3), (1, 3, 2)]:
+        q = (rs.standard_normal((b, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
+        snapmla.quantize_q(q, precision="fp8x2")
+        plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
+                                  num_sm_parts=parts)
+        snapmla.decode(cache, 1, q, table, seqlens, plan, softmax_scale=192**-0.5,
+                       kernel="reference", q_precision="fp8x2")
+    engine = snapmla.KVCache(2, pages, buffer=strided, page_stride=stride)
+    snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan, softmax_scale=192**-0.5,
+                   kernel="reference", q_precision="fp8x2")
+    cupy.cuda.get_current_stream().synchronize()
+    engine.close()
+    print("two-term query: done")
     print("smoke done")
     return 0
 
