@@ -7,6 +7,7 @@
 #   .carry/bin/seesaw_trace_refill32 128 16 16384 2   # N = 32 with SNAPMLA_SEESAW_REFILL32
 #   .carry/bin/seesaw_trace_producer 128 16 16384     # the producer warpgroup at every N
 #   .carry/bin/seesaw_trace_noproducer 32 128 16384   # at none (the default: N = 32 and 64)
+#   .carry/bin/seesaw_trace_rowmath 32 128 16384      # with SNAPMLA_SEESAW_FAST_ROWMATH
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -21,7 +22,8 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_REFILL32=1 "${src[@]}" -o .carry/bin/seesaw_trace_refill32 &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=1 "${src[@]}" -o .carry/bin/seesaw_trace_producer &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=0 "${src[@]}" -o .carry/bin/seesaw_trace_noproducer &
-wait -n && wait -n && wait -n && wait -n && wait -n
+"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_FAST_ROWMATH=1 "${src[@]}" -o .carry/bin/seesaw_trace_rowmath &
+wait -n && wait -n && wait -n && wait -n && wait -n && wait -n
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}

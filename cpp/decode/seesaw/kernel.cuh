@@ -45,6 +45,20 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 constexpr float kExpShift = 24.f;
 constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
 
+// SNAPMLA_SEESAW_FAST_ROWMATH (experimental, off; bench/NOTES.md): the softmax's per-row
+// statistics with one MUFU reciprocal and MUFU exponent instead of three IEEE divisions, an
+// IEEE reciprocal and exp2f, shortening the dependent chain from the row's max and sum to P8
+// and the statistics (each within an ulp or two; the tensor-core tier's tolerance).
+#ifndef SNAPMLA_SEESAW_FAST_ROWMATH
+#define SNAPMLA_SEESAW_FAST_ROWMATH 0
+#endif
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+constexpr float kInvFp8Max = 1.f / 448.f;
+
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
   return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
@@ -383,7 +397,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
         if (softmax_warp) {
-          float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+          float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f}, inv_sig[2];
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
@@ -426,13 +440,23 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
             p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
             // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k (paper eq. 12)
+#if SNAPMLA_SEESAW_FAST_ROWMATH
+            sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+            inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+#else
             sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
             gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
             l[ri] = l_prev[ri] * gamma[ri] + __fdiv_rn(e_sum[ri], sig[ri]);
+#endif
           }
+#if !SNAPMLA_SEESAW_FAST_ROWMATH
           // P8 = e4m3(P' / sigma), by the reciprocal (the tensor-core tier's tolerance covers
           // the rare last-ulp flip).
-          const float inv_sig[2] = {__frcp_rn(sig[0]), __frcp_rn(sig[1])};
+          inv_sig[0] = __frcp_rn(sig[0]);
+          inv_sig[1] = __frcp_rn(sig[1]);
+#endif
           p8_words(z, inv_sig, w);
         }
         SEESAW_TRACE(i, kTrP8);
