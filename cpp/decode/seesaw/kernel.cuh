@@ -70,15 +70,18 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
-// Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each warpgroup records clock64 at
-// the events below for its first kTraceBlocks blocks. Compiled out unless SNAPMLA_SEESAW_TRACE.
+// Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each consumer warpgroup records
+// clock64 at the events below for its first kTraceBlocks blocks (the CTA's fixed costs, entry,
+// Q arrived and epilogue done, at block 0 of its first request). Compiled out unless
+// SNAPMLA_SEESAW_TRACE.
 enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kTrPfree, kTrPublished,
-                  kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd, kTrEvents };
+                  kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd,
+                  kTrEntry, kTrQArrived, kTrEpilogueDone, kTrEvents };
 constexpr int kTraceBlocks = 64;
 #ifdef SNAPMLA_SEESAW_TRACE
 #define SEESAW_TRACE(block, event)                                                             \
   do {                                                                                         \
-    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)             \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && wg < 2 && (block) < kTraceBlocks)   \
       p.trace[(wg * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();                \
   } while (0)
 #else
@@ -150,6 +153,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   const int tid = threadIdx.x, wtid = tid % kWgThreads, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
+  SEESAW_TRACE(0, kTrEntry);
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
@@ -274,6 +278,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         __syncthreads();
       }
       mbar_wait(&s.q_bar, q_phase);
+      if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
       float o[kMTiles][kNRegs];  // O^T of latent half wg
@@ -738,6 +743,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           if (wg == 0 && warp == 0 && g == 0) store_lse(p, b, fr, seg, res.lse);
         }
       }
+      if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
       if constexpr (kProducer) {
