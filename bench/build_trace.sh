@@ -8,6 +8,8 @@
 #   .carry/bin/seesaw_trace_producer 128 16 16384     # the producer warpgroup at every N
 #   .carry/bin/seesaw_trace_noproducer 32 128 16384   # at none (the default: N = 32 and 64)
 #   .carry/bin/seesaw_trace_rowmath 32 128 16384      # with SNAPMLA_SEESAW_FAST_ROWMATH
+#   .carry/bin/seesaw_trace_widecombine 1 128 8192    # with SNAPMLA_COMBINE_WIDE ("kernel +
+#                                                     # combine" is the line to compare)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -23,7 +25,8 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=1 "${src[@]}" -o .carry/bin/seesaw_trace_producer &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=0 "${src[@]}" -o .carry/bin/seesaw_trace_noproducer &
 "$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_FAST_ROWMATH=1 "${src[@]}" -o .carry/bin/seesaw_trace_rowmath &
-wait -n && wait -n && wait -n && wait -n && wait -n && wait -n
+"$NVCC" "${flags[@]}" -DSNAPMLA_COMBINE_WIDE=1 "${src[@]}" -o .carry/bin/seesaw_trace_widecombine &
+wait -n && wait -n && wait -n && wait -n && wait -n && wait -n && wait -n
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}

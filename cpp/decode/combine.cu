@@ -80,12 +80,122 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   }
 }
 
+// SNAPMLA_COMBINE_WIDE (experimental, off; bench/NOTES.md): one CTA per query row, its 8 warps
+// taking every 8th part, then one warp adds the 8 partial sums. The one-warp-per-row kernel
+// above walks a row's parts in series, a dependent L2 round trip each: with 66 parts (batch 1,
+// 128 heads, 8k context) it took ~19 us, as long as the attention kernel itself.
+#ifndef SNAPMLA_COMBINE_WIDE
+#define SNAPMLA_COMBINE_WIDE 0
+#endif
+#if SNAPMLA_COMBINE_WIDE
+constexpr int kWideWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodeParams p) {
+  __shared__ float4 slice[kWideWarps][32][kColsPerLane / 4];  // each warp's weighted sum
+  __shared__ float slice_w[kWideWarps];                        // and its weight sum
+  const int b = blockIdx.x, fr = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows_total = p.q_len * p.num_heads;
+  if (fr >= rows_total) return;
+  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  if (!plan_matches(p)) return;  // the decode kernel wrote NaN rows
+  const int first = clamp_part(p, p.plan[L.first_part + b]);
+  const int last = clamp_part(p, p.plan[L.last_part + b]);
+  if (p.plan[L.nblocks + b] <= 0 || first == last) return;  // written by the decode kernel
+  const int rows_pad = p.row_tiles * kTileRows;
+  auto slot_of = [first](int part) { return 2 * part + (part == first ? 1 : 0); };
+
+  // Pass 1, in every warp: the largest partial LSE, the lanes over the parts; NaN anywhere
+  // poisons the row.
+  float m = -INFINITY;
+  bool nan_seen = false;
+  for (int part = first + lane; part <= last; part += 32) {
+    const float v = p.partial_lse[int64_t{slot_of(part)} * rows_pad + fr];
+    nan_seen |= (v != v);
+    m = fmaxf(m, v);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const bool has_nan = __any_sync(0xffffffffu, nan_seen);
+
+  float acc[kColsPerLane] = {};
+  float lse;
+  if (has_nan || m == -INFINITY) {  // every warp agrees: warp 0 writes the row
+    if (warp != 0) return;
+    lse = has_nan ? __int_as_float(0x7fffffff) : INFINITY;  // NaN row, or no visible token
+    if (has_nan) {
+#pragma unroll
+      for (int c = 0; c < kColsPerLane; ++c) acc[c] = lse;
+    }
+  } else {
+    // Pass 2: warp w adds w_s O_s over parts first + w, first + w + 8, ...; w_s = exp(lse_s - m).
+    float w_sum = 0.f;
+#pragma unroll 2
+    for (int part = first + warp; part <= last; part += kWideWarps) {
+      const int64_t slot = slot_of(part);
+      const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
+      w_sum += w;
+      const float4* src = reinterpret_cast<const float4*>(
+          p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
+#pragma unroll
+      for (int v = 0; v < kColsPerLane / 4; ++v) {
+        const float4 x = src[v];
+        acc[4 * v] += w * x.x;
+        acc[4 * v + 1] += w * x.y;
+        acc[4 * v + 2] += w * x.z;
+        acc[4 * v + 3] += w * x.w;
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kColsPerLane / 4; ++v) {
+      slice[warp][lane][v] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+    }
+    if (lane == 0) slice_w[warp] = w_sum;
+    __syncthreads();
+    if (warp != 0) return;
+    w_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
+    for (int k = 0; k < kWideWarps; ++k) {  // in warp order: deterministic
+      w_sum += slice_w[k];
+#pragma unroll
+      for (int v = 0; v < kColsPerLane / 4; ++v) {
+        const float4 x = slice[k][lane][v];
+        acc[4 * v] += x.x;
+        acc[4 * v + 1] += x.y;
+        acc[4 * v + 2] += x.z;
+        acc[4 * v + 3] += x.w;
+      }
+    }
+    const float inv = 1.f / w_sum;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] *= inv;
+    lse = m + logf(w_sum);
+  }
+  uint32_t packed[kColsPerLane / 2];
+#pragma unroll
+  for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
+  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim +
+                                        lane * kColsPerLane);
+  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  if (lane == 0 && p.lse != nullptr) {
+    const int qt = fr / p.num_heads, head = fr % p.num_heads;
+    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
+  }
+}
+#endif
+
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
+#if SNAPMLA_COMBINE_WIDE
+  combine_wide_kernel<<<dim3(p.batch, rows_total), kThreads, 0, stream>>>(p);
+#else
   const dim3 grid(p.batch, (rows_total + kRowsPerBlock - 1) / kRowsPerBlock);
   combine_kernel<<<grid, kThreads, 0, stream>>>(p);
+#endif
   return cudaGetLastError();
 }
 
