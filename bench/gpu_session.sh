@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_session.sh [tests] [tests-decode] [frag] [ctest] [sanitize] [sass] [demo]
 #                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu] [soak]
-#                             [host-c]
+#                             [host-c] [ab]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
@@ -31,7 +31,7 @@ python3 -c "import snapmla, sys; print('snapmla', snapmla.version(), snapmla.__f
 # after each stage so that a call cut short by the device-time budget still returns them.
 publish() {
   for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png \
-    host-c.log; do
+    host-c.log ab.log; do
     [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
   done
   tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt --exclude='*.ncu-rep' --exclude=src.csv .
@@ -58,6 +58,22 @@ for stage in "$@"; do
     soak)
       log "soak: a serving loop of graph replays against the reference kernel"
       timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak.log" | tail -8 || status=1
+      ;;
+    ab)  # kernel-alone A/B of the variants bench/build_trace.sh builds, then three timelines
+      log "A/B of the seesaw variants (.carry/bin, built by bench/build_trace.sh)"
+      for c in "32 128 16384" "128 16 16384" "128 16 16384 2" "64 16 4096 2" "1 128 8192" \
+        "1 128 1024" "8 128 4096" "1 16 8192"; do
+        for v in seesaw_trace seesaw_trace_noproducer seesaw_trace_rowmath seesaw_trace_widecombine; do
+          [ -x ".carry/bin/$v" ] || continue
+          echo "### $v $c" >>"$OUT/ab.log"
+          timeout 60 ".carry/bin/$v" $c 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" || status=1
+        done
+      done
+      for c in "32 128 16384" "1 128 1024" "1 128 8192"; do
+        echo "### seesaw_timeline $c" >>"$OUT/ab.log"
+        timeout 60 .carry/bin/seesaw_timeline $c 2>&1 | tail -30 >>"$OUT/ab.log" || status=1
+      done
+      grep -A2 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -80
       ;;
     host-c)  # needs .carry/bin/host_overhead_c (built by bench/build_trace.sh)
       log "host time of the C API's calls (bench/host_overhead_c.cu)"
