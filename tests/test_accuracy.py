@@ -433,19 +433,28 @@ class _StandInKernel:
 
     version = "stand-in"
 
-    def __init__(self, fail_at: int | None = None) -> None:
-        self.calls = 0
+    def __init__(self, fail_at: int | None = None, two_term: bool = True) -> None:
+        self.calls = 0  # one-term calls (fail_at counts these)
         self.fail_at = fail_at
+        self.two_term = two_term  # False: the two-term query fails (an older library)
 
     def append(self, layer: int, w: wl.MLAWorkload) -> None:
         pass
 
-    def decode(self, layer: int, w: wl.MLAWorkload) -> tuple[np.ndarray, np.ndarray]:
-        self.calls += 1
-        if self.fail_at is not None and self.calls >= self.fail_at:
-            raise RuntimeError("no kernel for this device")
+    def decode(
+        self, layer: int, w: wl.MLAWorkload, q_precision: str = "fp8"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        q_terms = 2 if q_precision == "fp8x2" else 1
+        if q_terms == 1:
+            self.calls += 1
+            if self.fail_at is not None and self.calls >= self.fail_at:
+                raise RuntimeError("no kernel for this device")
+        elif not self.two_term:
+            raise RuntimeError("no q_precision in this library")
         kv = ref.quantize_kv(w.c_kv, w.k_pe)
-        out, lse = ref.decode_reference(w.q, [kv], [w.context], w.softmax_scale, True)
+        out, lse = ref.decode_reference(
+            w.q, [kv], [w.context], w.softmax_scale, True, q_terms=q_terms
+        )
         return ref._to_f64(out.astype(np.float32).astype(ref.BF16)), lse.astype(np.float32)
 
 
@@ -461,6 +470,22 @@ def test_the_kernel_is_reported_as_ours() -> None:
     assert claims["max_rel_l2"] == pytest.approx(max(ours))
 
 
+def test_the_kernels_two_term_query_is_reported_and_can_fail_alone() -> None:
+    settings = acc.Settings(contexts=(512,), layers=wl.DEFAULT_LAYERS[:2], heads=4)
+    out = acc.evaluate(settings, acc.Backend("numpy"), _StandInKernel(), log=lambda *a: None)
+    q2k = acc.two_term_query_ratios(out["results"], "ours-fp8x2")
+    q2e = acc.two_term_query_ratios(out["results"])
+    assert q2k is not None and q2e is not None and q2k["cases"] == 2
+    # The stand-in runs the model; the emulation runs the same query through other code.
+    assert q2k["vs_q_bf16"]["max"] == pytest.approx(q2e["vs_q_bf16"]["max"], rel=0.05)
+    out = acc.evaluate(
+        settings, acc.Backend("numpy"), _StandInKernel(two_term=False), log=lambda *a: None
+    )
+    configs = {r["config"] for r in out["results"]}
+    assert "ours" in configs and "ours-fp8x2" not in configs
+    assert out["kernel_error"] is None and "q_precision" in out["two_term_kernel_error"]
+
+
 def test_a_failing_kernel_leaves_an_emulation_only_study() -> None:
     settings = acc.Settings(contexts=(256, 512), layers=wl.DEFAULT_LAYERS[:2], heads=4)
     out = acc.evaluate(settings, acc.Backend("numpy"), _StandInKernel(fail_at=2),
@@ -468,7 +493,7 @@ def test_a_failing_kernel_leaves_an_emulation_only_study() -> None:
     assert "no kernel" in out["kernel_error"]
     assert "ours" not in {r["config"] for r in out["results"]}
     assert out["kernel_vs_model"] == []
-    assert len(out["results"]) == 4 * (len(acc.CONFIGS) - 1)
+    assert len(out["results"]) == 4 * (len(acc.CONFIGS) - 2)  # no "ours", no "ours-fp8x2"
 
 
 def test_command_line_on_cpu(tmp_path, capsys) -> None:
@@ -479,7 +504,7 @@ def test_command_line_on_cpu(tmp_path, capsys) -> None:
     report = json.loads(j.read_text())
     assert report["mode"] == "cpu" and report["kernel"] is None
     assert report["settings"]["contexts"] == [1024] and report["settings"]["heads"] == 8
-    assert {r["config"] for r in report["results"]} == set(acc.CONFIGS) - {"ours"}
+    assert {r["config"] for r in report["results"]} == set(acc.CONFIGS) - {"ours", "ours-fp8x2"}
     for key in ("commit", "date", "device", "backend", "claims", "shares", "layers"):
         assert key in report
     assert report["commit"] in md.read_text()
