@@ -18,15 +18,26 @@ src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/s
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
-"$NVCC" "${flags[@]}" "${src[@]}" -o .carry/bin/seesaw_trace &
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_TRACE "${src[@]}" -o .carry/bin/seesaw_timeline &
-# Experimental variants for an A/B in the same call (kernel.cuh's SNAPMLA_SEESAW_* switches).
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_REFILL32=1 "${src[@]}" -o .carry/bin/seesaw_trace_refill32 &
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=1 "${src[@]}" -o .carry/bin/seesaw_trace_producer &
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_PRODUCER=0 "${src[@]}" -o .carry/bin/seesaw_trace_noproducer &
-"$NVCC" "${flags[@]}" -DSNAPMLA_SEESAW_FAST_ROWMATH=1 "${src[@]}" -o .carry/bin/seesaw_trace_rowmath &
-"$NVCC" "${flags[@]}" -DSNAPMLA_COMBINE_WIDE=1 "${src[@]}" -o .carry/bin/seesaw_trace_widecombine &
-wait -n && wait -n && wait -n && wait -n && wait -n && wait -n && wait -n
+# Every binary in parallel; a failed build stops the script (and leaves no stale binary).
+builds=(
+  "seesaw_trace:"
+  "seesaw_timeline:-DSNAPMLA_SEESAW_TRACE"
+  "seesaw_trace_refill32:-DSNAPMLA_SEESAW_REFILL32=1"   # experimental variants for an A/B
+  "seesaw_trace_producer:-DSNAPMLA_SEESAW_PRODUCER=1"   # (kernel.cuh's SNAPMLA_SEESAW_*)
+  "seesaw_trace_noproducer:-DSNAPMLA_SEESAW_PRODUCER=0"
+  "seesaw_trace_rowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=1"
+  "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_WIDE=1"
+)
+pids=()
+for b in "${builds[@]}"; do
+  name=${b%%:*} def=${b#*:}
+  rm -f ".carry/bin/$name"
+  "$NVCC" "${flags[@]}" $def "${src[@]}" -o ".carry/bin/$name" &
+  pids+=($!)
+done
+fail=0
+for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
+[ "$fail" = 0 ] || { echo "build_trace.sh: a build failed" >&2; exit 1; }
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}

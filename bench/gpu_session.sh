@@ -71,9 +71,10 @@ for stage in "$@"; do
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192"; do
         echo "### seesaw_timeline $c" >>"$OUT/ab.log"
-        timeout 60 .carry/bin/seesaw_timeline $c 2>&1 | tail -30 >>"$OUT/ab.log" || status=1
+        # every recorded event (a block line without events is left out)
+        timeout 60 .carry/bin/seesaw_timeline $c 2>&1 | grep -v ': *$' >>"$OUT/ab.log" || status=1
       done
-      grep -A2 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -80
+      grep -A3 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -100
       ;;
     host-c)  # needs .carry/bin/host_overhead_c (built by bench/build_trace.sh)
       log "host time of the C API's calls (bench/host_overhead_c.cu)"

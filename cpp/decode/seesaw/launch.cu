@@ -66,6 +66,7 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
 }  // namespace
 
 cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
+  if (p.q_lo != nullptr) return cudaErrorInvalidValue;  // no two-term query here (the API refuses)
   seesaw::TensorMaps maps;
   const cudaError_t err = make_maps(p, &maps);
   if (err != cudaSuccess) return err;
