@@ -962,6 +962,8 @@ def test_fetch_dequant_refuses(
         ({"max_pages": 0}, "max_pages", r"expected an integer in \[1, .*got 0"),
         ({"num_sm_parts": -1}, "num_sm_parts", "got -1"),
         ({"num_sm_parts": 65536}, "num_sm_parts", r"\[0, 65535\], got 65536"),
+        ({"q_precision": "bf16"}, "q_precision", "expected 'fp8' or 'fp8x2', got 'bf16'"),
+        ({"q_precision": 1}, "q_precision", "got 1"),
         ({"cache_seqlens": i64(4)}, "cache_seqlens", "expected dtype int32, got int64"),
         ({"cache_seqlens": i32(4, 1)}, "cache_seqlens", r"expected shape \[b\], got \[4, 1\]"),
         ({"cache_seqlens": i32(0)}, "cache_seqlens", r"b in 1\.\.65536, got \[0\]"),
@@ -1017,6 +1019,34 @@ def _validate_decode(**overrides: Any) -> Any:
     )
 
 
+def test_decode_with_a_two_term_plan_needs_the_reference_kernel() -> None:
+    two_term = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8, q_precision="fp8x2")
+    kwargs = {**_decode_defaults()}
+    args = [kwargs.pop(k) for k in ("plan_device", "layer", "q", "block_table", "cache_seqlens")]
+    stream = Stream(kwargs.pop("stream"), "decode")
+    for kernel in ("auto", "fast"):
+        with refused("kernel", "'reference' for a plan made with q_precision='fp8x2'"):
+            _validate_decode_args(
+                NUM_LAYERS,
+                0,
+                CACHE_EXTENT,
+                two_term,
+                *args,
+                stream=stream,
+                **{**kwargs, "kernel": kernel},
+            )
+    call = _validate_decode_args(
+        NUM_LAYERS,
+        0,
+        CACHE_EXTENT,
+        two_term,
+        *args,
+        stream=stream,
+        **{**kwargs, "kernel": "reference"},
+    )
+    assert call.kernel == 1
+
+
 def _decode_overlap() -> dict[str, Any]:
     q = bf16(2, 1, 16, 576)
     return {"q": q, "out": bf16(2, 1, 16, 512, address=q.data.ctypes.data + 4096)}
@@ -1031,20 +1061,6 @@ DECODE_CASES: list[Case] = [
     ("layer", lambda: {"layer": 2}, "layer", r"\[0, 1\], got 2"),
     ("kernel-name", lambda: {"kernel": "fastest"}, "kernel", "'auto', 'reference', 'fast'"),
     ("kernel-int", lambda: {"kernel": 0}, "kernel", "got 0"),
-    ("q_precision-name", lambda: {"q_precision": "bf16"}, "q_precision", "'fp8' or 'fp8x2'"),
-    ("q_precision-int", lambda: {"q_precision": 1}, "q_precision", "got 1"),
-    (
-        "q_precision-fp8x2-auto",
-        lambda: {"q_precision": "fp8x2"},
-        "q_precision",
-        "needs kernel='reference'",
-    ),
-    (
-        "q_precision-fp8x2-fast",
-        lambda: {"q_precision": "fp8x2", "kernel": "fast"},
-        "q_precision",
-        "with kernel 'fast'",
-    ),
     ("scale-zero", lambda: {"softmax_scale": 0.0}, "softmax_scale", "finite number > 0"),
     ("scale-neg", lambda: {"softmax_scale": -0.1}, "softmax_scale", "got -0.1"),
     ("scale-nan", lambda: {"softmax_scale": math.nan}, "softmax_scale", "got nan"),

@@ -541,14 +541,14 @@ def _struct_cases(fn: str, name: str, ctype: str, min_size: int) -> list[Case]:
 
 def _decode_config_cases(fn: str) -> list[Case]:
     cases = _struct_cases(fn, "config", "snapmla_decode_config_t", 24)
-    for size in (25, 26, 27):
+    for size, field_name in ((25, "num_sm_parts"), (27, "num_sm_parts"), (30, "q_precision")):
         cases.append(
             (
                 f"{fn}/config-size-{size}",
                 fn,
                 {"config.struct_size": size},
                 "config",
-                "ends inside field 'config.num_sm_parts'",
+                f"ends inside field 'config.{field_name}'",
             )
         )
     for field_name, bad, pattern in (
@@ -562,6 +562,8 @@ def _decode_config_cases(fn: str) -> list[Case]:
         ("max_pages", MAX_PAGES + 1, f"got {MAX_PAGES + 1}"),
         ("num_sm_parts", -1, "expected 0 .. 65535, got -1"),
         ("num_sm_parts", 65536, "got 65536"),
+        ("q_precision", 2, r"expected 0 \(fp8\) or 1 \(fp8x2\), got 2"),
+        ("q_precision", -1, "got -1"),
     ):
         cases.append(
             (
@@ -733,44 +735,17 @@ def _decode_cases() -> list[Case]:
                 f"ends inside field 'args.{name}'",
             )
         )
-    precision_at = ffi.offsetof("snapmla_decode_args_t", "q_precision")
-    cases += [
-        (
-            f"{fn}/args-size-{precision_at + 2}",
-            fn,
-            {"args.struct_size": precision_at + 2},
-            "args",
-            "ends inside field 'args.q_precision'",
-        ),
-        (
-            f"{fn}/q_precision-2",
-            fn,
-            {"args.q_precision": 2},
-            "args.q_precision",
-            r"expected 0 \(fp8\) or 1 \(fp8x2\), got 2",
-        ),
-        (
-            f"{fn}/q_precision-negative",
-            fn,
-            {"args.q_precision": -1},
-            "args.q_precision",
-            "got -1",
-        ),
-        (
-            f"{fn}/q_precision-fp8x2-auto",
-            fn,
-            {"args.q_precision": 1},
-            "args.q_precision",
-            r"1 \(fp8x2\) needs args.kernel 1 \(reference\).*got kernel 0",
-        ),
-        (
-            f"{fn}/q_precision-fp8x2-fast",
-            fn,
-            {"args.q_precision": 1, "args.kernel": 2},
-            "args.q_precision",
-            "got kernel 2",
-        ),
-    ]
+    # The two-term query (config.q_precision FP8X2, 0.2) runs on the reference kernel only.
+    for kernel in (0, 2):
+        cases.append(
+            (
+                f"{fn}/q_precision-fp8x2-kernel-{kernel}",
+                fn,
+                {"config.q_precision": 1, "args.kernel": kernel},
+                "args.kernel",
+                rf"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\).*got {kernel}",
+            )
+        )
     # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
     split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}
     split |= {"args.q_pe_stride_token": 16 * 64, "args.q_pe_stride_head": 64}
@@ -1312,9 +1287,15 @@ def test_shorter_decode_config_reads_num_sm_parts_as_zero() -> None:
     fn = "snapmla_decode_buffer_sizes"
     full = invoke(fn, base(fn))
     assert full.status == SUCCESS
-    for struct_size in (28, 29, 31, 32):  # num_sm_parts (bytes 24..27) covered
+    # num_sm_parts (bytes 24..27) covered; q_precision (28..31, since 0.2) read as 0 or given 0
+    for struct_size in (28, 32):
         result = invoke(fn, with_overrides(fn, {"config.struct_size": struct_size}))
         assert result.status == SUCCESS and result.outputs == full.outputs, struct_size
+    # FP8X2 reserves the low row: 516 bytes a query row (2 x 2 x 16 rows here), 256-aligned.
+    two = invoke(fn, with_overrides(fn, {"config.q_precision": 1}))
+    assert two.status == SUCCESS and two.outputs["plan_bytes"] == full.outputs["plan_bytes"]
+    ws = [int.from_bytes(r.outputs["workspace_bytes"], "little") for r in (two, full)]
+    assert ws[0] - ws[1] == 512 * 64 + 256, ws
     # Without num_sm_parts, the parts come from the device: validation-only mode stops there.
     result = invoke(fn, with_overrides(fn, {"config.struct_size": 24}))
     assert result.status == VALIDATED, result.message
@@ -1565,7 +1546,7 @@ def pointer_bad(v: dict[str, Any], name: str, align: int, key: str | None = None
 
 
 def decode_config_violations(config: Any) -> tuple[set[str], dict[str, int] | None]:
-    if not struct_ok(config, 24, ((24, 4),)):
+    if not struct_ok(config, 24, ((24, 4), (28, 4))):  # num_sm_parts, q_precision
         return {"config"}, None
     c = config.read_back()
     bad = set()
@@ -1582,6 +1563,8 @@ def decode_config_violations(config: Any) -> tuple[set[str], dict[str, int] | No
         bad.add("config.max_pages")
     if not 0 <= c["num_sm_parts"] <= 65535:
         bad.add("config.num_sm_parts")
+    if c["q_precision"] not in (0, 1):
+        bad.add("config.q_precision")
     return bad, (None if bad else c)
 
 
@@ -1776,7 +1759,6 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     # snapmla_decode
     q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")
     optional = tuple((q_pe_at + 8 * k, 8) for k in range(4))  # q_pe and its three strides
-    optional += ((ffi.offsetof("snapmla_decode_args_t", "q_precision"), 4),)
     if not struct_ok(v["args"], q_pe_at, optional):
         return {"args"}, VALIDATED
     a = v["args"].read_back()
@@ -1788,8 +1770,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.softmax_scale")
     if not 0 <= a["kernel"] <= 2:
         bad.add("args.kernel")
-    if a["q_precision"] not in (0, 1) or (a["q_precision"] == 1 and a["kernel"] != 1):
-        bad.add("args.q_precision")
+    if c["q_precision"] == 1 and a["kernel"] != 1:  # the two-term query: reference only
+        bad.add("args.kernel")
     if a["q"] == 0 or a["q"] % 2:
         bad.add("args.q")
     dims = [(b, a["q_stride_batch"]), (s_q, a["q_stride_token"]), (h, a["q_stride_head"])]
@@ -1943,6 +1925,7 @@ DECODE_CONFIG_FIELDS = st.fixed_dictionaries(
         "num_heads": _maybe_valid(st.integers(1, 128), st.one_of(st.integers(0, 130), INT32)),
         "max_pages": _maybe_valid(st.integers(1, 64), st.one_of(st.integers(0, 2**25), INT32)),
         "num_sm_parts": _maybe_valid(st.integers(0, 200), st.one_of(st.integers(0, 66000), INT32)),
+        "q_precision": often(0, st.one_of(st.integers(-1, 2), INT32), 80),
     }
 )
 DECODE_CONFIG = struct_arg("snapmla_decode_config_t", 24, DECODE_CONFIG_FIELDS)
@@ -1955,7 +1938,6 @@ DECODE_ARGS = struct_arg(
             "causal": INT32,
             "softmax_scale": _maybe_valid(st.floats(1e-3, 10.0), st.floats(width=32)),
             "kernel": _maybe_valid(st.integers(0, 2), st.one_of(st.integers(-1, 3), INT32)),
-            "q_precision": often(0, st.one_of(st.integers(-1, 2), INT32), 80),
             "q": POINTER,
             "q_stride_batch": row_stride(576 * 128 * 4),
             "q_stride_token": row_stride(576 * 128),

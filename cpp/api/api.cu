@@ -394,7 +394,8 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
                                      snapmla_decode_config_t* c) {
   SNAPMLA_TRY(read_sized(
       op, "config", in, c, offsetof(snapmla_decode_config_t, num_sm_parts),
-      {{"num_sm_parts", offsetof(snapmla_decode_config_t, num_sm_parts), sizeof(int32_t)}}));
+      {{"num_sm_parts", offsetof(snapmla_decode_config_t, num_sm_parts), sizeof(int32_t)},
+       {"q_precision", offsetof(snapmla_decode_config_t, q_precision), sizeof(int32_t)}}));
   SNAPMLA_REQUIRE(c->batch_size >= 1 && c->batch_size <= kMaxBatch,
                   "%s: argument 'config.batch_size': expected 1 .. %d, got %d", op, kMaxBatch,
                   c->batch_size);
@@ -417,6 +418,10 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
   SNAPMLA_REQUIRE(c->num_sm_parts >= 0 && c->num_sm_parts <= kMaxSmParts,
                   "%s: argument 'config.num_sm_parts': expected 0 .. %d, got %d", op, kMaxSmParts,
                   c->num_sm_parts);
+  SNAPMLA_REQUIRE(c->q_precision == SNAPMLA_Q_PRECISION_FP8 ||
+                      c->q_precision == SNAPMLA_Q_PRECISION_FP8X2,
+                  "%s: argument 'config.q_precision': expected 0 (fp8) or 1 (fp8x2), got %d", op,
+                  c->q_precision);
   return SNAPMLA_SUCCESS;
 }
 
@@ -427,7 +432,7 @@ constexpr int64_t kWorstRows = int64_t{kMaxBatch} * SNAPMLA_MAX_Q_LEN * SNAPMLA_
 constexpr int64_t kWorstRowTiles =
     (int64_t{SNAPMLA_MAX_Q_LEN} * SNAPMLA_MAX_HEADS + decode::kTileRows - 1) / decode::kTileRows;
 constexpr int64_t kWorstWorkspace =
-    kWorstRows * (kContentDim + 2 * kRopeDim + 4) +
+    kWorstRows * (2 * kContentDim + 2 * kRopeDim + 2 * 4) +  // with the two-term query's low row
     int64_t{2} * kMaxSmParts * kWorstRowTiles * decode::kTileRows * (kContentDim * 4 + 4) + 8 * 256;
 constexpr int64_t kWorstPlanWords =
     decode::PlanLayout::kHeaderWords + 4 * (int64_t{kMaxBatch} + 1) + 2 * int64_t{kMaxSmParts};
@@ -455,7 +460,9 @@ void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* pl
   const decode::PlanLayout pl = decode::PlanLayout::make(c.batch_size, parts);
   *plan_bytes = static_cast<size_t>((pl.total_words * 4 + 255) / 256 * 256);
   *workspace_bytes = static_cast<size_t>(
-      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts).total_bytes);
+      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts,
+                                    c.q_precision == SNAPMLA_Q_PRECISION_FP8X2)
+          .total_bytes);
 }
 
 // The plan (and the workspace, if given) must not run past the end of the address space.
@@ -998,8 +1005,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       {{"q_pe", offsetof(snapmla_decode_args_t, q_pe), sizeof(void*)},
        {"q_pe_stride_batch", offsetof(snapmla_decode_args_t, q_pe_stride_batch), sizeof(int64_t)},
        {"q_pe_stride_token", offsetof(snapmla_decode_args_t, q_pe_stride_token), sizeof(int64_t)},
-       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)},
-       {"q_precision", offsetof(snapmla_decode_args_t, q_precision), sizeof(int32_t)}}));
+       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)}}));
   snapmla_cache cache;
   SNAPMLA_TRY(check_cache_layer(op, handle, "args.layer", a.layer, &cache));
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
@@ -1009,14 +1015,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
-  SNAPMLA_REQUIRE(a.q_precision == SNAPMLA_Q_PRECISION_FP8 ||
-                      a.q_precision == SNAPMLA_Q_PRECISION_FP8X2,
-                  "%s: argument 'args.q_precision': expected 0 (fp8) or 1 (fp8x2), got %d", op,
-                  a.q_precision);
-  const bool two_term = a.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
+  const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE,
-                  "%s: argument 'args.q_precision': 1 (fp8x2) needs args.kernel 1 (reference) "
-                  "in this version (the tensor-core kernel does not take it yet), got kernel %d",
+                  "%s: argument 'args.kernel': expected 1 (reference) for config.q_precision 1 "
+                  "(fp8x2) in this version (the tensor-core kernel does not take it yet), got %d",
                   op, a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
@@ -1055,7 +1057,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
 
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const decode::WorkspaceLayout w =
-      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts);
+      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts, two_term);
   uint8_t* ws = static_cast<uint8_t*>(workspace);
   QuantizeQParams qp{static_cast<const uint16_t*>(a.q),
                      a.q_stride_batch,

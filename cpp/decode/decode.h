@@ -68,11 +68,13 @@ struct WorkspaceLayout {
   int64_t q_scale;      // fp32 [b, s_q, h]
   int64_t partial_o;    // fp32 [2 * num_parts, row_tiles * 64, 512]
   int64_t partial_lse;  // fp32 [2 * num_parts, row_tiles * 64]
-  int64_t q_lo;         // e4m3 [b, s_q, h, 512]: the two-term query's low row (args.q_precision)
-  int64_t q_lo_scale;   // fp32 [b, s_q, h]
+  int64_t q_lo;         // e4m3 [b, s_q, h, 512]: the two-term query's low row (two_term only)
+  int64_t q_lo_scale;   // fp32 [b, s_q, h] (two_term only)
   int64_t total_bytes;
 
-  static WorkspaceLayout make(int batch, int q_len, int num_heads, int num_parts);
+  // two_term: room for the two-term query's low row and scale (config.q_precision FP8X2).
+  static WorkspaceLayout make(int batch, int q_len, int num_heads, int num_parts,
+                              bool two_term = false);
 };
 
 struct DecodeParams {

@@ -113,7 +113,8 @@ int default_num_parts(int sm_count, int row_tiles) {
   return parts > 0 ? parts : 1;
 }
 
-WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int num_parts) {
+WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int num_parts,
+                                      bool two_term) {
   auto align = [](int64_t x) { return (x + 255) / 256 * 256; };
   const int64_t rows = int64_t{batch} * q_len * num_heads;
   const int64_t row_tiles = (int64_t{q_len} * num_heads + kTileRows - 1) / kTileRows;
@@ -125,8 +126,8 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
   w.partial_o = align(w.q_scale + rows * 4);
   w.partial_lse = align(w.partial_o + slots * row_tiles * kTileRows * kContentDim * 4);
   w.q_lo = align(w.partial_lse + slots * row_tiles * kTileRows * 4);
-  w.q_lo_scale = align(w.q_lo + rows * kContentDim);
-  w.total_bytes = align(w.q_lo_scale + rows * 4);
+  w.q_lo_scale = two_term ? align(w.q_lo + rows * kContentDim) : w.q_lo;
+  w.total_bytes = two_term ? align(w.q_lo_scale + rows * 4) : w.q_lo;
   return w;
 }
 

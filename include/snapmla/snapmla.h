@@ -408,6 +408,17 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_toke
 
 /* ------------------------------------------------------------------------------ decode */
 
+/* How the query enters QK (config.q_precision). */
+typedef enum snapmla_q_precision {
+  SNAPMLA_Q_PRECISION_FP8 = 0,  /* the contract: one FP8 row per (token, head), one scale */
+  SNAPMLA_Q_PRECISION_FP8X2 = 1 /* the two-term query (see snapmla_quantize_q2): a second FP8
+                                   row on the first's residual, a second content QK pass,
+                                   z's content part acc_hi + rho * acc_lo (one FMA, rho =
+                                   fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
+                                   Since 0.2, experimental: not yet run on a GPU, and only
+                                   the REFERENCE kernel takes it (AUTO and FAST refuse it) */
+} snapmla_q_precision_t;
+
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */
 typedef struct snapmla_decode_config {
   size_t struct_size;   /* sizeof(snapmla_decode_config_t) */
@@ -417,10 +428,14 @@ typedef struct snapmla_decode_config {
   int32_t max_pages;    /* columns of the block table; contexts are at most max_pages * 64 */
   int32_t num_sm_parts; /* split-KV parallelism, 0 .. 65535; 0 = derive from the device's SM
                            count. Optional: a struct_size that ends before it reads 0 */
+  int32_t q_precision;  /* since 0.2, optional: snapmla_q_precision_t, 0 (FP8; what an older
+                           caller's struct_size reads). FP8X2 sizes the workspace for the
+                           two-term query's low row (516 bytes more per query row) and has
+                           snapmla_decode run it */
 } snapmla_decode_config_t;
 
-/* Defaults: batch_size, num_heads and max_pages must be set; q_len 1, num_sm_parts 0. */
-#define SNAPMLA_DECODE_CONFIG_INIT {sizeof(snapmla_decode_config_t), 0, 1, 0, 0, 0}
+/* Defaults: batch_size, num_heads and max_pages must be set; q_len 1, num_sm_parts 0, FP8. */
+#define SNAPMLA_DECODE_CONFIG_INIT {sizeof(snapmla_decode_config_t), 0, 1, 0, 0, 0, 0}
 
 /* Which kernel runs the attention. */
 typedef enum snapmla_decode_kernel {
@@ -435,16 +450,6 @@ typedef enum snapmla_decode_kernel {
                                           contract's tensor-core tier (see the contract) */
 } snapmla_decode_kernel_t;
 
-/* How the query enters QK. */
-typedef enum snapmla_q_precision {
-  SNAPMLA_Q_PRECISION_FP8 = 0,  /* the contract: one FP8 row per (token, head), one scale */
-  SNAPMLA_Q_PRECISION_FP8X2 = 1 /* the two-term query (see snapmla_quantize_q2): a second FP8
-                                   row on the first's residual, a second content QK pass,
-                                   z's content part acc_hi + rho * acc_lo (one FMA, rho =
-                                   fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
-                                   Since 0.2, experimental: not yet run on a GPU, and only
-                                   the REFERENCE kernel takes it (AUTO and FAST refuse it) */
-} snapmla_q_precision_t;
 
 typedef struct snapmla_decode_args {
   size_t struct_size;         /* sizeof(snapmla_decode_args_t) */
@@ -476,8 +481,6 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
-  int32_t q_precision;          /* since 0.2, optional: snapmla_q_precision_t; 0 (FP8, the
-                                   default; what an older caller's struct_size reads) */
 } snapmla_decode_args_t;
 
 /* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
@@ -485,7 +488,7 @@ typedef struct snapmla_decode_args {
 /* clang-format off */
 #define SNAPMLA_DECODE_ARGS_INIT \
   {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
-   NULL, NULL, NULL, NULL, 0, 0, 0, SNAPMLA_Q_PRECISION_FP8}
+   NULL, NULL, NULL, NULL, 0, 0, 0}
 /* clang-format on */
 
 /* Device bytes for the plan and the workspace of a decode config. The caller allocates both

@@ -144,6 +144,11 @@ snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
                                      void* q_rope, float* q_scale, void* q_lo,
                                      float* q_lo_scale, snapmla_stream_t stream);
 
+typedef enum snapmla_q_precision {
+  SNAPMLA_Q_PRECISION_FP8 = 0,
+  SNAPMLA_Q_PRECISION_FP8X2 = 1
+} snapmla_q_precision_t;
+
 typedef struct snapmla_decode_config {
   size_t struct_size;
   int32_t batch_size;
@@ -151,6 +156,7 @@ typedef struct snapmla_decode_config {
   int32_t num_heads;
   int32_t max_pages;
   int32_t num_sm_parts;
+  int32_t q_precision;
 } snapmla_decode_config_t;
 
 typedef enum snapmla_decode_kernel {
@@ -158,11 +164,6 @@ typedef enum snapmla_decode_kernel {
   SNAPMLA_DECODE_KERNEL_REFERENCE = 1,
   SNAPMLA_DECODE_KERNEL_FAST = 2
 } snapmla_decode_kernel_t;
-
-typedef enum snapmla_q_precision {
-  SNAPMLA_Q_PRECISION_FP8 = 0,
-  SNAPMLA_Q_PRECISION_FP8X2 = 1
-} snapmla_q_precision_t;
 
 typedef struct snapmla_decode_args {
   size_t struct_size;
@@ -183,7 +184,6 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
-  int32_t q_precision;
 } snapmla_decode_args_t;
 
 snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,

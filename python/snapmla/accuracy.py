@@ -575,11 +575,13 @@ class KernelRunner:
         pages = -(-w.context // ref.PAGE_SIZE)
         block_table = cupy.arange(pages, dtype=cupy.int32).reshape(1, pages)
         seqlens = cupy.full((1,), w.context, dtype=cupy.int32)
-        plan = snapmla.DecodePlan(seqlens, num_heads=w.num_heads, q_len=w.q_len, max_pages=pages)
+        plan = snapmla.DecodePlan(
+            seqlens, num_heads=w.num_heads, q_len=w.q_len, max_pages=pages, q_precision=q_precision
+        )
         out, lse = snapmla.decode(
             self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
             softmax_scale=w.softmax_scale, causal=True,
-            kernel=self.kernel if q_precision == "fp8" else "reference", q_precision=q_precision,
+            kernel=self.kernel if q_precision == "fp8" else "reference",
         )
         cupy.cuda.get_current_stream().synchronize()
         out_h = out.get()

@@ -34,7 +34,7 @@ __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
 
 # decode(kernel=...) names -> snapmla_decode_kernel_t.
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
-# decode(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
+# DecodePlan(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
 Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
 
 MAX_BATCH = 65536
@@ -64,7 +64,6 @@ _ARGS_FIELDS = (
     ("q_pe_stride_batch", "q"),
     ("q_pe_stride_token", "q"),
     ("q_pe_stride_head", "q"),
-    ("q_precision", "i"),
 )
 _ARGS_PACKED = "=" + "".join(code for _, code in _ARGS_FIELDS)
 _ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
@@ -116,6 +115,7 @@ class DecodeConfig:
         num_heads: Query heads ``h``, 1..128.
         max_pages: Columns of the block table (contexts are at most ``max_pages * 64``).
         num_sm_parts: Split-KV parallelism, 0..65535; 0 = derived from the device's SM count.
+        q_precision: ``"fp8"`` or ``"fp8x2"`` (the two-term query; see ``DecodePlan``).
     """
 
     batch_size: int
@@ -123,6 +123,7 @@ class DecodeConfig:
     num_heads: int
     max_pages: int
     num_sm_parts: int = 0
+    q_precision: str = "fp8"
 
 
 def _validate_config_args(
@@ -191,6 +192,7 @@ class DecodePlan(Closable):
         max_pages: int,
         num_sm_parts: int = 0,
         stream: Any = None,
+        q_precision: str = "fp8",
     ) -> None:
         """Allocate the plan and workspace and build the plan (one small launch).
 
@@ -206,6 +208,13 @@ class DecodePlan(Closable):
                 allocated: an int handle, or an object with ``.ptr`` (CuPy) or
                 ``.cuda_stream`` (PyTorch). ``None``: torch's current stream if
                 ``cache_seqlens`` is a torch tensor, else CuPy's current stream.
+            q_precision: ``"fp8"`` (the numerics contract: one FP8 row per query) or
+                ``"fp8x2"`` (the two-term query: a second FP8 row on the first's residual and
+                a second content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``;
+                about half the error where the query's rounding dominates). ``"fp8x2"``
+                reserves 516 more workspace bytes per query row, and ``decode`` with this
+                plan then needs ``kernel="reference"``. Since 0.2, experimental: not yet run
+                on a GPU.
         """
         self._owned: OwnedMemory | None = None
         self._in_use = InUse()
@@ -213,9 +222,15 @@ class DecodePlan(Closable):
         num_heads, q_len, max_pages, num_sm_parts = _validate_config_args(
             op, num_heads, q_len, max_pages, num_sm_parts
         )
+        if not isinstance(q_precision, str) or q_precision not in Q_PRECISIONS:
+            raise argument_error(
+                op, "q_precision", " or ".join(repr(k) for k in Q_PRECISIONS), repr(q_precision)
+            )
         s = Stream(stream, op, (cache_seqlens,))
         seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
-        self.config = DecodeConfig(seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
+        self.config = DecodeConfig(
+            seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts, q_precision
+        )
         self.device = device
         ffi = _lib.ffi
         lib = _lib.lib()
@@ -228,6 +243,7 @@ class DecodePlan(Closable):
                 "num_heads": num_heads,
                 "max_pages": max_pages,
                 "num_sm_parts": num_sm_parts,
+                "q_precision": Q_PRECISIONS[q_precision],
             },
         )
         plan_bytes = ffi.new("size_t*")
@@ -348,7 +364,6 @@ class _DecodeCall(NamedTuple):
     lse: TensorView | None
     q_pe: TensorView | None = None  # the RoPE part apart (q then holds q_nope only)
     q_pe_strides: tuple[int, int, int] = (0, 0, 0)
-    q_precision: int = 0  # snapmla_q_precision_t
 
 
 def _validate_decode_args(
@@ -369,7 +384,6 @@ def _validate_decode_args(
     kernel: Any,
     stream: Stream,
     q_pe: Any = None,
-    q_precision: Any = "fp8",
 ) -> _DecodeCall:
     """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
     ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``)."""
@@ -379,20 +393,13 @@ def _validate_decode_args(
         raise argument_error(
             op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
         )
-    if not isinstance(q_precision, str) or q_precision not in Q_PRECISIONS:
+    if config.q_precision == "fp8x2" and kernel != "reference":
         raise argument_error(
             op,
-            "q_precision",
-            " or ".join(repr(k) for k in Q_PRECISIONS),
-            repr(q_precision),
-        )
-    if q_precision == "fp8x2" and kernel != "reference":
-        raise argument_error(
-            op,
-            "q_precision",
-            "'fp8' with kernel " + repr(kernel) + " ('fp8x2' needs kernel='reference' in this "
-            "version: the tensor-core kernel does not take it yet)",
-            repr(q_precision),
+            "kernel",
+            "'reference' for a plan made with q_precision='fp8x2' (the tensor-core kernel "
+            "does not take the two-term query yet)",
+            repr(kernel),
         )
     scale = _check_softmax_scale(op, softmax_scale)
 
@@ -486,7 +493,6 @@ def _validate_decode_args(
         lv,
         pv,
         pe_strides,
-        Q_PRECISIONS[q_precision],
     )
 
 
@@ -562,7 +568,6 @@ def decode(
     kernel: str = "auto",
     stream: Any = None,
     q_pe: Any = None,
-    q_precision: str = "fp8",
 ) -> tuple[Any, Any]:
     """FP8 MLA decode attention of one layer for one step (graph-safe: only enqueues work).
 
@@ -596,11 +601,6 @@ def decode(
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
             and step.
-        q_precision: ``"fp8"`` (the numerics contract: one FP8 row per query) or ``"fp8x2"``
-            (the two-term query: a second FP8 row on the first's residual and a second
-            content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``; about half the
-            error where the query's rounding dominates). Since 0.2, experimental: not yet run
-            on a GPU, and only with ``kernel="reference"``.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.
@@ -640,7 +640,6 @@ def decode(
                 kernel=kernel,
                 stream=stream,
                 q_pe=q_pe,
-                q_precision=q_precision,
             )
         finally:
             plan._in_use.exit()
@@ -664,7 +663,6 @@ def _decode(
     kernel: Any,
     stream: Any,
     q_pe: Any = None,
-    q_precision: Any = "fp8",
 ) -> tuple[Any, Any]:
     s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse, q_pe))
     call = _validate_decode_args(
@@ -684,7 +682,6 @@ def _decode(
         kernel=kernel,
         stream=s,
         q_pe=q_pe,
-        q_precision=q_precision,
     )
     c = plan.config
     device = cache.device
@@ -720,7 +717,6 @@ def _decode(
             lse_ptr & _U64,
             (call.q_pe.ptr if call.q_pe is not None else 0) & _U64,
             *call.q_pe_strides,
-            call.q_precision,
         )
         buffers = _plan_buffers(plan)
         _lib.check(

@@ -654,7 +654,6 @@ def _decode(
             0,
             0,
             0,
-            0,  # q_precision: FP8 (the ops take the contract's query)
         )
         _lib.check(
             _lib.lib().snapmla_decode(

@@ -349,7 +349,8 @@ def run_decode(
     plan: Any = None,
     q_precision: str = "fp8",
 ) -> tuple[Any, Any]:
-    """Plans (unless given ``plan``) and runs one decode into poisoned (NaN) torch outputs.
+    """Plans (unless given ``plan``; ``q_precision`` is the plan's) and runs one decode into
+    poisoned (NaN) torch outputs.
 
     ``q`` / ``seqlens`` / ``block_table`` override the case's. Returns ``(out, lse)`` after a
     device synchronization.
@@ -360,7 +361,7 @@ def run_decode(
     if block_table is not None:
         bt_dev = to_device(np.asarray(block_table, np.int32), framework)
     if plan is None:
-        plan = make_plan(case, sl_dev, num_sm_parts)
+        plan = make_plan(case, sl_dev, num_sm_parts, q_precision=q_precision)
     out, lse = poisoned_outputs(b, s_q, h)
     got = snapmla.decode(
         cache,
@@ -374,7 +375,6 @@ def run_decode(
         out=out,
         lse=lse,
         kernel=kernel,
-        q_precision=q_precision,
     )
     assert got[0] is out and got[1] is lse
     synchronize()

@@ -115,12 +115,14 @@ def main() -> int:
         q = (rs.standard_normal((b, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
         snapmla.quantize_q(q, precision="fp8x2")
         plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
-                                  num_sm_parts=parts)
+                                  num_sm_parts=parts, q_precision="fp8x2")
         snapmla.decode(cache, 1, q, table, seqlens, plan, softmax_scale=192**-0.5,
-                       kernel="reference", q_precision="fp8x2")
+                       kernel="reference")
     engine = snapmla.KVCache(2, pages, buffer=strided, page_stride=stride)
-    snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan, softmax_scale=192**-0.5,
-                   kernel="reference", q_precision="fp8x2")
+    bad_plan2 = snapmla.DecodePlan(bad_lens, num_heads=16, q_len=2, max_pages=max_pages,
+                                   q_precision="fp8x2")
+    snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan2, softmax_scale=192**-0.5,
+                   kernel="reference")
     cupy.cuda.get_current_stream().synchronize()
     engine.close()
     print("two-term query: done")

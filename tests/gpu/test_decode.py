@@ -639,5 +639,5 @@ def test_two_term_query_refused_by_the_tensor_core_kernel(rng: np.random.Generat
     case = make_case(rng, [100], num_heads=16)
     cache = make_cache(case)
     for kernel in ("auto", "fast"):
-        with pytest.raises(snapmla.SnapMLAError, match="q_precision"):
+        with pytest.raises(snapmla.SnapMLAError, match="q_precision='fp8x2'"):
             run_decode(cache, case, kernel=kernel, q_precision="fp8x2")
