@@ -91,7 +91,9 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
 constexpr int kWideWarps = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodeParams p) {
-  __shared__ float4 slice[kWideWarps][32][kColsPerLane / 4];  // each warp's weighted sum
+  // each warp's weighted sum, [warp][float4 v][lane]: a warp's float4 stores and loads are
+  // consecutive (no bank conflicts)
+  __shared__ float4 slice[kWideWarps][kColsPerLane / 4][32];
   __shared__ float slice_w[kWideWarps];                        // and its weight sum
   const int b = blockIdx.x, fr = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -148,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
     }
 #pragma unroll
     for (int v = 0; v < kColsPerLane / 4; ++v) {
-      slice[warp][lane][v] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+      slice[warp][v][lane] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
     }
     if (lane == 0) slice_w[warp] = w_sum;
     __syncthreads();
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
       w_sum += slice_w[k];
 #pragma unroll
       for (int v = 0; v < kColsPerLane / 4; ++v) {
-        const float4 x = slice[k][lane][v];
+        const float4 x = slice[k][v][lane];
         acc[4 * v] += x.x;
         acc[4 * v + 1] += x.y;
         acc[4 * v + 2] += x.z;
