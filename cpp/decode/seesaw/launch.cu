@@ -2,6 +2,7 @@
 // choice of PV width from the query rows per request.
 #include <cudaTypedefs.h>
 
+#include <cstring>
 #include <mutex>
 
 #include "decode/decode.h"
@@ -63,12 +64,65 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
                    {kRopeDim * 2}, {kRopeDim, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
+// The tensor maps of recent calls, per thread (issue 10: five encodings were a measurable part
+// of a decode call's host time). A map is a function of the addresses, sizes and strides in the
+// key alone (its data type, box and swizzle are constants), so a hit is the map the encoding
+// would give: reused memory at the same address is covered. A model step decodes every layer
+// with one workspace, so 64 entries hold a step's maps for up to 64 layers.
+// SNAPMLA_TENSOR_MAP_CACHE (experimental, off until the GPU suite and the host-time harness
+// have run it; bench/NOTES.md).
+#ifndef SNAPMLA_TENSOR_MAP_CACHE
+#define SNAPMLA_TENSOR_MAP_CACHE 0
+#endif
+struct MapKey {
+  const uint8_t* layer_base;
+  int64_t page_stride;
+  const uint8_t* q_content;
+  const uint16_t* q_rope;
+  int64_t rows;
+  int32_t num_pages;
+  int32_t pad;
+};
+struct MapCache {
+  static constexpr int kEntries = 64;
+  MapKey keys[kEntries];
+  seesaw::TensorMaps maps[kEntries];
+  bool used[kEntries] = {};
+  int next = 0;
+};
+
+cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
+  thread_local MapCache cache;
+  MapKey key;
+  std::memset(&key, 0, sizeof(key));
+  key.layer_base = p.layer_base;
+  key.page_stride = p.page_stride;
+  key.q_content = p.q_content;
+  key.q_rope = p.q_rope;
+  key.rows = int64_t{p.batch} * p.q_len * p.num_heads;
+  key.num_pages = p.num_pages;
+  for (int i = 0; i < MapCache::kEntries; ++i) {
+    if (cache.used[i] && std::memcmp(&cache.keys[i], &key, sizeof(key)) == 0) {
+      *maps = cache.maps[i];
+      return cudaSuccess;
+    }
+  }
+  const cudaError_t err = make_maps(p, maps);
+  if (err != cudaSuccess) return err;
+  const int slot = cache.next;
+  cache.next = (slot + 1) % MapCache::kEntries;
+  cache.keys[slot] = key;
+  cache.maps[slot] = *maps;
+  cache.used[slot] = true;
+  return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
   if (p.q_lo != nullptr) return cudaErrorInvalidValue;  // no two-term query here (the API refuses)
   seesaw::TensorMaps maps;
-  const cudaError_t err = make_maps(p, &maps);
+  const cudaError_t err = SNAPMLA_TENSOR_MAP_CACHE ? cached_maps(p, &maps) : make_maps(p, &maps);
   if (err != cudaSuccess) return err;
   // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
   const int rows = p.q_len * p.num_heads;
