@@ -10,6 +10,7 @@
 #   .carry/bin/seesaw_trace_rowmath 32 128 16384      # with SNAPMLA_SEESAW_FAST_ROWMATH
 #   .carry/bin/seesaw_trace_widecombine 1 128 8192    # with SNAPMLA_COMBINE_WIDE ("kernel +
 #                                                     # combine" is the line to compare)
+#   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -27,6 +28,7 @@ builds=(
   "seesaw_trace_noproducer:-DSNAPMLA_SEESAW_PRODUCER=0"
   "seesaw_trace_rowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=1"
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_WIDE=1"
+  "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
 )
 pids=()
 for b in "${builds[@]}"; do

@@ -63,7 +63,8 @@ for stage in "$@"; do
       log "A/B of the seesaw variants (.carry/bin, built by bench/build_trace.sh)"
       for c in "32 128 16384" "128 16 16384" "128 16 16384 2" "64 16 4096 2" "1 128 8192" \
         "1 128 1024" "8 128 4096" "1 16 8192"; do
-        for v in seesaw_trace seesaw_trace_noproducer seesaw_trace_rowmath seesaw_trace_widecombine; do
+        for v in seesaw_trace seesaw_trace_noproducer seesaw_trace_rowmath seesaw_trace_widecombine \
+          seesaw_trace_prefetch; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v $c" >>"$OUT/ab.log"
           timeout 60 ".carry/bin/$v" $c 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" || status=1

@@ -59,6 +59,16 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
 }
 constexpr float kInvFp8Max = 1.f / 448.f;
 
+// SNAPMLA_SEESAW_PREFETCH_MAPS (experimental, off; bench/NOTES.md): thread 0 prefetches the five
+// tensor maps at entry, so that the TMA unit's descriptor fetches overlap the barrier setup
+// instead of delaying the first Q and page loads (the short-context fixed cost).
+#ifndef SNAPMLA_SEESAW_PREFETCH_MAPS
+#define SNAPMLA_SEESAW_PREFETCH_MAPS 0
+#endif
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
   return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
@@ -154,6 +164,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
   SEESAW_TRACE(0, kTrEntry);
+#if SNAPMLA_SEESAW_PREFETCH_MAPS
+  if (tid == 0) {
+    prefetch_tensor_map(&maps.k_content);
+    prefetch_tensor_map(&maps.k_rope);
+    prefetch_tensor_map(&maps.k_scale);
+    prefetch_tensor_map(&maps.q_content);
+    prefetch_tensor_map(&maps.q_rope);
+  }
+#endif
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
