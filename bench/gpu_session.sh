@@ -2,37 +2,52 @@
 # One call on the lent GPU machine: install the carried wheels, then run the stages named on the
 # command line, writing logs and JSON under $OUT (default /tmp/snapmla-out).
 #
-#   bash bench/gpu_session.sh [tests] [tests-decode] [frag] [ctest] [sanitize] [sass] [demo]
-#                             [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu] [soak]
-#                             [host-c] [ab]
+#   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
+#                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
+#                             [soak] [host-c] [ab] [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
-# .carry (dist/snapmla-*.whl built on the development machine, COMMIT with its git hash).
+# .carry/dist (the snapmla wheel and its COMMIT, from bench/prepare_carry.sh). `use:<name>`
+# installs .carry/<name> instead (another wheel of bench/prepare_carry.sh <name>, for example an
+# experimental build) for the stages after it, so that one call tests several builds; each
+# stage's logs then carry the name (pytest-<name>.log ...).
 set -uo pipefail
 FINAL=${OUT:-/tmp/snapmla-out}  # what comes back: a few results and one log archive
 OUT=/tmp/snapmla-work
 mkdir -p "$OUT" "$FINAL"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-export SNAPMLA_COMMIT=$(cat .carry/COMMIT 2>/dev/null || echo unknown)
 log() { echo "=== $(date +%T) $*" | tee -a "$OUT/session.log"; }
 
-log "install wheels (commit $SNAPMLA_COMMIT)"
+# The wheels: the carried dependencies once, then snapmla from .carry/<name> (re-run by `use:`).
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl .carry/dist/snapmla-*.whl >"$OUT/pip.log" 2>&1 || {
-  cat "$OUT/pip.log"; exit 1; }
+  --target /tmp/site .whl/*.whl >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
 export PYTHONPATH=/tmp/site
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv \
   | tee "$OUT/gpu.txt"
-python3 -c "import snapmla, sys; print('snapmla', snapmla.version(), snapmla.__file__)" \
-  || exit 1
+TAG=""  # log-name suffix of the build in use ("" for .carry/dist)
+use_build() {
+  local name=$1 dir=.carry/$1
+  [ -f "$dir/COMMIT" ] || { echo "no $dir/COMMIT (bench/prepare_carry.sh $name)"; return 1; }
+  export SNAPMLA_COMMIT=$(cat "$dir/COMMIT")
+  log "install snapmla from $dir (commit $SNAPMLA_COMMIT)"
+  rm -rf /tmp/site/snapmla /tmp/site/snapmla-*.dist-info
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "$dir"/snapmla-*.whl >>"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; return 1; }
+  python3 -c "import snapmla; print('snapmla', snapmla.version(), snapmla.__file__)" || return 1
+  TAG=""; [ "$name" = dist ] || TAG="-$name"
+}
+# The default build, unless the first stage picks another (use:<name>).
+case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 
-# What comes back (at most 8 files): the result files and one archive of every log, refreshed
-# after each stage so that a call cut short by the device-time budget still returns them.
+# What comes back (the device tool returns at most 8 files): the result files, at most 7 of them,
+# and one archive of every log and result, refreshed after each stage so that a call cut short by
+# the device-time budget still returns them.
 publish() {
-  for f in decode.json decode-fast.json dataflow.json roofline.png accuracy.json accuracy.png \
-    host-c.log ab.log; do
-    [ -f "$OUT/$f" ] && cp "$OUT/$f" "$FINAL/"
+  local f
+  for f in $(ls "$OUT"/decode*.json "$OUT"/dataflow*.json "$OUT"/accuracy*.json "$OUT"/ab.log \
+      "$OUT"/host-c*.log 2>/dev/null | head -7); do
+    cp "$f" "$FINAL/"
   done
   tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt --exclude='*.ncu-rep' --exclude=src.csv .
 }
@@ -40,24 +55,27 @@ publish() {
 status=0
 for stage in "$@"; do
   case "$stage" in
+    use:*)
+      use_build "${stage#use:}" || { status=1; break; }
+      ;;
     tests)
       log "pytest (all tests, GPU included)"
-      timeout 420 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit.xml" --tb=line \
-        2>&1 | tee "$OUT/pytest.log" | tail -40 || status=1
+      timeout 420 python3 -m pytest -q -rfEs -p no:cacheprovider tests --junitxml="$OUT/junit$TAG.xml" --tb=line \
+        2>&1 | tee "$OUT/pytest$TAG.log" | tail -40 || status=1
       ;;
     tests-decode)
       log "pytest tests/gpu/test_decode.py (every kernel)"
       timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_decode.py --tb=line \
-        2>&1 | tee "$OUT/pytest-decode.log" | tail -40 || status=1
+        2>&1 | tee "$OUT/pytest-decode$TAG.log" | tail -40 || status=1
       ;;
     frag)
       log "seesaw fragment mapping (tests/cuda/seesaw_fragments.cu)"
       timeout 120 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_seesaw_fragments.py \
-        --tb=short 2>&1 | tee "$OUT/frag.log" | tail -12 || status=1
+        --tb=short 2>&1 | tee "$OUT/frag$TAG.log" | tail -12 || status=1
       ;;
     soak)
       log "soak: a serving loop of graph replays against the reference kernel"
-      timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak.log" | tail -8 || status=1
+      timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak$TAG.log" | tail -8 || status=1
       ;;
     ab)  # kernel-alone A/B of the variants bench/build_trace.sh builds, then three timelines
       log "A/B of the seesaw variants (.carry/bin, built by bench/build_trace.sh)"
@@ -83,49 +101,49 @@ for stage in "$@"; do
       mkdir -p /tmp/host-c-lib && ln -sf /tmp/site/snapmla/lib/libsnapmla.so /tmp/host-c-lib/libsnapmla.so.0
       for b in 1 64; do
         LD_LIBRARY_PATH=/tmp/host-c-lib .carry/bin/host_overhead_c $b 128 2000 2>&1 \
-          | tee -a "$OUT/host-c.log" || status=1
+          | tee -a "$OUT/host-c$TAG.log" || status=1
       done
       ;;
     ctest)
       log "C example against the installed CMake package"
       cmake -S examples/c -B /tmp/build-c -G Ninja \
-        -DCMAKE_PREFIX_PATH="$(python3 -m snapmla --cmake-dir)" >"$OUT/ctest.log" 2>&1 &&
-        cmake --build /tmp/build-c >>"$OUT/ctest.log" 2>&1 &&
-        /tmp/build-c/snapmla_c_example --gpu 2>&1 | tee -a "$OUT/ctest.log" || status=1
+        -DCMAKE_PREFIX_PATH="$(python3 -m snapmla --cmake-dir)" >"$OUT/ctest$TAG.log" 2>&1 &&
+        cmake --build /tmp/build-c >>"$OUT/ctest$TAG.log" 2>&1 &&
+        /tmp/build-c/snapmla_c_example --gpu 2>&1 | tee -a "$OUT/ctest$TAG.log" || status=1
       ;;
     sanitize)
       for tool in memcheck racecheck synccheck; do
         log "compute-sanitizer $tool"
         compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
-          python3 tests/gpu/smoke.py >"$OUT/sanitize-$tool.log" 2>&1
+          python3 tests/gpu/smoke.py >"$OUT/sanitize-$tool$TAG.log" 2>&1
         echo "$tool exit $?" | tee -a "$OUT/session.log"
-        tail -5 "$OUT/sanitize-$tool.log"
+        tail -5 "$OUT/sanitize-$tool$TAG.log"
       done
       ;;
     sass)
       log "SASS and resource usage"
       lib=$(python3 -c "import snapmla._lib as l; print(l.library_path())")
-      cuobjdump --dump-sass "$lib" >"$OUT/sass.txt" 2>&1
-      cuobjdump --dump-resource-usage "$lib" >"$OUT/resource-usage.txt" 2>&1
+      cuobjdump --dump-sass "$lib" >"$OUT/sass$TAG.txt" 2>&1
+      cuobjdump --dump-resource-usage "$lib" >"$OUT/resource-usage$TAG.txt" 2>&1
       # per kernel: tensor-core instructions and local-memory traffic (spills)
       awk '/Function :/ {f = $3} /QGMMA|HGMMA|HMMA|LDL|STL/ {
              for (i = 1; i <= NF; i++) if ($i ~ /^(QGMMA|HGMMA|HMMA|LDL|STL)/) {
                split($i, op, "."); c[f " " op[1]]++ } }
-           END { for (k in c) print k, c[k] }' "$OUT/sass.txt" | sort | tee "$OUT/sass-summary.txt"
+           END { for (k in c) print k, c[k] }' "$OUT/sass$TAG.txt" | sort | tee "$OUT/sass-summary$TAG.txt"
       ;;
     bench | bench-quick)
       quick=""; [ "$stage" = bench-quick ] && quick="--quick"
       log "decode benchmark $quick"
-      python3 bench/bench_decode.py $quick --out "$OUT/decode.json" 2>&1 | tee "$OUT/bench-decode.log" | tail -45
+      python3 bench/bench_decode.py $quick --out "$OUT/decode$TAG.json" 2>&1 | tee "$OUT/bench-decode$TAG.log" | tail -45
       log "data-movement benchmark"
-      python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow.json" 2>&1 | tee "$OUT/bench-dataflow.log" | tail -15
-      python3 bench/roofline.py "$OUT/decode.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
+      python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 | tee "$OUT/bench-dataflow$TAG.log" | tail -15
+      python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
-      timeout 240 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast.json" 2>&1 \
-        | tee "$OUT/bench-decode-fast.log" | tail -28
-      python3 bench/roofline.py "$OUT/decode-fast.json" "$OUT/roofline.png" >/dev/null 2>&1 || true
+      timeout 240 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast$TAG.json" 2>&1 \
+        | tee "$OUT/bench-decode-fast$TAG.log" | tail -28
+      python3 bench/roofline.py "$OUT/decode-fast$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
     diag)  # writes straight to what comes back, in case the device time runs out mid-call
       log "diagnostic: every kernel on logits that any accumulator holds exactly"
@@ -155,12 +173,12 @@ for stage in "$@"; do
       ;;
     demo)
       log "demo (the README's main job)"
-      python3 -m snapmla.demo 2>&1 | tee "$OUT/demo.log" || status=1
+      python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
       ;;
     accuracy)
       log "accuracy study"
-      python3 -m snapmla.accuracy --out "$OUT/accuracy.json" --figure "$OUT/accuracy.png" \
-        2>&1 | tee "$OUT/accuracy.log" | tail -30 || status=1
+      python3 -m snapmla.accuracy --out "$OUT/accuracy$TAG.json" --figure "$OUT/accuracy$TAG.png" \
+        2>&1 | tee "$OUT/accuracy$TAG.log" | tail -30 || status=1
       ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
