@@ -1019,32 +1019,38 @@ def _validate_decode(**overrides: Any) -> Any:
     )
 
 
-def test_decode_with_a_two_term_plan_needs_the_reference_kernel() -> None:
-    two_term = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8, q_precision="fp8x2")
+def test_decode_with_a_two_term_plan_needs_the_reference_or_fast_kernel() -> None:
+    """The two-term query runs on the reference kernel, or on the fast one (experimental,
+    opt-in: never "auto") where q_len * num_heads <= 32."""
     kwargs = {**_decode_defaults()}
     args = [kwargs.pop(k) for k in ("plan_device", "layer", "q", "block_table", "cache_seqlens")]
     stream = Stream(kwargs.pop("stream"), "decode")
+
+    def validate(config: DecodeConfig, kernel: str) -> Any:
+        return _validate_decode_args(
+            NUM_LAYERS,
+            0,
+            CACHE_EXTENT,
+            config,
+            *args,
+            stream=stream,
+            **{**kwargs, "kernel": kernel},
+        )
+
+    two_term = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8, q_precision="fp8x2")
+    with refused(
+        "kernel", r"'reference' or 'fast' \(experimental\) for a plan made with q_precision='fp8x2'"
+    ):
+        validate(two_term, "auto")
+    assert validate(two_term, "reference").kernel == 1
+    assert validate(two_term, "fast").kernel == 2
+    wide = DecodeConfig(batch_size=2, q_len=2, num_heads=32, max_pages=8, q_precision="fp8x2")
     for kernel in ("auto", "fast"):
-        with refused("kernel", "'reference' for a plan made with q_precision='fp8x2'"):
-            _validate_decode_args(
-                NUM_LAYERS,
-                0,
-                CACHE_EXTENT,
-                two_term,
-                *args,
-                stream=stream,
-                **{**kwargs, "kernel": kernel},
-            )
-    call = _validate_decode_args(
-        NUM_LAYERS,
-        0,
-        CACHE_EXTENT,
-        two_term,
-        *args,
-        stream=stream,
-        **{**kwargs, "kernel": "reference"},
-    )
-    assert call.kernel == 1
+        with refused(
+            "kernel",
+            r"'reference' for a plan made with q_precision='fp8x2' and q_len \* num_heads > 32",
+        ):
+            validate(wide, kernel)
 
 
 def _decode_overlap() -> dict[str, Any]:

@@ -735,17 +735,25 @@ def _decode_cases() -> list[Case]:
                 f"ends inside field 'args.{name}'",
             )
         )
-    # The two-term query (config.q_precision FP8X2, 0.2) runs on the reference kernel only.
-    for kernel in (0, 2):
-        cases.append(
-            (
-                f"{fn}/q_precision-fp8x2-kernel-{kernel}",
-                fn,
-                {"config.q_precision": 1, "args.kernel": kernel},
-                "args.kernel",
-                rf"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\).*got {kernel}",
-            )
-        )
+    # The two-term query (config.q_precision FP8X2, 0.2): the reference kernel, or fast
+    # (experimental, opt-in: never auto) where q_len x heads <= 32 (the base config's 2 x 16).
+    cases += [
+        (
+            f"{fn}/q_precision-fp8x2-kernel-0",
+            fn,
+            {"config.q_precision": 1, "args.kernel": 0},
+            "args.kernel",
+            r"expected 1 \(reference\) or 2 \(fast, experimental\) for "
+            + r"config.q_precision 1 \(fp8x2\).*got 0",
+        ),
+        (
+            f"{fn}/q_precision-fp8x2-kernel-2-heads-32",
+            fn,
+            {"config.q_precision": 1, "config.num_heads": 32, "args.kernel": 2},
+            "args.kernel",
+            r"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\).*got 2",
+        ),
+    ]
     # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
     split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}
     split |= {"args.q_pe_stride_token": 16 * 64, "args.q_pe_stride_head": 64}
@@ -1770,7 +1778,9 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.softmax_scale")
     if not 0 <= a["kernel"] <= 2:
         bad.add("args.kernel")
-    if c["q_precision"] == 1 and a["kernel"] != 1:  # the two-term query: reference only
+    # The two-term query: the reference kernel, or fast (experimental) where q_len x heads <= 32.
+    fast_two_term = a["kernel"] == 2 and c["q_len"] * c["num_heads"] <= 32
+    if c["q_precision"] == 1 and a["kernel"] != 1 and not fast_two_term:
         bad.add("args.kernel")
     if a["q"] == 0 or a["q"] % 2:
         bad.add("args.q")

@@ -56,6 +56,7 @@ constexpr int kMaxDevices = 64;
 constexpr int kMaxQuantizeHeads = 1024;
 constexpr int kMaxBatch = 65536;
 constexpr int kMaxSmParts = 65535;
+constexpr int kTwoTermFastRows = 32;  // the seesaw kernel's two-term query: q_len x heads
 constexpr int kMaxPages = ((int64_t{1} << 31) - 1) / kPageSize;  // num_pages * 64 fits int32
 constexpr int64_t kMaxBytes = INT64_MAX;                         // every byte offset is an int64
 constexpr size_t kMaxStructSize = SNAPMLA_MAX_STRUCT_SIZE;
@@ -1015,11 +1016,15 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
+  // The two-term query: the reference kernel at every shape; the seesaw kernel (FAST, opt-in
+  // until it has run on the GPU: never AUTO) where its QK tile holds both terms.
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
-  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE,
-                  "%s: argument 'args.kernel': expected 1 (reference) for config.q_precision 1 "
-                  "(fp8x2) in this version (the tensor-core kernel does not take it yet), got %d",
-                  op, a.kernel);
+  const bool two_term_fast = c.q_len * c.num_heads <= kTwoTermFastRows;
+  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE ||
+                      (a.kernel == SNAPMLA_DECODE_KERNEL_FAST && two_term_fast),
+                  "%s: argument 'args.kernel': expected 1 (reference)%s for config.q_precision 1 "
+                  "(fp8x2) in this version, got %d",
+                  op, two_term_fast ? " or 2 (fast, experimental)" : "", a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},

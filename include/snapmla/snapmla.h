@@ -415,8 +415,10 @@ typedef enum snapmla_q_precision {
                                    row on the first's residual, a second content QK pass,
                                    z's content part acc_hi + rho * acc_lo (one FMA, rho =
                                    fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
-                                   Since 0.2, experimental: not yet run on a GPU, and only
-                                   the REFERENCE kernel takes it (AUTO and FAST refuse it) */
+                                   Since 0.2, experimental: not yet run on a GPU. REFERENCE
+                                   takes it at every shape; FAST (opt-in, not validated yet)
+                                   where q_len * num_heads <= 32, its QK tile's empty half
+                                   holding the low rows; AUTO refuses it */
 } snapmla_q_precision_t;
 
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */

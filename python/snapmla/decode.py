@@ -36,6 +36,8 @@ __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
 # DecodePlan(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
 Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
+# The seesaw kernel's two-term query: q_len * num_heads at most this (the C library's rule).
+TWO_TERM_FAST_ROWS = 32
 
 MAX_BATCH = 65536
 MAX_SM_PARTS = 65535
@@ -394,13 +396,19 @@ def _validate_decode_args(
             op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
         )
     if config.q_precision == "fp8x2" and kernel != "reference":
-        raise argument_error(
-            op,
-            "kernel",
-            "'reference' for a plan made with q_precision='fp8x2' (the tensor-core kernel "
-            "does not take the two-term query yet)",
-            repr(kernel),
-        )
+        # The seesaw kernel takes the two-term query where its QK tile holds both terms; opt-in
+        # (kernel="fast") until it has run on the GPU, so never "auto".
+        fast_ok = config.q_len * config.num_heads <= TWO_TERM_FAST_ROWS
+        if kernel != "fast" or not fast_ok:
+            raise argument_error(
+                op,
+                "kernel",
+                "'reference'"
+                + (" or 'fast' (experimental)" if fast_ok else "")
+                + " for a plan made with q_precision='fp8x2'"
+                + ("" if fast_ok else f" and q_len * num_heads > {TWO_TERM_FAST_ROWS}"),
+                repr(kernel),
+            )
     scale = _check_softmax_scale(op, softmax_scale)
 
     spec = _decode_spec(config)

@@ -109,20 +109,24 @@ def main() -> int:
         engine.close()
     print("engine layouts: done")
 
-    # The two-term query (issue 9): its quantizer, and decode with it (reference kernel), on
-    # the mixed contexts, a strided cache, out-of-range pages and lengths, and many splits.
-    for heads, q_len, parts in [(16, 1, 0), (24, 2, 3), (1, 3, 2)]:
+    # The two-term query (issue 9): its quantizer, and decode with it (the reference kernel,
+    # and the fast one where s_q * h <= 32: its N = 16 and 32 two-term instantiations), on the
+    # mixed contexts, a strided cache, out-of-range pages and lengths, and many splits.
+    for heads, q_len, parts in [(16, 1, 0), (24, 2, 3), (1, 3, 2), (7, 1, 5), (8, 4, 0)]:
         q = (rs.standard_normal((b, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
         snapmla.quantize_q(q, precision="fp8x2")
         plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
                                   num_sm_parts=parts, q_precision="fp8x2")
-        snapmla.decode(cache, 1, q, table, seqlens, plan, softmax_scale=192**-0.5,
-                       kernel="reference")
+        kernels = ["reference"] + (["fast"] if heads * q_len <= 32 else [])
+        for kernel in kernels:
+            snapmla.decode(cache, 1, q, table, seqlens, plan, softmax_scale=192**-0.5,
+                           kernel=kernel)
     engine = snapmla.KVCache(2, pages, buffer=strided, page_stride=stride)
     bad_plan2 = snapmla.DecodePlan(bad_lens, num_heads=16, q_len=2, max_pages=max_pages,
                                    q_precision="fp8x2")
-    snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan2, softmax_scale=192**-0.5,
-                   kernel="reference")
+    for kernel in ("reference", "fast"):
+        snapmla.decode(engine, 0, q_bad, bad_table, bad_lens, bad_plan2,
+                       softmax_scale=192**-0.5, kernel=kernel)
     cupy.cuda.get_current_stream().synchronize()
     engine.close()
     print("two-term query: done")

@@ -635,9 +635,52 @@ def test_two_term_query_reference_kernel(rng: np.random.Generator, h: int, s_q: 
         assert gap > 4 * max(err, 1e-6), f"{label}: one- and two-term models {gap:.2e} apart"
 
 
-def test_two_term_query_refused_by_the_tensor_core_kernel(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize(
+    ("h", "s_q"), [(1, 1), (7, 1), (16, 1), (5, 3), (8, 4), (16, 2), (24, 1), (32, 1)]
+)
+def test_two_term_query_fast_kernel(rng: np.random.Generator, h: int, s_q: int) -> None:
+    """q_precision="fp8x2" with the seesaw kernel (experimental, kernel="fast" where
+    s_q * h <= 32: the N = 16 and 32 two-term instantiations) against
+    decode_reference(q_terms=2) at the tensor-core tier's bounds, on the grid's contexts,
+    causal and not; nearer the two-term model than the one-term one (the low rows are used)."""
+    lens = [int(x) for x in rng.permutation(GRID_LENS)]
+    case = make_case(rng, lens, num_heads=h, q_len=s_q)
+    cache = make_cache(case)
+    for causal in (True, False):
+        want = case.reference(causal=causal, q_terms=2)
+        one_o, _ = case.reference(causal=causal)
+        out, lse = run_decode(cache, case, causal=causal, kernel="fast", q_precision="fp8x2")
+        label = f"fast fp8x2 h={h} s_q={s_q} causal={causal} lens={lens}"
+        err = check_decode(out, lse, *want, **tolerances("fast"), label=label)
+        got = to_numpy(out, BF16).astype(np.float64)
+        visible = np.isfinite(one_o) & np.isfinite(want[0])
+        err_one = ref.rel_l2(got[visible], one_o[visible])
+        assert err < err_one, f"{label}: {err:.2e} from the two-term model, {err_one:.2e} from one"
+
+
+@pytest.mark.parametrize(("h", "s_q", "lens"), [(16, 1, [64 * 9 + 5, 63, 1]), (8, 4, [3000, 65])])
+def test_two_term_query_fast_kernel_exact_logits(
+    rng: np.random.Generator, h: int, s_q: int, lens: list[int]
+) -> None:
+    """The two-term tile layout (high and low rows interleaved by eights, one query row per
+    thread in the softmax) at the exact-logit bound: queries on the E4M3 grid leave a zero low
+    term, so the fast kernel's two-term path must give the one-term model within 1e-3."""
+    case = _exact_logit_case(rng, lens, h, s_q)
+    cache = make_cache(case)
+    want = case.reference(q_terms=2)
+    out, lse = run_decode(cache, case, kernel="fast", q_precision="fp8x2")
+    label = f"fast fp8x2 exact logits h={h} s_q={s_q} lens={lens}"
+    check_decode(out, lse, *want, **tolerances("fast", True), label=label)
+
+
+def test_two_term_query_refused_where_the_fast_kernel_lacks_it(rng: np.random.Generator) -> None:
+    """AUTO never runs the two-term query (the fast path is opt-in until validated); "fast"
+    refuses it past s_q * h = 32."""
     case = make_case(rng, [100], num_heads=16)
     cache = make_cache(case)
-    for kernel in ("auto", "fast"):
-        with pytest.raises(snapmla.SnapMLAError, match="q_precision='fp8x2'"):
-            run_decode(cache, case, kernel=kernel, q_precision="fp8x2")
+    with pytest.raises(snapmla.SnapMLAError, match="q_precision='fp8x2'"):
+        run_decode(cache, case, kernel="auto", q_precision="fp8x2")
+    wide = make_case(rng, [100], num_heads=16, q_len=3)
+    cache = make_cache(wide)
+    with pytest.raises(snapmla.SnapMLAError, match="q_len \\* num_heads > 32"):
+        run_decode(cache, wide, kernel="fast", q_precision="fp8x2")

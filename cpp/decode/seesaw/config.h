@@ -118,8 +118,8 @@ struct TensorMaps {
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 
-// Launches the kernel of PV width kN (instantiations/n<kN>.cu).
-template <int kN>
+// Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu).
+template <int kN, bool kTwoTerm = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 
 }  // namespace seesaw

@@ -43,31 +43,39 @@ __device__ __forceinline__ void vt_fragment(uint32_t addr, uint32_t (&a)[4]) {
   a[3] = __byte_perm(r[2], r[3], 0x7531);
 }
 
-// stmatrix row address of `lane` of warp `warp` in a [64 rows][64 B] P8 tile with 64B swizzle:
-// row 16 warp + lane % 8, 16-byte chunk lane / 8. Rows r and r + 8 share the swizzle pattern,
-// so the second store is at + 8 rows.
-__device__ __forceinline__ uint32_t p8_lane_offset(uint32_t lane, uint32_t warp) {
-  const uint32_t row = 16 * warp + (lane & 7);
+// stmatrix row address of `lane` in a [64 rows][64 B] P8 tile with 64B swizzle, for the 8 rows
+// from `row_base` (a multiple of 8): row row_base + lane % 8, 16-byte chunk lane / 8. Rows r and
+// r + 8 share the swizzle pattern, so a second store of rows + 8 is at + 8 rows.
+__device__ __forceinline__ uint32_t p8_lane_offset_rows(uint32_t lane, uint32_t row_base) {
+  const uint32_t row = row_base + (lane & 7);
   return row * 64 + (((lane >> 3) ^ ((row >> 1) & 3)) << 4);
 }
+// The rows of warp `warp` of the S accumulator: 16 warp + lane % 8 (and + 8, the second store).
+__device__ __forceinline__ uint32_t p8_lane_offset(uint32_t lane, uint32_t warp) {
+  return p8_lane_offset_rows(lane, 16 * warp);
+}
 
-// P8 words of a thread's two S rows: w[ri][h] = e4m3(z[8h + 2ri + {0, 1, 4, 5}] * inv[ri]).
+// P8 words of a thread's S rows (kRows = 2: rows g and g + 8; 1: row g alone, the two-term
+// query's): w[ri][h] = e4m3(z[8h + 2ri + {0, 1, 4, 5}] * inv[ri]).
+template <int kRows = 2>
 __device__ __forceinline__ void p8_words(const float (&z)[32], const float (&inv)[2],
                                          uint32_t (&w)[2][4]) {
 #pragma unroll
   for (int h = 0; h < 4; ++h) {
 #pragma unroll
-    for (int ri = 0; ri < 2; ++ri) {
+    for (int ri = 0; ri < kRows; ++ri) {
       const float* zz = z + 8 * h + 2 * ri;
       w[ri][h] = to_e4m3x4(zz[0] * inv[ri], zz[1] * inv[ri], zz[4] * inv[ri], zz[5] * inv[ri]);
     }
   }
 }
 
-// Store them: `addr` = tile address + p8_lane_offset(lane, warp).
+// Store them: `addr` = tile address + p8_lane_offset(lane, warp) (kRows = 1:
+// p8_lane_offset_rows(lane, 8 warp)).
+template <int kRows = 2>
 __device__ __forceinline__ void store_p8(uint32_t addr, const uint32_t (&w)[2][4]) {
   sm90::stsm_x4(addr, w[0][0], w[0][1], w[0][2], w[0][3]);
-  sm90::stsm_x4(addr + 8 * 64, w[1][0], w[1][1], w[1][2], w[1][3]);
+  if constexpr (kRows == 2) sm90::stsm_x4(addr + 8 * 64, w[1][0], w[1][1], w[1][2], w[1][3]);
 }
 
 }  // namespace seesaw

@@ -129,10 +129,23 @@ constexpr int kBarCta = kBarWg + 3;                     // all three, at a reque
 constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
 static_assert(kBarStart < 16, "16 named barriers per CTA");
 
-template <int kN>
+// kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
+// validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
+// rows interleave by eights, tile row 16 j + g = the high row of query row 8 j + g and tile row
+// 16 j + 8 + g its low row (zero RoPE), so that one 64-row QK computes both and thread (g, t)
+// of warp w holds, register for register, the high and the low logits of query row 8 w + g:
+// z = fmaf(rho, lo, hi) (rho = s2 / s1) in place, then the softmax runs on one row per thread
+// (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
+// epilogue index query rows as in the one-term kernel.
+template <int kN, bool kTwoTerm>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
+  static_assert(!kTwoTerm || kN <= 32, "the two-term query: 8 query rows a warp, 32 a tile");
+  // Query rows of a warp's S accumulator and of a thread's (rows g and g + 8 of the fragment:
+  // two query rows, or one query row's high and low logits).
+  constexpr int kRowsPerWarp = kTwoTerm ? 8 : 16;
+  constexpr int kRowsPerThread = kTwoTerm ? 1 : 2;
   constexpr bool kProducer = kProducerAt<kN>;
   constexpr int kCtaThreads = kCtaThreadsAt<kN>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
@@ -140,7 +153,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
-  constexpr int kEarlyMTiles = kN == 16 ? kMTiles : kN == 32 ? kEarlyTiles32 : 0;
+  constexpr int kEarlyMTiles = kTwoTerm ? 0 : kN == 16 ? kMTiles : kN == 32 ? kEarlyTiles32 : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
   // block i - 1 (just read by the early PV) and, one iteration late, the content half and the
@@ -151,7 +164,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr bool kRefillInSoftmax =
       !kProducer && (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
-  static_assert(!kRefillInSoftmax || 16 * kRefillWarp >= kN, "the refill warp runs no softmax");
+  static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
+                "the refill warp runs no softmax");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   // 1024-byte alignment (128B swizzle atoms) by pointer arithmetic, keeping the address space.
   SharedStorage& s = *reinterpret_cast<SharedStorage*>(
@@ -200,12 +214,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     constexpr bool kIsProducer = decltype(producer_tag)::value;
     const int g = lane / 4, t = lane % 4;
     const int rows_total = p.q_len * p.num_heads;
-    const int r0 = 16 * warp + g;             // S rows of this thread: r0 and r0 + 8
-    const bool softmax_warp = 16 * warp < kN;  // a warp whose S rows reach PV
+    // The query rows of this thread's S rows: r0 = 16 warp + g and r0 + 8 (two-term: 8 warp + g).
+    const int r0 = kRowsPerWarp * warp + g;
+    auto row_of = [&](int ri) { return r0 + 8 * ri; };
+    const bool softmax_warp = kRowsPerWarp * warp < kN;  // a warp whose S rows reach PV
     // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
     // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-    const uint32_t stsm_off = p8_lane_offset(lane, warp);
+    const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
     const RequestRange requests = part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
@@ -254,13 +270,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       if (tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
-        mbar_arrive_expect_tx(&s.q_bar, kQTx);
+        if constexpr (!kTwoTerm) {  // the two-term query's tile: the consumers below
+          mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
-                      static_cast<int32_t>(row0));
+          for (int c = 0; c < kChunks; ++c) {
+            tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                        static_cast<int32_t>(row0));
+          }
+          tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
         }
-        tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
         for (int i = 0; i < min(kStages, n); ++i) {
           const int32_t page = pages[i];
           load_content_half(i, 0, page);
@@ -268,7 +286,42 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           load_rope_scale(i, page);
         }
       }
-      if (tid < kRowsM) {
+      if constexpr (kTwoTerm) {
+        // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
+        // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
+        // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
+        // only, zero past the request; 128B-swizzled as TMA writes it. One tile a request.
+        if (tid < kThreads) {
+          constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
+          constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
+          static_assert(kUnits % kThreads == 0, "whole rounds");
+          const int64_t q0 = int64_t{b} * rows_total;
+#pragma unroll 1
+          for (int u = tid; u < kUnits; u += kThreads) {
+            const int R = u / kRowUnits, k = u % kRowUnits;
+            const int r = 8 * (R / 16) + R % 8;
+            const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
+            const int unit = k % 8;
+            uint8_t* dst = (rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
+                           R * kChunkBytes + ((unit ^ (R % 8)) << 4);
+            const uint8_t* src =
+                rope ? reinterpret_cast<const uint8_t*>(p.q_rope) + (q0 + r) * (kRopeDim * 2) +
+                           16 * unit
+                     : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
+            uint4 v = make_uint4(0u, 0u, 0u, 0u);
+            if (r < rows_total && !(rope && low)) v = __ldg(reinterpret_cast<const uint4*>(src));
+            *reinterpret_cast<uint4*>(dst) = v;
+          }
+          fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
+        }
+        // q_scale[r] = s1, q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division)
+        if (tid < 32) {
+          const int64_t qi = int64_t{b} * rows_total + tid;
+          const bool in = tid < rows_total;
+          s.q_scale[tid] = in ? p.q_scale[qi] : 0.f;
+          s.q_scale[32 + tid] = in ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
+        }
+      } else if (tid < kRowsM) {
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
@@ -296,7 +349,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       } else {
         __syncthreads();
       }
-      mbar_wait(&s.q_bar, q_phase);
+      if constexpr (!kTwoTerm) mbar_wait(&s.q_bar, q_phase);  // two-term: stored above
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
@@ -354,20 +407,28 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         const int tok0 = (seg.blk_lo + i) * kBlockN;
         const bool full = tok0 + kBlockN <= min_limit;
         float m_new[2], sig[2], l[2], gamma[2];
-        uint32_t w[2][4];  // P8 of rows r0 and r0 + 8, 16 tokens per word group
-        // u = S s_k in place: u[4 n + c] is row r0 + 8 (c / 2), token 8 n + 2 t + c % 2. The row
+        if constexpr (kTwoTerm) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;  // one row a thread
+        uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
+        // u = S s_k in place: u[4 n + c] is row row_of(c / 2), token 8 n + 2 t + c % 2 (two-term:
+        // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
         // row maximum of z is max(u) rf, exactly.
         float (&z)[32] = sa;
         auto k_scales = [&](int nn) {  // s_k of tokens 8 nn + 2 t, + 1
           return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
         };
+        constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
         float row_factor[2];
+        float rho = 0.f;  // kTwoTerm: s2 / s1 of the thread's query row
         if (softmax_warp) {
           // Per-row constants, re-read each block rather than held in registers across PV.
           row_factor[0] = s.q_scale[r0] * p.scale_log2;
-          row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
+          if constexpr (kTwoTerm) {
+            rho = s.q_scale[32 + r0];
+          } else {
+            row_factor[1] = s.q_scale[r0 + 8] * p.scale_log2;
+          }
           // u = S s_k and the row maxima; in a block some row does not see whole, invisible
           // tokens are -inf.
           auto scaled_logits = [&](auto full_tag) {
@@ -375,15 +436,19 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             int limit[2];
             if constexpr (!kFull) {
               limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
-              limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+              if constexpr (!kTwoTerm) {
+                limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+              }
             }
 #pragma unroll
             for (int nn = 0; nn < 8; ++nn) {
               const float2 k2 = k_scales(nn);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) {
+              for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c;
-                const float u = (sa[e] + sb[e]) * (c & 1 ? k2.y : k2.x);
+                const float logit =
+                    kTwoTerm ? fmaf(rho, sa[e + 2] + sb[e + 2], sa[e] + sb[e]) : sa[e] + sb[e];
+                const float u = logit * (c & 1 ? k2.y : k2.x);
                 if constexpr (kFull) {
                   z[e] = u;
                 } else {
@@ -399,7 +464,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             scaled_logits(std::false_type{});
           }
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
+          for (int ri = 0; ri < kRowsPerThread; ++ri) {
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
             mx[ri] *= row_factor[ri];
@@ -413,17 +478,17 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           if (softmax_warp) {
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
 #pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              m_prev[ri] = ps.m[r0 + 8 * ri];
-              sig_prev[ri] = ps.sig[r0 + 8 * ri];
-              l_prev[ri] = ps.l[r0 + 8 * ri];
+            for (int ri = 0; ri < kRowsPerThread; ++ri) {
+              m_prev[ri] = ps.m[row_of(ri)];
+              sig_prev[ri] = ps.sig[row_of(ri)];
+              l_prev[ri] = ps.l[row_of(ri)];
             }
           }
         }
         if (softmax_warp) {
           float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f}, inv_sig[2];
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
+          for (int ri = 0; ri < kRowsPerThread; ++ri) {
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
             m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
           }
@@ -431,14 +496,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           // (a select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so
           // that the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's
           // 2^-24 scale it back exactly.
-          const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+          const float bias[2] = {kExpShift - m_use[0], kTwoTerm ? 0.f : kExpShift - m_use[1]};
           auto p_prime = [&](auto full_tag) {
 #pragma unroll
             for (int nn = 0; nn < 8; ++nn) {
               const float2 k2 = k_scales(nn);
               const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
 #pragma unroll
-              for (int c = 0; c < 4; ++c) {
+              for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c, ri = c / 2;
                 const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
                 e_sum[ri] += ex;
@@ -458,7 +523,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           e_sum[0] *= kExpUnshift;
           e_sum[1] *= kExpUnshift;
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
+          for (int ri = 0; ri < kRowsPerThread; ++ri) {
             e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
             e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
             p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
@@ -479,24 +544,24 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           // P8 = e4m3(P' / sigma), by the reciprocal (the tensor-core tier's tolerance covers
           // the rare last-ulp flip).
           inv_sig[0] = __frcp_rn(sig[0]);
-          inv_sig[1] = __frcp_rn(sig[1]);
+          if constexpr (!kTwoTerm) inv_sig[1] = __frcp_rn(sig[1]);
 #endif
-          p8_words(z, inv_sig, w);
+          p8_words<kRowsPerThread>(z, inv_sig, w);
         }
         SEESAW_TRACE(i, kTrP8);
         // PV(i - kPBuffers) by the other warpgroup read this buffer
         if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
         SEESAW_TRACE(i, kTrPfree);
         if (softmax_warp) {
-          store_p8(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+          store_p8<kRowsPerThread>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
           if (t == 0) {
             RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              ps.m[r0 + 8 * ri] = m_new[ri];
-              ps.sig[r0 + 8 * ri] = sig[ri];
-              ps.l[r0 + 8 * ri] = l[ri];
-              ps.gamma[r0 + 8 * ri] = gamma[ri];
+            for (int ri = 0; ri < kRowsPerThread; ++ri) {
+              ps.m[row_of(ri)] = m_new[ri];
+              ps.sig[row_of(ri)] = sig[ri];
+              ps.l[row_of(ri)] = l[ri];
+              ps.gamma[row_of(ri)] = gamma[ri];
             }
           }
         }
@@ -790,12 +855,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   }
 }
 
-template <int kN>
+template <int kN, bool kTwoTerm>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
-  const cudaError_t err = cudaFuncSetAttribute(
-      seesaw_decode_kernel<kN>, cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
+  const cudaError_t err =
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  seesaw_decode_kernel<kN>
+  seesaw_decode_kernel<kN, kTwoTerm>
       <<<dim3(p.num_parts, p.row_tiles), kCtaThreadsAt<kN>, kSmemBytes, stream>>>(p, maps);
   return cudaGetLastError();
 }

@@ -120,12 +120,19 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
 }  // namespace
 
 cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
-  if (p.q_lo != nullptr) return cudaErrorInvalidValue;  // no two-term query here (the API refuses)
+  const int rows = p.q_len * p.num_heads;
+  // The two-term query: s_q x heads <= 32, one tile a request (the API refuses the rest); the
+  // kernel loads its query tile itself (the Q maps go unused).
+  const bool two_term = p.q_lo != nullptr;
+  if (two_term && (rows > 32 || p.row_tiles != 1)) return cudaErrorInvalidValue;
   seesaw::TensorMaps maps;
   const cudaError_t err = SNAPMLA_TENSOR_MAP_CACHE ? cached_maps(p, &maps) : make_maps(p, &maps);
   if (err != cudaSuccess) return err;
+  if (two_term) {
+    return rows <= 16 ? seesaw::run<16, true>(p, maps, stream)
+                      : seesaw::run<32, true>(p, maps, stream);
+  }
   // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
-  const int rows = p.q_len * p.num_heads;
   if (rows <= 16) return seesaw::run<16>(p, maps, stream);
   if (rows <= 32) return seesaw::run<32>(p, maps, stream);
   return seesaw::run<64>(p, maps, stream);
