@@ -176,6 +176,10 @@ def select_cases(spec: str | None) -> list[Case]:
     return [Case.parse(n) for n in chosen if not (n in seen or seen.add(n))]
 
 
+# The fast kernel takes the two-term query where q_len * heads <= this (the library's rule).
+TWO_TERM_FAST_ROWS = 32
+
+
 def rows_padded(s_q: int, h: int) -> int:
     return -(-s_q * h // TILE_ROWS) * TILE_ROWS
 
@@ -678,6 +682,63 @@ def run_case(
             del refs, ref
         result["checks"] = checks
 
+        def two_term() -> dict[str, Any]:
+            """The two-term query (q_precision "fp8x2", issue 9) on the same data, timed like
+            the one-term call: its kernel, time, cost against this run's one-term time, and its
+            error against the fp32 reference next to the one-term error."""
+            rows_fast = case.q_len * h <= TWO_TERM_FAST_ROWS
+            kernel = "fast" if rows_fast else "reference"
+            doc: dict[str, Any] = {"kernel": kernel}
+            try:
+                plan2 = snapmla.DecodePlan(
+                    seqlens_t,
+                    num_heads=h,
+                    q_len=case.q_len,
+                    max_pages=max_pages,
+                    q_precision="fp8x2",
+                    stream=stream(),
+                )
+
+                def run(i: int) -> None:
+                    snapmla.decode(
+                        cache,
+                        0,
+                        q,
+                        block_tables[i % copies],
+                        seqlens_t,
+                        plan2,
+                        softmax_scale=SOFTMAX_SCALE,
+                        causal=causal,
+                        out=out,
+                        lse=lse,
+                        kernel=kernel,
+                        stream=stream(),
+                    )
+
+                run(0)
+                torch.cuda.synchronize()
+                doc["nan"] = bool(torch.isnan(out).any())
+                if not args.no_ref:
+                    sample = sorted({0, int(np.argmax(seqlens))})
+                    refs = []
+                    for r in sample:
+                        pg = bt_rel_t[r, : pages_per_req[r]].long()
+                        refs.append(_reference(torch, q[r], ckv, kpe, pg, seqlens[r], causal))
+                    mine = torch.stack([out[r] for r in sample])
+                    doc["vs_fp32_ref"] = _rel_l2(torch, mine, torch.stack(refs))
+                    doc["fp8_vs_fp32_ref"] = checks.get("ours_vs_fp32_ref")
+                t2 = time_calls(
+                    torch, run, variants=copies, target_s=args.timing_s, use_graph=not args.no_graph
+                )
+                doc.update(median_us=t2["median_us"], timing=t2)
+                one = (result["snapmla"] or {}).get("median_us")
+                if one:
+                    doc["cost_vs_fp8"] = t2["median_us"] / one
+            except Exception as exc:  # noqa: BLE001 (recorded in the results)
+                torch.cuda.synchronize()
+                doc["error"] = short_error(exc)
+            return doc
+
         # ---- timing.
         target_s = args.timing_s
         try:
@@ -709,6 +770,8 @@ def run_case(
         except Exception as exc:  # noqa: BLE001 (recorded in the results)
             torch.cuda.synchronize()
             result["error"].setdefault("snapmla", short_error(exc))
+        if args.two_term:
+            result["snapmla_fp8x2"] = two_term()
         if fi_ok:
             try:
                 t = time_calls(
@@ -797,6 +860,20 @@ def table(cases: list[dict[str, Any]]) -> str:
     )
     if eager:
         lines.append("* eager launches timed between events (graph capture failed)")
+    two = [c for c in cases if c.get("snapmla_fp8x2")]
+    if two:
+        lines.append("")
+        lines.append("two-term query (q_precision fp8x2), same run:")
+        for c in two:
+            t = c["snapmla_fp8x2"]
+            err, err1 = t.get("vs_fp32_ref"), t.get("fp8_vs_fp32_ref")
+            lines.append(
+                f"{c['name']:<17} {t['kernel']:<9} {_fmt(t.get('median_us')):>8} us "
+                f"cost {_fmt(t.get('cost_vs_fp8'), '.3f')}x  err%ref "
+                f"{_fmt(None if err is None else 100 * err, '.3f')} "
+                f"(fp8 {_fmt(None if err1 is None else 100 * err1, '.3f')})"
+                + (f"  {t['error'][:100]}" if "error" in t else "")
+            )
     return "\n".join(lines)
 
 
@@ -837,6 +914,12 @@ def _parser() -> argparse.ArgumentParser:
         help="time eager launches between CUDA events instead of graph replays",
     )
     p.add_argument("--no-ref", action="store_true", help="skip the fp32 reference check")
+    p.add_argument(
+        "--two-term",
+        action="store_true",
+        help="also time the two-term query (q_precision fp8x2; issue 9) in the same run: the "
+        f"fast kernel where q_len * heads <= {TWO_TERM_FAST_ROWS}, else the reference kernel",
+    )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p
 
@@ -887,6 +970,7 @@ def main(argv: list[str] | None = None) -> int:
             "data": "normal(0, 0.5), BF16; appended to the FP8 cache with KVCache.append",
             "seed": args.seed,
             "flashinfer": not args.no_flashinfer,
+            "two_term": args.two_term,
         },
         "constants": {
             "bytes_per_token": {"snapmla": OUR_BYTES_PER_TOKEN, "flashinfer": BF16_BYTES_PER_TOKEN},

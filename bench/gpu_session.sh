@@ -4,7 +4,8 @@
 #
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
-#                             [soak] [host-c] [ab] [use:<name>] [stage ...]
+#                             [soak] [host-c] [ab] [bench-two-term] [accuracy-fast2]
+#                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
 # .carry/dist (the snapmla wheel and its COMMIT, from bench/prepare_carry.sh). `use:<name>`
@@ -139,6 +140,12 @@ for stage in "$@"; do
       python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 | tee "$OUT/bench-dataflow$TAG.log" | tail -15
       python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
+    bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
+      log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
+      python3 bench/bench_decode.py --two-term --no-flashinfer --quick \
+        --cases '*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384' \
+        --out "$OUT/decode-two-term$TAG.json" 2>&1 | tee "$OUT/bench-two-term$TAG.log" | tail -30
+      ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
       timeout 240 python3 bench/bench_decode.py --kernel fast --out "$OUT/decode-fast$TAG.json" 2>&1 \
@@ -175,10 +182,12 @@ for stage in "$@"; do
       log "demo (the README's main job)"
       python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
       ;;
-    accuracy)
-      log "accuracy study"
-      python3 -m snapmla.accuracy --out "$OUT/accuracy$TAG.json" --figure "$OUT/accuracy$TAG.png" \
-        2>&1 | tee "$OUT/accuracy$TAG.log" | tail -30 || status=1
+    accuracy | accuracy-fast2)  # accuracy-fast2: the two-term query on the fast kernel
+      extra=(); sfx=$TAG
+      [ "$stage" = accuracy-fast2 ] && { extra=(--two-term-kernel fast); sfx="-fast2$TAG"; }
+      log "accuracy study ${extra[*]}"
+      python3 -m snapmla.accuracy "${extra[@]}" --out "$OUT/accuracy$sfx.json" \
+        --figure "$OUT/accuracy$sfx.png" 2>&1 | tee "$OUT/accuracy$sfx.log" | tail -30 || status=1
       ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

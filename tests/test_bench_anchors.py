@@ -101,3 +101,29 @@ def test_ceilings(bench_decode: ModuleType) -> None:
         bench_decode.FP8_TFLOPS,
         bench_decode.BF16_TFLOPS,
     )
+
+
+def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
+    """--two-term results print under the table: kernel, time, cost and both errors."""
+    assert bench_decode._parser().parse_args(["--two-term"]).two_term
+    case = {
+        "name": "8x1x16x4096",
+        "snapmla": {"median_us": 20.0, "tflops": 1.0, "tbps": 1.0},
+        "flashinfer": {},
+        "checks": {"ours_vs_fp32_ref": 0.01},
+        "floor": {"floor_us": 5.0},
+        "snapmla_fp8x2": {
+            "kernel": "fast",
+            "median_us": 20.5,
+            "cost_vs_fp8": 1.025,
+            "vs_fp32_ref": 0.004,
+            "fp8_vs_fp32_ref": 0.01,
+        },
+    }
+    failed = {**case, "name": "64x1x128x4096"}
+    failed["snapmla_fp8x2"] = {"kernel": "reference", "error": "SnapMLAError: boom"}
+    text = bench_decode.table([case, failed])
+    assert "two-term query (q_precision fp8x2), same run:" in text
+    line = next(x for x in text.splitlines() if x.startswith("8x1x16x4096 ") and "fast" in x)
+    assert "20.5 us" in line and "cost 1.025x" in line and "0.400" in line and "1.000" in line
+    assert "reference" in text and "SnapMLAError: boom" in text

@@ -100,7 +100,7 @@ CONFIGS: dict[str, str] = {
     "ours-model": "the contract's NumPy model (decode_reference), FP8 P",
     "ours-p-exact": "the contract's NumPy model with unquantized P",
     "ours-q-fp8x2": "the contract with the two-term FP8 query (q_hi + q_lo, emulated)",
-    "ours-fp8x2": "snapmla kernel (GPU) with the two-term FP8 query (reference kernel)",
+    "ours-fp8x2": "snapmla kernel (GPU) with the two-term FP8 query (--two-term-kernel)",
     "ours-q-bf16": "the contract with the BF16 query left unquantized (emulated diagnostic)",
     "bf16": "exact attention on the BF16 inputs, output rounded to BF16",
     "A": "per-token scale over content and RoPE together, RoPE in FP8",
@@ -546,8 +546,16 @@ class KernelRunner:
     """Runs snapmla's real decode kernel on workloads: one cache holds every layer's tokens at
     the longest context; shorter contexts decode its prefix (block table ``0, 1, ...``)."""
 
-    def __init__(self, num_layers: int, max_context: int, kernel: str = "auto") -> None:
-        """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages)."""
+    def __init__(
+        self,
+        num_layers: int,
+        max_context: int,
+        kernel: str = "auto",
+        two_term_kernel: str = "reference",
+    ) -> None:
+        """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages).
+        ``two_term_kernel``: the kernel of the two-term query's runs ("reference", or "fast",
+        experimental, where q_len * heads <= 32)."""
         import cupy
 
         import snapmla
@@ -555,6 +563,7 @@ class KernelRunner:
         self._snapmla = snapmla
         self._cupy = cupy
         self.kernel = kernel
+        self.two_term_kernel = two_term_kernel
         self.pages = -(-max_context // ref.PAGE_SIZE)
         self.cache = snapmla.KVCache(num_layers, self.pages)
         self.version = ".".join(str(v) for v in snapmla.version())
@@ -569,8 +578,7 @@ class KernelRunner:
         self, layer: int, w: wl.MLAWorkload, q_precision: str = "fp8"
     ) -> tuple[np.ndarray, np.ndarray]:
         """``(out float64 [1, s_q, h, 512], lse float64 [1, h, s_q])`` of the kernel
-        (``q_precision="fp8x2"``: the two-term query, on the reference kernel, the one that
-        takes it)."""
+        (``q_precision="fp8x2"``: the two-term query, on ``two_term_kernel``)."""
         cupy, snapmla = self._cupy, self._snapmla
         pages = -(-w.context // ref.PAGE_SIZE)
         block_table = cupy.arange(pages, dtype=cupy.int32).reshape(1, pages)
@@ -581,7 +589,7 @@ class KernelRunner:
         out, lse = snapmla.decode(
             self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
             softmax_scale=w.softmax_scale, causal=True,
-            kernel=self.kernel if q_precision == "fp8" else "reference",
+            kernel=self.kernel if q_precision == "fp8" else self.two_term_kernel,
         )
         cupy.cuda.get_current_stream().synchronize()
         out_h = out.get()
@@ -1133,6 +1141,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--kernel", choices=("auto", "reference", "fast"), default="auto",
                    help="the decode kernel measured as 'ours' (default auto)")
+    p.add_argument("--two-term-kernel", choices=("reference", "fast"), default="reference",
+                   help="the decode kernel of 'ours-fp8x2' (fast: experimental, q_len x heads "
+                   "<= 32; default reference)")
     args = p.parse_args(argv)
     if not 1 <= args.heads <= 128:
         p.error("--heads must be in 1..128")
@@ -1203,7 +1214,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     kernel_error = library_error
     if gpu and library_error is None:
         try:
-            kernel = KernelRunner(len(layers), max(contexts), kernel=args.kernel)
+            kernel = KernelRunner(
+                len(layers), max(contexts), kernel=args.kernel,
+                two_term_kernel=args.two_term_kernel,
+            )
         except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
             kernel_error = f"{type(exc).__name__}: {exc}"
     device = _device_name(gpu)
@@ -1240,7 +1254,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mode_line": mode_line,
         "device": device,
         "backend": ops.name,
-        "kernel": {"name": args.kernel, "library": kernel.version} if measured else None,
+        "kernel": {"name": args.kernel, "two_term": args.two_term_kernel, "library": kernel.version}
+        if measured
+        else None,
         "kernel_error": kernel_error,
         "settings": {
             "contexts": list(contexts),
