@@ -11,6 +11,7 @@
 #   .carry/bin/seesaw_trace_widecombine 1 128 8192    # with SNAPMLA_COMBINE_WIDE ("kernel +
 #                                                     # combine" is the line to compare)
 #   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
+#   .carry/bin/seesaw_trace_pvdeep 128 16 16384       # with SNAPMLA_SEESAW_PV_DEEP (N <= 32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -30,6 +31,7 @@ builds=(
   "seesaw_trace_rowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=1"
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_WIDE=1"
   "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
+  "seesaw_trace_pvdeep:-DSNAPMLA_SEESAW_PV_DEEP=1"
 )
 pids=()
 for b in "${builds[@]}"; do

@@ -80,13 +80,28 @@ for stage in "$@"; do
       ;;
     ab)  # kernel-alone A/B of the variants bench/build_trace.sh builds, then three timelines
       log "A/B of the seesaw variants (.carry/bin, built by bench/build_trace.sh)"
-      for c in "32 128 16384" "128 16 16384" "128 16 16384 2" "64 16 4096 2" "1 128 8192" \
-        "1 128 1024" "8 128 4096" "1 16 8192"; do
-        for v in seesaw_trace seesaw_trace_noproducer seesaw_trace_rowmath seesaw_trace_widecombine \
-          seesaw_trace_prefetch; do
+      # Each variant at the shapes it is for (N = 16/32: 16 heads, or 32 rows; short contexts).
+      all="32x128x16384 128x16x16384 128x16x16384x2 64x16x4096x2 32x32x32768 1x128x8192
+        1x128x1024 8x128x4096 1x16x8192"
+      n32="128x16x16384 128x16x16384x2 64x16x4096x2 32x32x32768 1x16x8192"
+      short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
+      for vc in "seesaw_trace:$all" "seesaw_trace_rowmath:$all" "seesaw_trace_pvdeep:$n32" \
+        "seesaw_trace_widecombine:$short" "seesaw_trace_prefetch:$short"; do
+        v=${vc%%:*}
+        [ -x ".carry/bin/$v" ] || continue
+        for c in ${vc#*:}; do
+          echo "### $v ${c//x/ }" >>"$OUT/ab.log"
+          timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" \
+            || status=1
+        done
+      done
+      # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
+      for c in "128 16 16384" "1 16 8192" "64 16 4096 2" "32 32 32768"; do
+        for v in seesaw_trace seesaw_trace_pvdeep; do
           [ -x ".carry/bin/$v" ] || continue
-          echo "### $v $c" >>"$OUT/ab.log"
-          timeout 60 ".carry/bin/$v" $c 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" || status=1
+          echo "### $v two-term $c" >>"$OUT/ab.log"
+          SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
+            | grep -E "^(kernel|batch|two-term)" >>"$OUT/ab.log" || status=1
         done
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192"; do

@@ -5,6 +5,7 @@
 //        -Iinclude bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu \
 //        cpp/decode/seesaw/instantiations/n*.cu -o seesaw_trace
 //   ./seesaw_trace [batch] [heads] [seqlen] [q_len] [min_part_cost]
+//   SNAPMLA_TRACE_TWO_TERM=1 ./seesaw_trace ...   # the two-term query (q_len x heads <= 32)
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
@@ -90,6 +91,11 @@ int main(int argc, char** argv) {
   std::vector<uint16_t> qr(static_cast<size_t>(batch) * rows * kRopeDim);
   for (auto& x : qr) x = bf16_of(uni(rng));
   std::vector<float> qs(static_cast<size_t>(batch) * rows, 0.01f);
+  // The two-term query (issue 9): a low row of the same codes at 1/16 of the scale.
+  const char* two_term_env = std::getenv("SNAPMLA_TRACE_TWO_TERM");
+  const bool two_term = two_term_env != nullptr && std::strcmp(two_term_env, "1") == 0;
+  if (two_term) std::printf("two-term query (q_lo, rho = 1/16)\n");
+  std::vector<float> qs_lo(static_cast<size_t>(batch) * rows, 0.01f / 16);
 
   const WorkspaceLayout w = WorkspaceLayout::make(batch, q_len, heads, parts);
   uint8_t* ws = nullptr;
@@ -128,6 +134,10 @@ int main(int argc, char** argv) {
   p.lse = lse;
   p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
+  if (two_term) {
+    p.q_lo = upload(qc);
+    p.q_lo_scale = upload(qs_lo);
+  }
 #ifdef SNAPMLA_SEESAW_TRACE
   p.trace = trace;
 #endif

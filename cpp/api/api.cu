@@ -1024,7 +1024,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                       (a.kernel == SNAPMLA_DECODE_KERNEL_FAST && two_term_fast),
                   "%s: argument 'args.kernel': expected 1 (reference)%s for config.q_precision 1 "
                   "(fp8x2) in this version, got %d",
-                  op, two_term_fast ? " or 2 (fast, experimental)" : "", a.kernel);
+                  op,
+                  two_term_fast ? " or 2 (fast, experimental)"
+                                : " (fast takes it only where q_len * num_heads <= 32)",
+                  a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},

@@ -107,8 +107,8 @@ struct DecodeParams {
   unsigned long long* trace;  // bench/seesaw_trace.cu: clock64 per (warpgroup, block, event)
 #endif
   int64_t page_stride;  // bytes from a page to the next (kPageBytes: packed)
-  // The two-term query (workspace; the reference kernel only): the low row and its scale.
-  // nullptr: the contract's one FP8 row.
+  // The two-term query (workspace): the low row and its scale; the reference kernel at every
+  // shape, the seesaw kernel where q_len x heads <= 32. nullptr: the contract's one FP8 row.
   const uint8_t* q_lo;     // e4m3 [b, s_q, h, 512]
   const float* q_lo_scale;  // fp32 [b, s_q, h]
 };

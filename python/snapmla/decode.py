@@ -215,8 +215,10 @@ class DecodePlan(Closable):
                 a second content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``;
                 about half the error where the query's rounding dominates). ``"fp8x2"``
                 reserves 516 more workspace bytes per query row, and ``decode`` with this
-                plan then needs ``kernel="reference"``. Since 0.2, experimental: not yet run
-                on a GPU.
+                plan then needs ``kernel="reference"``, or ``kernel="fast"`` where
+                ``q_len * num_heads <= 32`` (the tensor-core kernel, its QK tile's empty half
+                holding the low rows; opt-in, never ``"auto"``). Since 0.2, experimental: not
+                yet run on a GPU.
         """
         self._owned: OwnedMemory | None = None
         self._in_use = InUse()

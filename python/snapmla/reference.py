@@ -645,8 +645,8 @@ def decode_reference(
       causal: bottom-right-aligned causal mask among the s_q new tokens.
       quantize_p: False skips the FP8 rounding of P'/sigma (isolates its share of the error).
       q_terms: 1, the contract (one FP8 query row, :func:`quantize_q`); 2, the two-term FP8
-        query of the module docstring (:func:`quantize_q2`, not implemented by any kernel
-        yet): ``z_j = (acc_hi + rho * acc_lo) * s1 * softmax_scale * s_j`` with
+        query of the module docstring (:func:`quantize_q2`; ``q_precision="fp8x2"``
+        plans): ``z_j = (acc_hi + rho * acc_lo) * s1 * softmax_scale * s_j`` with
         ``rho = fp32(s2 / s1)``. The default's results are unchanged, bit for bit.
 
     Returns:

@@ -3,8 +3,11 @@
 // Runs the kernel's own helpers (decode/seesaw/fragments.cuh): a content tile written to shared
 // memory with the 128-byte swizzle TMA uses, P8 packed from S-accumulator fragments and stored
 // with stmatrix, V^T built by ldmatrix.trans + byte permutes, and the PV wgmma O^T = V^T P^T for
-// PV widths N = 16, 32, 64. Values are small integers, so every product and sum is exact in any
-// accumulator: the result must equal P V on the host bit for bit. Exit status 0 on success.
+// PV widths N = 16, 32, 64; and the two-term query's one-row-per-thread P8 (kOneRow: thread
+// (g, t) of warp w holds query row 8 w + g in fragment elements c = 0, 1 of each group of four,
+// its low logits in c = 2, 3, stored by p8_words<1> / store_p8<1> at rows 8 w ..), N = 16, 32.
+// Values are small integers, so every product and sum is exact in any accumulator: the result
+// must equal P V on the host bit for bit. Exit status 0 on success.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -Icpp -Iinclude \
 //        tests/cuda/seesaw_fragments.cu -o seesaw_fragments && ./seesaw_fragments
@@ -41,7 +44,7 @@ __device__ void pv_kstep(float (&acc)[N / 2], const uint32_t (&a)[4], uint64_t d
 
 // v: e4m3 [64 tokens][512]; p: fp32 [64 rows][64 tokens] (exact E4M3 values);
 // out: fp32 [64 rows][512] = p v for rows < N.
-template <int N>
+template <int N, bool kOneRow>
 __global__ void __launch_bounds__(256, 1)
     fragments_kernel(const uint8_t* v, const float* p, float* out) {
   __shared__ __align__(1024) uint8_t content[4][kTokens * 128];
@@ -57,13 +60,22 @@ __global__ void __launch_bounds__(256, 1)
   if (wg == 0) {
     float z[32];
     for (int e = 0; e < 32; ++e) {
-      const int row = 16 * warp + g + 8 * ((e % 4) / 2), tok = 8 * (e / 4) + 2 * t + (e % 2);
-      z[e] = p[row * kTokens + tok];
+      const int tok = 8 * (e / 4) + 2 * t + (e % 2);
+      if constexpr (kOneRow) {  // elements c = 2, 3 (the low logits) must not reach P8
+        z[e] = (e % 4) < 2 ? p[(8 * warp + g) * kTokens + tok] : 7.f;
+      } else {
+        z[e] = p[(16 * warp + g + 8 * ((e % 4) / 2)) * kTokens + tok];
+      }
     }
     const float inv[2] = {1.f, 1.f};
     uint32_t w[2][4];
-    p8_words(z, inv, w);
-    store_p8(sm90::smem_u32(p8) + p8_lane_offset(lane, warp), w);
+    if constexpr (kOneRow) {
+      p8_words<1>(z, inv, w);
+      store_p8<1>(sm90::smem_u32(p8) + p8_lane_offset_rows(lane, 8 * warp), w);
+    } else {
+      p8_words(z, inv, w);
+      store_p8(sm90::smem_u32(p8) + p8_lane_offset(lane, warp), w);
+    }
   }
   sm90::fence_proxy_async();
   __syncthreads();
@@ -98,7 +110,7 @@ static int check(cudaError_t e, const char* what) {
   return 0;
 }
 
-template <int N>
+template <int N, bool kOneRow = false>
 static int run(std::mt19937& rng) {
   std::uniform_int_distribution<int> vd(-3, 3), pd(0, 4);
   std::vector<float> vf(kTokens * kDim), pf(kRows * kTokens);
@@ -116,7 +128,7 @@ static int run(std::mt19937& rng) {
   check(cudaMemcpy(dv, v8.data(), v8.size(), cudaMemcpyHostToDevice), "copy");
   check(cudaMemcpy(dp, pf.data(), pf.size() * 4, cudaMemcpyHostToDevice), "copy");
   check(cudaMemset(dout, 0xff, kRows * kDim * 4), "poison");  // NaN: unwritten stays NaN
-  fragments_kernel<N><<<1, 256>>>(dv, dp, dout);
+  fragments_kernel<N, kOneRow><<<1, 256>>>(dv, dp, dout);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernel");
   std::vector<float> out(kRows * kDim);
@@ -128,12 +140,15 @@ static int run(std::mt19937& rng) {
       for (int k = 0; k < kTokens; ++k) want += double(pf[r * kTokens + k]) * vf[k * kDim + d];
       const float got = out[r * kDim + d];
       if (!(got == static_cast<float>(want))) {
-        if (bad < 8) std::printf("N=%d row %d latent %d: got %g want %g\n", N, r, d, got, want);
+        if (bad < 8) {
+          std::printf("N=%d%s row %d latent %d: got %g want %g\n", N, kOneRow ? " one-row" : "",
+                      r, d, got, want);
+        }
         ++bad;
       }
     }
   }
-  std::printf("N=%d: %d of %d elements differ\n", N, bad, N * kDim);
+  std::printf("N=%d%s: %d of %d elements differ\n", N, kOneRow ? " one-row" : "", bad, N * kDim);
   cudaFree(dv);
   cudaFree(dp);
   cudaFree(dout);
@@ -143,7 +158,10 @@ static int run(std::mt19937& rng) {
 int main() {
   std::mt19937 rng(20261130);
   int bad = 0;
-  for (int trial = 0; trial < 3; ++trial) bad += run<16>(rng) + run<32>(rng) + run<64>(rng);
+  for (int trial = 0; trial < 3; ++trial) {
+    bad += run<16>(rng) + run<32>(rng) + run<64>(rng);
+    bad += run<16, true>(rng) + run<32, true>(rng);  // the two-term query's P8 (kOneRow)
+  }
   std::printf(bad == 0 ? "PASS\n" : "FAIL\n");
   return bad == 0 ? 0 : 1;
 }

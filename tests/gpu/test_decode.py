@@ -658,19 +658,45 @@ def test_two_term_query_fast_kernel(rng: np.random.Generator, h: int, s_q: int) 
         assert err < err_one, f"{label}: {err:.2e} from the two-term model, {err_one:.2e} from one"
 
 
+def _exact_two_term_query(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """A query the two-term form holds exactly, with a low term that matters: integers in
+    [-2, 2] (channel 0 = 448, so s1 = 1), channel 1 = +-8.4375 (its residual 0.4375 makes
+    s2 = 0.4375 / 448 = 2^-10 and rho = 2^-10), and 8 channels n + k / 64 (|n| = 1) or
+    n + k / 32 (|n| = 2), |k| <= 3, below half the E4M3 spacing at n: low codes 16 .. 448.
+    Every partial sum of q_hi . c8 and q_lo . c8 stays below 2^12 with the exact-logit cache."""
+    q = rng.integers(-2, 3, shape).astype(np.float32)
+    q[..., 0] = 448
+    q[..., 1] = np.where(rng.random(shape[:-1]) < 0.5, -1.0, 1.0) * 8.4375
+    ch = rng.choice(np.arange(2, ref.CONTENT_DIM), 8, replace=False)
+    n = rng.choice([-2, -1, 1, 2], shape[:-1] + (8,))
+    k = rng.integers(-3, 4, shape[:-1] + (8,))
+    q[..., ch] = n + np.where(np.abs(n) == 1, k / 64, k / 32)
+    q_bf16 = q.astype(BF16)
+    assert np.array_equal(q_bf16.astype(np.float32), q)
+    return q_bf16
+
+
 @pytest.mark.parametrize(("h", "s_q", "lens"), [(16, 1, [64 * 9 + 5, 63, 1]), (8, 4, [3000, 65])])
-def test_two_term_query_fast_kernel_exact_logits(
+def test_two_term_query_with_exact_logits(
     rng: np.random.Generator, h: int, s_q: int, lens: list[int]
 ) -> None:
-    """The two-term tile layout (high and low rows interleaved by eights, one query row per
-    thread in the softmax) at the exact-logit bound: queries on the E4M3 grid leave a zero low
-    term, so the fast kernel's two-term path must give the one-term model within 1e-3."""
+    """The two-term query at the exact-logit bound, both kernels: a query the two terms hold
+    exactly with a low term far from zero (rho = 2^-10), on the exact-logit cache, so that
+    every accumulator holds both terms' logits exactly. This pins the fast kernel's two-term
+    tile (high and low rows interleaved by eights, one query row per thread in the softmax)
+    and rho per row at 1e-3, where random data leaves only the tier's 2e-2."""
     case = _exact_logit_case(rng, lens, h, s_q)
+    case.q = _exact_two_term_query(rng, case.q.shape)
     cache = make_cache(case)
     want = case.reference(q_terms=2)
-    out, lse = run_decode(cache, case, kernel="fast", q_precision="fp8x2")
-    label = f"fast fp8x2 exact logits h={h} s_q={s_q} lens={lens}"
-    check_decode(out, lse, *want, **tolerances("fast", True), label=label)
+    one_o, _ = case.reference()
+    visible = np.isfinite(one_o) & np.isfinite(want[0])
+    gap = ref.rel_l2(want[0][visible], one_o[visible])
+    assert gap > 1e-2, f"the low term moves the model by only {gap:.1e}"
+    for kernel in ("reference", "fast"):
+        out, lse = run_decode(cache, case, kernel=kernel, q_precision="fp8x2")
+        label = f"fp8x2 exact logits h={h} s_q={s_q} lens={lens} kernel={kernel}"
+        check_decode(out, lse, *want, **tolerances(kernel, True), label=label)
 
 
 def test_two_term_query_refused_where_the_fast_kernel_lacks_it(rng: np.random.Generator) -> None:

@@ -69,6 +69,13 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
 
+// 16 bytes to shared memory at a 32-bit shared address.
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
+               "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
   return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
@@ -99,6 +106,24 @@ constexpr int kTraceBlocks = 64;
   do {                             \
   } while (0)
 #endif
+
+// SNAPMLA_SEESAW_PV_DEEP (experimental, off; bench/NOTES.md): at N <= 32, the PV of a block
+// issues every m-tile's whole-N wgmmas (each into its own temporary, with its own V^T
+// fragments) before it waits for the first, then promotes them in order, instead of half-N groups
+// two deep: the tensor cores get the whole block's PV at once (N = 32: 64 + 32 more registers,
+// within the producer's 240; N = 16: the early PV's, free by then).
+#ifndef SNAPMLA_SEESAW_PV_DEEP
+#define SNAPMLA_SEESAW_PV_DEEP 0
+#endif
+// wgmma.wait_group with a count the unrolled loop makes constant.
+__device__ __forceinline__ void wgmma_wait_upto3(int n) {
+  switch (n) {
+    case 0: wgmma_wait<0>(); break;
+    case 1: wgmma_wait<1>(); break;
+    case 2: wgmma_wait<2>(); break;
+    default: wgmma_wait<3>(); break;
+  }
+}
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
@@ -162,7 +187,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // the own block i - 2 during the softmax; block i - 1's content half (read by the PV after
   // the softmax) it refills after that PV.
   constexpr bool kRefillInSoftmax =
-      !kProducer && (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
+      !kProducer && !kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
+      (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
                 "the refill warp runs no softmax");
@@ -295,22 +321,36 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
           constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
           static_assert(kUnits % kThreads == 0, "whole rounds");
-          const int64_t q0 = int64_t{b} * rows_total;
+          const int64_t q0 = row0;  // tile 0: the request's first query row
+          // Batches of loads in flight, then their stores: N = 16 all 5 rounds at once; N = 32
+          // its 10 rounds 2 at a time (5 at a time spilled 156 bytes).
+          constexpr int kRounds = kUnits / kThreads, kBatch = kN == 16 ? 5 : 2;
+          static_assert(kRounds % kBatch == 0, "whole batches");
 #pragma unroll 1
-          for (int u = tid; u < kUnits; u += kThreads) {
-            const int R = u / kRowUnits, k = u % kRowUnits;
-            const int r = 8 * (R / 16) + R % 8;
-            const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
-            const int unit = k % 8;
-            uint8_t* dst = (rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
-                           R * kChunkBytes + ((unit ^ (R % 8)) << 4);
-            const uint8_t* src =
-                rope ? reinterpret_cast<const uint8_t*>(p.q_rope) + (q0 + r) * (kRopeDim * 2) +
-                           16 * unit
-                     : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
-            uint4 v = make_uint4(0u, 0u, 0u, 0u);
-            if (r < rows_total && !(rope && low)) v = __ldg(reinterpret_cast<const uint4*>(src));
-            *reinterpret_cast<uint4*>(dst) = v;
+          for (int round0 = 0; round0 < kRounds; round0 += kBatch) {
+            uint4 v[kBatch];
+            uint32_t dst[kBatch];
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+              const int u = tid + (round0 + j) * kThreads;
+              const int R = u / kRowUnits, k = u % kRowUnits;
+              const int r = 8 * (R / 16) + R % 8;
+              const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
+              const int unit = k % 8;
+              dst[j] = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
+                       R * kChunkBytes + ((unit ^ (R % 8)) << 4);
+              const bool valid = r < rows_total && !(rope && low);
+              // An always-readable address where the row is not loaded (its value is zeroed).
+              const uint8_t* src =
+                  !valid ? p.q_content
+                  : rope ? reinterpret_cast<const uint8_t*>(p.q_rope) +
+                               (q0 + r) * (kRopeDim * 2) + 16 * unit
+                         : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
+              v[j] = __ldg(reinterpret_cast<const uint4*>(src));
+              if (!valid) v[j] = make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) st_shared_v4(dst[j], v[j]);
           }
           fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
         }
@@ -639,6 +679,37 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
+        if constexpr (SNAPMLA_SEESAW_PV_DEEP != 0 && kN <= 32) {
+          // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
+          constexpr int kTiles = kMTiles - kM0;
+          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+          float tmp[kTiles][kNRegs];
+          uint32_t a[kTiles][2][4];
+#pragma unroll
+          for (int q = 0; q < kTiles; ++q) {
+            v_fragments(i, kM0 + q, edge_tag, a[q]);
+            wgmma_fence();
+            wgmma_pv<kN, true>(tmp[q], a[q][0], p_desc.at(0));
+            wgmma_pv<kN, false>(tmp[q], a[q][1], p_desc.at(32));
+            wgmma_commit();
+          }
+#pragma unroll
+          for (int q = 0; q < kTiles; ++q) {
+            wgmma_wait_upto3(kTiles - 1 - q);
+            fence_regs(tmp[q]);
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[kM0 + q][4 * col + c] =
+                    fmaf(o[kM0 + q][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q][4 * col + c]);
+              }
+            }
+          }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
         // The block's product in groups of (m-tile, half of the N query rows), each into a zeroed
         // fp32 temporary, two in flight: the tensor cores run group q + 1 while the CUDA cores add
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
