@@ -82,10 +82,12 @@ for stage in "$@"; do
       log "A/B of the seesaw variants (.carry/bin, built by bench/build_trace.sh)"
       # Each variant at the shapes it is for (N = 16/32: 16 heads, or 32 rows; short contexts).
       all="32x128x16384 128x16x16384 128x16x16384x2 64x16x4096x2 32x32x32768 1x128x8192
-        1x128x1024 8x128x4096 1x16x8192"
+        1x128x1024 8x128x4096 1x16x8192 128x16x16384x4"
       n32="128x16x16384 128x16x16384x2 64x16x4096x2 32x32x32768 1x16x8192"
       short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
-      for vc in "seesaw_trace:$all" "seesaw_trace_rowmath:$all" "seesaw_trace_pvdeep:$n32" \
+      n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
+      for vc in "seesaw_trace:$all" "seesaw_trace_all:$all" "seesaw_trace_rowmath:$all" \
+        "seesaw_trace_pvdeep:$n32" "seesaw_trace_pvdepth3:$n64" \
         "seesaw_trace_widecombine:$short" "seesaw_trace_prefetch:$short"; do
         v=${vc%%:*}
         [ -x ".carry/bin/$v" ] || continue

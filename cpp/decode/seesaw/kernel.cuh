@@ -115,6 +115,13 @@ constexpr int kTraceBlocks = 64;
 #ifndef SNAPMLA_SEESAW_PV_DEEP
 #define SNAPMLA_SEESAW_PV_DEEP 0
 #endif
+// SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
+// (N = 64, or N <= 32 without SNAPMLA_SEESAW_PV_DEEP). The PV is wgmma-latency bound, ~1,000
+// cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
+// accumulator registers are dead during the PV, room for 3-4 (bench/NOTES.md).
+#ifndef SNAPMLA_SEESAW_PV_DEPTH
+#define SNAPMLA_SEESAW_PV_DEPTH 2
+#endif
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -715,6 +722,48 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
         constexpr int kHalfN = kN / 2;
         const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+        if constexpr (SNAPMLA_SEESAW_PV_DEPTH > 2) {
+          // kD groups in flight; the V^T fragments of the m-tiles they read, double-buffered.
+          constexpr int kD = SNAPMLA_SEESAW_PV_DEPTH, kGroups = 2 * (kMTiles - kM0);
+          static_assert(kD <= 4 && kD <= kGroups, "wgmma_wait_upto3");
+          float tmpd[kD][kHalfN / 2];
+          uint32_t a[2][2][4];
+          auto promote_d = [&](int q) {
+            const int m = kM0 + q / 2, h = q % 2;
+            fence_regs(tmpd[q % kD]);
+#pragma unroll
+            for (int nn = 0; nn < kHalfN / 8; ++nn) {
+              const int col = h * kHalfN / 8 + nn;
+              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[m][4 * col + c] =
+                    fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmpd[q % kD][4 * nn + c]);
+              }
+            }
+          };
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q) {
+            const int m = kM0 + q / 2, h = q % 2;
+            if (h == 0) v_fragments(i, m, edge_tag, a[(q / 2) % 2]);
+            const uint32_t rows = h * kHalfN * kPRowBytes;
+            wgmma_fence();
+            wgmma_pv<kHalfN, true>(tmpd[q % kD], a[(q / 2) % 2][0], p_desc.at(rows));
+            wgmma_pv<kHalfN, false>(tmpd[q % kD], a[(q / 2) % 2][1], p_desc.at(rows + 32));
+            wgmma_commit();
+            if (q >= kD - 1) {
+              wgmma_wait_upto3(kD - 1);
+              promote_d(q - (kD - 1));
+            }
+          }
+#pragma unroll
+          for (int r = kD - 2; r >= 0; --r) {
+            wgmma_wait_upto3(r);
+            promote_d(kGroups - 1 - r);
+          }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
         float tmp[2][kHalfN / 2];
         auto promote = [&](int q) {
           const int m = kM0 + q / 2, h = q % 2;
