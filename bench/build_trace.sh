@@ -13,6 +13,7 @@
 #   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
 #   .carry/bin/seesaw_trace_pvdeep 128 16 16384       # with SNAPMLA_SEESAW_PV_DEEP (N <= 32)
 #   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
+#   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   .carry/bin/seesaw_trace_all 32 128 16384          # every staged kernel switch at once
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +36,9 @@ builds=(
   "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
   "seesaw_trace_pvdeep:-DSNAPMLA_SEESAW_PV_DEEP=1"
   "seesaw_trace_pvdepth3:-DSNAPMLA_SEESAW_PV_DEPTH=3"
+  "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
   # every staged kernel switch at once (their compound, at every shape)
-  "seesaw_trace_all:-DSNAPMLA_SEESAW_FAST_ROWMATH=1 -DSNAPMLA_SEESAW_PV_DEEP=1 -DSNAPMLA_SEESAW_PV_DEPTH=3 -DSNAPMLA_SEESAW_PREFETCH_MAPS=1 -DSNAPMLA_COMBINE_WIDE=1"
+  "seesaw_trace_all:-DSNAPMLA_SEESAW_FAST_ROWMATH=1 -DSNAPMLA_SEESAW_PV_DEEP=1 -DSNAPMLA_SEESAW_PV_DEPTH=3 -DSNAPMLA_SEESAW_PREFETCH_MAPS=1 -DSNAPMLA_COMBINE_WIDE=1 -DSNAPMLA_PDL=1"
 )
 pids=()
 for b in "${builds[@]}"; do

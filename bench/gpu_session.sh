@@ -88,7 +88,8 @@ for stage in "$@"; do
       n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
       for vc in "seesaw_trace:$all" "seesaw_trace_all:$all" "seesaw_trace_rowmath:$all" \
         "seesaw_trace_pvdeep:$n32" "seesaw_trace_pvdepth3:$n64" \
-        "seesaw_trace_widecombine:$short" "seesaw_trace_prefetch:$short"; do
+        "seesaw_trace_widecombine:$short" "seesaw_trace_prefetch:$short" \
+        "seesaw_trace_pdl:$short"; do
         v=${vc%%:*}
         [ -x ".carry/bin/$v" ] || continue
         for c in ${vc#*:}; do

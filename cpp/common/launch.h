@@ -33,4 +33,56 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
          k_pe_stride % 8 == 0;
 }
 
+// SNAPMLA_PDL (experimental, off; bench/NOTES.md): programmatic dependent launch along a decode
+// call's kernels (Q-quant -> attention -> combine). The attention kernel and the combine are
+// launched with programmatic stream serialization: each may start once every CTA of the kernel
+// before it has started (each triggers at its start), runs its prologue (barriers, tensor-map
+// prefetch) and waits (griddep_wait) before its first read of global memory, so the launch
+// latency between the kernels overlaps the previous kernel instead of following it. The
+// Q-quant kernel itself is launched as before (it must not start before the previous call's
+// attention kernel has read the Q workspace it overwrites). Without the attribute both device
+// instructions are no-ops.
+#ifndef SNAPMLA_PDL
+#define SNAPMLA_PDL 0
+#endif
+
+#ifdef __CUDACC__
+// Wait until the grids this one depends on programmatically have completed and their memory
+// is visible (griddepcontrol.wait).
+__device__ __forceinline__ void griddep_wait() {
+#if SNAPMLA_PDL
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+// Let the dependent grid launch once every CTA of this one has started or exited.
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if SNAPMLA_PDL
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// <<<grid, block, smem, stream>>>(args...), with programmatic stream serialization under
+// SNAPMLA_PDL.
+template <typename... Params, typename... Args>
+inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, Args&&... args) {
+#if SNAPMLA_PDL
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
+  return cudaGetLastError();
+#endif
+}
+#endif  // __CUDACC__
+
 }  // namespace snapmla

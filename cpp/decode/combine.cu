@@ -15,6 +15,7 @@ constexpr int kColsPerLane = kContentDim / 32;
 static_assert(kColsPerLane == 16, "four float4 per lane");
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
+  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x;
   const int lane = threadIdx.x % 32;
   const int fr = blockIdx.y * kRowsPerBlock + threadIdx.x / 32;
@@ -95,6 +96,7 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   // consecutive (no bank conflicts)
   __shared__ float4 slice[kWideWarps][kColsPerLane / 4][32];
   __shared__ float slice_w[kWideWarps];                        // and its weight sum
+  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x, fr = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows_total = p.q_len * p.num_heads;
@@ -193,12 +195,12 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
 #if SNAPMLA_COMBINE_WIDE
-  combine_wide_kernel<<<dim3(p.batch, rows_total), kThreads, 0, stream>>>(p);
+  return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
+                          stream, p);
 #else
   const dim3 grid(p.batch, (rows_total + kRowsPerBlock - 1) / kRowsPerBlock);
-  combine_kernel<<<grid, kThreads, 0, stream>>>(p);
+  return launch_dependent(combine_kernel, grid, dim3(kThreads), 0, stream, p);
 #endif
-  return cudaGetLastError();
 }
 
 }  // namespace decode

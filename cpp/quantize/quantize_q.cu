@@ -13,6 +13,7 @@ constexpr int kBlocksPerSm = 8;
 // kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
 template <bool kAligned, bool kSplit, bool kTwoTerm = false>
 __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
+  griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;

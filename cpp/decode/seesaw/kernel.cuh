@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "common/launch.h"
 #include "decode/seesaw/config.h"
 #include "decode/seesaw/fragments.cuh"
 #include "decode/segment.cuh"
@@ -211,6 +212,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
   SEESAW_TRACE(0, kTrEntry);
+  griddep_launch_dependents();  // SNAPMLA_PDL: the combine may launch (it waits for this grid)
 #if SNAPMLA_SEESAW_PREFETCH_MAPS
   if (tid == 0) {
     prefetch_tensor_map(&maps.k_content);
@@ -230,6 +232,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
+  griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and everything before it
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
   // With a producer, the barriers at a request's edges are reached at different instructions
@@ -981,9 +984,8 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
       cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  seesaw_decode_kernel<kN, kTwoTerm>
-      <<<dim3(p.num_parts, p.row_tiles), kCtaThreadsAt<kN>, kSmemBytes, stream>>>(p, maps);
-  return cudaGetLastError();
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm>, dim3(p.num_parts, p.row_tiles),
+                          dim3(kCtaThreadsAt<kN>), kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw
