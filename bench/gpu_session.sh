@@ -97,6 +97,7 @@ for stage in "$@"; do
           timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" \
             || status=1
         done
+        publish  # what ran comes back even if the call is cut short
       done
       # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
       for c in "128 16 16384" "1 16 8192" "64 16 4096 2" "32 32 32768"; do
