@@ -218,7 +218,7 @@ def _consumer_code(sass: list[str], n: int) -> list[str]:
 
 
 # The two-term N = 32 instantiation's consumers keep the warp index in local memory (one L1 load
-# a block) and spill around the IEEE division's slow-path calls: 40 bytes; strict, as above.
+# a block) and spill around the IEEE division's slow-path calls: 44 bytes; strict, as above.
 _N32_TWO_TERM_SPILLS = pytest.mark.xfail(
     strict=True, reason="two-term N = 32 spills two scalars (bench/NOTES.md)"
 )

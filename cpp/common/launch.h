@@ -77,7 +77,9 @@ inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 b
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  const cudaError_t last = cudaGetLastError();  // clears a failed launch's error, as below
+  return err != cudaSuccess ? err : last;
 #else
   kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
   return cudaGetLastError();

@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   const int tid = threadIdx.x, wtid = tid % kWgThreads, lane = tid % 32;
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
-  SEESAW_TRACE(0, kTrEntry);
+  SEESAW_TRACE(0, kTrEntry);  // (bench builds; under SNAPMLA_PDL it stamps before the wait)
   griddep_launch_dependents();  // SNAPMLA_PDL: the combine may launch (it waits for this grid)
 #if SNAPMLA_SEESAW_PREFETCH_MAPS
   if (tid == 0) {
@@ -356,7 +356,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                   : rope ? reinterpret_cast<const uint8_t*>(p.q_rope) +
                                (q0 + r) * (kRopeDim * 2) + 16 * unit
                          : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
-              v[j] = __ldg(reinterpret_cast<const uint4*>(src));
+              // L2, not the read-only path: under SNAPMLA_PDL the Q-quant kernel writes these
+            // during this grid's life (before griddep_wait), outside __ldg's rule
+            v[j] = __ldcg(reinterpret_cast<const uint4*>(src));
               if (!valid) v[j] = make_uint4(0u, 0u, 0u, 0u);
             }
 #pragma unroll
@@ -728,7 +730,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         if constexpr (SNAPMLA_SEESAW_PV_DEPTH > 2) {
           // kD groups in flight; the V^T fragments of the m-tiles they read, double-buffered.
           constexpr int kD = SNAPMLA_SEESAW_PV_DEPTH, kGroups = 2 * (kMTiles - kM0);
-          static_assert(kD <= 4 && kD <= kGroups, "wgmma_wait_upto3");
+          // Two A buffers are enough for 3 groups in flight (m-tile m's buffer was last read by
+          // groups 2m - 4 and 2m - 3, retired before group 2m issues); 4 would need a third.
+          static_assert(kD <= 3 && kD <= kGroups, "two V^T fragment buffers");
           float tmpd[kD][kHalfN / 2];
           uint32_t a[2][2][4];
           auto promote_d = [&](int q) {
