@@ -178,13 +178,15 @@ for stage in "$@"; do
       tail -12 "$FINAL/diag.log"
       ;;
     ncu)  # the wgmma kernel under Nsight Compute, one launch per case; text reports come back
-      for c in 32x1x128x16384 128x1x16x16384; do
+      per_block=()
+      for c in 32x1x128x16384 128x1x16x16384 64x2x16x16384; do  # N = 64, 16, 32
         log "ncu fast kernel $c"
         src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
         ncu --clock-control none --target-processes all -k regex:seesaw_decode --launch-skip 2 \
           --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
           --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-          --section ComputeWorkloadAnalysis --section InstructionStats "${src[@]}" \
+          --section ComputeWorkloadAnalysis --section InstructionStats \
+          --metrics smsp__inst_executed.sum "${src[@]}" \
           python3 bench/bench_decode.py --cases "$c" --kernel fast --no-flashinfer --no-graph \
           --no-ref --timing-s 0.001 >"$FINAL/ncu-$c.txt" 2>&1 || status=1
         grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible" \
@@ -195,7 +197,10 @@ for stage in "$@"; do
           ncu --import "$OUT/ncu-$c.ncu-rep" --page source --csv --print-source sass \
             >"$OUT/src.csv" 2>&1 && gzip -c "$OUT/src.csv" >"$FINAL/ncu-sass-$c.csv.gz"
         fi
+        per_block+=("$c=$FINAL/ncu-$c.txt")
       done
+      # issue 7's figure: instructions per warp per tile-block, per shape class
+      python3 bench/ncu_per_block.py "${per_block[@]}" | tee "$OUT/ncu-per-block.txt" || status=1
       ;;
     demo)
       log "demo (the README's main job)"

@@ -127,3 +127,22 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
     line = next(x for x in text.splitlines() if x.startswith("8x1x16x4096 ") and "fast" in x)
     assert "20.5 us" in line and "cost 1.025x" in line and "0.400" in line and "1.000" in line
     assert "reference" in text and "SnapMLAError: boom" in text
+
+
+def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
+    """bench/ncu_per_block.py: smsp__inst_executed.sum over (tile-blocks x 8 consumer warps)."""
+    ncu = _module("ncu_per_block")
+    report = tmp_path / "ncu.txt"
+    report.write_text(
+        "  void seesaw_decode_kernel<64, false>(...) (66, 2, 1)x(384, 1, 1)\n"
+        "    smsp__inst_executed.sum                inst    10,158,080\n"
+    )
+    case = ncu.Case.parse("32x1x128x16384")
+    r = ncu.per_block(case, report.read_text())
+    assert r["n"] == 64 and r["tile_blocks"] == 32 * 2 * 256
+    assert r["per_warp_per_tile_block"] == pytest.approx(10_158_080 / (32 * 2 * 256 * 8))
+    assert ncu.pv_width(ncu.Case.parse("128x1x16x16384")) == 16
+    assert ncu.pv_width(ncu.Case.parse("64x2x16x16384")) == 32
+    assert ncu.main([f"32x1x128x16384={report}"]) == 0
+    with pytest.raises(ValueError, match="smsp__inst_executed.sum"):
+        ncu.executed_instructions("no metric here\n")
