@@ -689,6 +689,7 @@ def run_case(
             rows_fast = case.q_len * h <= TWO_TERM_FAST_ROWS
             kernel = "fast" if rows_fast else "reference"
             doc: dict[str, Any] = {"kernel": kernel}
+            plan2 = None
             try:
                 plan2 = snapmla.DecodePlan(
                     seqlens_t,
@@ -737,6 +738,9 @@ def run_case(
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
                 doc["error"] = short_error(exc)
+            finally:
+                if plan2 is not None:
+                    plan2.close()
             return doc
 
         # ---- timing.

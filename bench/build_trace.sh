@@ -4,9 +4,6 @@
 # -DSNAPMLA_SEESAW_TRACE). On the GPU machine:
 #   .carry/bin/seesaw_trace 32 128 16384      # batch heads seqlen [q_len [min part cost]]
 #   .carry/bin/seesaw_timeline 32 128 16384
-#   .carry/bin/seesaw_trace_refill32 128 16 16384 2   # N = 32 with SNAPMLA_SEESAW_REFILL32
-#   .carry/bin/seesaw_trace_producer 128 16 16384     # the producer warpgroup at every N
-#   .carry/bin/seesaw_trace_noproducer 32 128 16384   # at none (the default: N = 32 and 64)
 #   .carry/bin/seesaw_trace_rowmath 32 128 16384      # with SNAPMLA_SEESAW_FAST_ROWMATH
 #   .carry/bin/seesaw_trace_widecombine 1 128 8192    # with SNAPMLA_COMBINE_WIDE ("kernel +
 #                                                     # combine" is the line to compare)
@@ -28,9 +25,8 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 builds=(
   "seesaw_trace:"
   "seesaw_timeline:-DSNAPMLA_SEESAW_TRACE"
-  "seesaw_trace_refill32:-DSNAPMLA_SEESAW_REFILL32=1"   # experimental variants for an A/B
-  "seesaw_trace_producer:-DSNAPMLA_SEESAW_PRODUCER=1"   # (kernel.cuh's SNAPMLA_SEESAW_*)
-  "seesaw_trace_noproducer:-DSNAPMLA_SEESAW_PRODUCER=0"
+  # experimental variants for an A/B (kernel.cuh's SNAPMLA_SEESAW_*; the producer and REFILL32
+  # switches, settled in session 9, are built by hand when needed)
   "seesaw_trace_rowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=1"
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_WIDE=1"
   "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"

@@ -15,6 +15,7 @@
 set -uo pipefail
 FINAL=${OUT:-/tmp/snapmla-out}  # what comes back: a few results and one log archive
 OUT=/tmp/snapmla-work
+rm -rf "$OUT"  # a machine still warm from the previous call keeps its files
 mkdir -p "$OUT" "$FINAL"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -41,16 +42,23 @@ use_build() {
 # The default build, unless the first stage picks another (use:<name>).
 case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 
-# What comes back (the device tool returns at most 8 files): the result files, at most 7 of them,
-# and one archive of every log and result, refreshed after each stage so that a call cut short by
-# the device-time budget still returns them.
+# What comes back (the device tool returns at most 8 files): the result files, at most 7 of them
+# (every stage writes under $OUT; publish picks), and one archive of every log and result,
+# refreshed after each stage so that a call cut short by the device-time budget still returns
+# them.
 publish() {
-  local f
-  for f in $(ls "$OUT"/decode*.json "$OUT"/dataflow*.json "$OUT"/accuracy*.json "$OUT"/ab.log \
-      "$OUT"/host-c*.log 2>/dev/null | head -7); do
-    cp "$f" "$FINAL/"
+  local f n=0
+  # this call's earlier copies first: a result that sorts later must not leave one behind
+  rm -f "$FINAL"/*.json "$FINAL"/*.log "$FINAL"/*.txt "$FINAL"/*.csv.gz
+  for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/decode*.json "$OUT"/dataflow*.json \
+      "$OUT"/accuracy*.json "$OUT"/ncu-per-block.txt "$OUT"/diag.log "$OUT"/ncu-*.txt \
+      "$OUT"/ncu-sass-*.csv.gz 2>/dev/null); do
+    [ "$n" -lt 7 ] || break
+    cp "$f" "$FINAL/" && n=$((n + 1))
   done
-  tar -czf "$FINAL/logs.tgz" -C "$OUT" --exclude=sass.txt --exclude='*.ncu-rep' --exclude=src.csv .
+  # written aside and moved: a call killed mid-tar keeps the previous archive
+  tar -czf "$FINAL/.logs.tgz.tmp" -C "$OUT" --exclude='sass*.txt' --exclude='*.ncu-rep' \
+    --exclude='src.csv' . && mv "$FINAL/.logs.tgz.tmp" "$FINAL/logs.tgz"
 }
 
 status=0
@@ -94,8 +102,8 @@ for stage in "$@"; do
         [ -x ".carry/bin/$v" ] || continue
         for c in ${vc#*:}; do
           echo "### $v ${c//x/ }" >>"$OUT/ab.log"
-          timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 | grep -E "^(kernel|batch)" >>"$OUT/ab.log" \
-            || status=1
+          timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 \
+            | grep -E "^(kernel|batch)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
         done
         publish  # what ran comes back even if the call is cut short
       done
@@ -105,7 +113,7 @@ for stage in "$@"; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v two-term $c" >>"$OUT/ab.log"
           SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
-            | grep -E "^(kernel|batch|two-term)" >>"$OUT/ab.log" || status=1
+            | grep -E "^(kernel|batch|two-term)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
         done
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192"; do
@@ -120,7 +128,7 @@ for stage in "$@"; do
       # built against a CMake build (soname libsnapmla.so.0); the wheel's file is libsnapmla.so
       mkdir -p /tmp/host-c-lib && ln -sf /tmp/site/snapmla/lib/libsnapmla.so /tmp/host-c-lib/libsnapmla.so.0
       for b in 1 64; do
-        LD_LIBRARY_PATH=/tmp/host-c-lib .carry/bin/host_overhead_c $b 128 2000 2>&1 \
+        LD_LIBRARY_PATH=/tmp/host-c-lib timeout 120 .carry/bin/host_overhead_c $b 128 2000 2>&1 \
           | tee -a "$OUT/host-c$TAG.log" || status=1
       done
       ;;
@@ -134,9 +142,11 @@ for stage in "$@"; do
     sanitize)
       for tool in memcheck racecheck synccheck; do
         log "compute-sanitizer $tool"
-        compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
+        timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
           python3 tests/gpu/smoke.py >"$OUT/sanitize-$tool$TAG.log" 2>&1
-        echo "$tool exit $?" | tee -a "$OUT/session.log"
+        rc=$?
+        echo "$tool exit $rc" | tee -a "$OUT/session.log"
+        [ "$rc" = 0 ] || status=1
         tail -5 "$OUT/sanitize-$tool$TAG.log"
       done
       ;;
@@ -154,16 +164,19 @@ for stage in "$@"; do
     bench | bench-quick)
       quick=""; [ "$stage" = bench-quick ] && quick="--quick"
       log "decode benchmark $quick"
-      python3 bench/bench_decode.py $quick --out "$OUT/decode$TAG.json" 2>&1 | tee "$OUT/bench-decode$TAG.log" | tail -45
+      timeout 420 python3 bench/bench_decode.py $quick --out "$OUT/decode$TAG.json" 2>&1 \
+        | tee "$OUT/bench-decode$TAG.log" | tail -45 || status=1
       log "data-movement benchmark"
-      python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 | tee "$OUT/bench-dataflow$TAG.log" | tail -15
+      timeout 240 python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 \
+        | tee "$OUT/bench-dataflow$TAG.log" | tail -15 || status=1
       python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
       log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
-      python3 bench/bench_decode.py --two-term --no-flashinfer --quick \
+      timeout 300 python3 bench/bench_decode.py --two-term --no-flashinfer --quick \
         --cases '*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384' \
-        --out "$OUT/decode-two-term$TAG.json" 2>&1 | tee "$OUT/bench-two-term$TAG.log" | tail -30
+        --out "$OUT/decode-two-term$TAG.json" 2>&1 | tee "$OUT/bench-two-term$TAG.log" | tail -30 \
+        || status=1
       ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
@@ -171,46 +184,47 @@ for stage in "$@"; do
         | tee "$OUT/bench-decode-fast$TAG.log" | tail -28
       python3 bench/roofline.py "$OUT/decode-fast$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
-    diag)  # writes straight to what comes back, in case the device time runs out mid-call
+    diag)
       log "diagnostic: every kernel on logits that any accumulator holds exactly"
-      python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_decode.py -k exact_logits \
-        --tb=short >"$FINAL/diag.log" 2>&1 || status=1
-      tail -12 "$FINAL/diag.log"
+      timeout 300 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_decode.py \
+        -k exact_logits --tb=short >"$OUT/diag.log" 2>&1 || status=1
+      tail -12 "$OUT/diag.log"
       ;;
-    ncu)  # the wgmma kernel under Nsight Compute, one launch per case; text reports come back
+    ncu)  # the wgmma kernel under Nsight Compute, one launch per case (publish picks the texts)
       per_block=()
       for c in 32x1x128x16384 128x1x16x16384 64x2x16x16384; do  # N = 64, 16, 32
         log "ncu fast kernel $c"
         src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
-        ncu --clock-control none --target-processes all -k regex:seesaw_decode --launch-skip 2 \
-          --launch-count 1 --section SpeedOfLight --section LaunchStats --section Occupancy \
-          --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-          --section ComputeWorkloadAnalysis --section InstructionStats \
-          --metrics smsp__inst_executed.sum "${src[@]}" \
+        timeout 240 ncu --clock-control none --target-processes all -k regex:seesaw_decode \
+          --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
+          --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+          --section InstructionStats --metrics smsp__inst_executed.sum "${src[@]}" \
           python3 bench/bench_decode.py --cases "$c" --kernel fast --no-flashinfer --no-graph \
-          --no-ref --timing-s 0.001 >"$FINAL/ncu-$c.txt" 2>&1 || status=1
-        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible" \
-          "$FINAL/ncu-$c.txt" | head -20
+          --no-ref --timing-s 0.001 >"$OUT/ncu-$c.txt" 2>&1 || status=1
         if [ -f "$OUT/ncu-$c.ncu-rep" ]; then  # an exported report prints nothing: read it back
           ncu --import "$OUT/ncu-$c.ncu-rep" --page details --print-details all \
-            >>"$FINAL/ncu-$c.txt" 2>&1
+            >>"$OUT/ncu-$c.txt" 2>&1
           ncu --import "$OUT/ncu-$c.ncu-rep" --page source --csv --print-source sass \
-            >"$OUT/src.csv" 2>&1 && gzip -c "$OUT/src.csv" >"$FINAL/ncu-sass-$c.csv.gz"
+            >"$OUT/src.csv" 2>&1 && gzip -c "$OUT/src.csv" >"$OUT/ncu-sass-$c.csv.gz"
         fi
-        per_block+=("$c=$FINAL/ncu-$c.txt")
+        grep -E "Duration|Throughput|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible" \
+          "$OUT/ncu-$c.txt" | head -20
+        per_block+=("$c=$OUT/ncu-$c.txt")
+        publish
       done
       # issue 7's figure: instructions per warp per tile-block, per shape class
       python3 bench/ncu_per_block.py "${per_block[@]}" | tee "$OUT/ncu-per-block.txt" || status=1
       ;;
     demo)
       log "demo (the README's main job)"
-      python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
+      timeout 240 python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
       ;;
     accuracy | accuracy-fast2)  # accuracy-fast2: the two-term query on the fast kernel
       extra=(); sfx=$TAG
       [ "$stage" = accuracy-fast2 ] && { extra=(--two-term-kernel fast); sfx="-fast2$TAG"; }
       log "accuracy study ${extra[*]}"
-      python3 -m snapmla.accuracy "${extra[@]}" --out "$OUT/accuracy$sfx.json" \
+      timeout 420 python3 -m snapmla.accuracy "${extra[@]}" --out "$OUT/accuracy$sfx.json" \
         --figure "$OUT/accuracy$sfx.png" 2>&1 | tee "$OUT/accuracy$sfx.log" | tail -30 || status=1
       ;;
     *) echo "unknown stage $stage"; status=2 ;;

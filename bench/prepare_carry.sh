@@ -12,7 +12,9 @@
 # gpu_session.sh's `use:<name>` stage installs another one between stages.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ -z "$(git status --porcelain -- cpp include CMakeLists.txt)" ] || { echo "commit the C++ first"; exit 1; }
+# The wheel is built from the tree: everything in it must be the commit COMMIT names.
+[ -z "$(git status --porcelain -- cpp include CMakeLists.txt python pyproject.toml cmake)" ] || {
+  echo "prepare_carry.sh: commit cpp/, include/, python/ and the build files first"; exit 1; }
 name=${1:-dist}
 case "$name" in dist*) ;; *) echo "prepare_carry.sh: a name starting with dist, got '$name'" >&2; exit 1 ;; esac
 out=.carry/$name
