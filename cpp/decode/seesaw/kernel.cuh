@@ -669,20 +669,23 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           wgmma_pv<kN, false>(early[m], early_a[m][1], p_desc.at(32));
         }
       };
+      // O^T m-tile m = gamma O^T + T for a whole-N temporary T (gamma per O^T column: query rows
+      // 8 col + 2 t, + 1).
+      auto promote_tile = [&](int m, float (&tile_t)[kNRegs], const RowStats& ps) {
+        fence_regs(tile_t);
+#pragma unroll
+        for (int col = 0; col < kNTiles; ++col) {
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tile_t[4 * col + c]);
+          }
+        }
+      };
       auto pv_promote_early = [&](int i) {
         const RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
-        for (int m = 0; m < kEarlyMTiles; ++m) {
-          fence_regs(early[m]);
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, early[m][4 * col + c]);
-            }
-          }
-        }
+        for (int m = 0; m < kEarlyMTiles; ++m) promote_tile(m, early[m], ps);
       };
 
       // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
@@ -708,16 +711,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
           for (int q = 0; q < kTiles; ++q) {
             wgmma_wait_upto3(kTiles - 1 - q);
-            fence_regs(tmp[q]);
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[kM0 + q][4 * col + c] =
-                    fmaf(o[kM0 + q][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q][4 * col + c]);
-              }
-            }
+            promote_tile(kM0 + q, tmp[q], ps);
           }
           SEESAW_TRACE(i, kTrPvEnd);
           return;
