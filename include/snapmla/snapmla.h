@@ -398,8 +398,9 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
  * s2 and every code of both rows NaN. snapmla.reference.quantize_q2 models it bit for bit.
  *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
  *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
- *   The rest as snapmla_quantize_q. No decode kernel takes the low term yet. Experimental in
- *   0.2: not yet run on a GPU (bench/NOTES.md). [graph-safe] */
+ *   The rest as snapmla_quantize_q. snapmla_decode quantizes the two terms itself for a plan
+ *   made with config.q_precision FP8X2. Experimental in 0.2: not yet run on a GPU
+ *   (bench/NOTES.md). [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
                                                  int32_t num_heads, int64_t q_stride_token,
                                                  int64_t q_stride_head, void* q_content,

@@ -128,8 +128,8 @@ def quantize_q(
             fp32 ``[..., h]`` (``out`` then has five entries), so that ``q_nope ~ q_scale *
             q_content + q_lo_scale * q_lo`` to about 2^-8 relative; the first three outputs
             are the same bits as with ``"fp8"`` (``snapmla.reference.quantize_q2``, the C
-            header's ``snapmla_quantize_q2``). No decode kernel takes the low row yet;
-            experimental: not yet run on a GPU.
+            header's ``snapmla_quantize_q2``). ``decode`` quantizes both terms itself for a
+            plan made with ``q_precision="fp8x2"``; experimental: not yet run on a GPU.
 
     Returns:
         ``(q_content, q_rope, q_scale)`` (``"fp8x2"``: ``+ (q_lo, q_lo_scale)``): the given
