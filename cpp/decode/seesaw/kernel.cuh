@@ -721,6 +721,21 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
         constexpr int kHalfN = kN / 2;
         const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2).
+        auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
+          const int m = kM0 + q / 2, h = q % 2;
+          fence_regs(tmp_q);
+#pragma unroll
+          for (int nn = 0; nn < kHalfN / 8; ++nn) {
+            const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
+            // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
+            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp_q[4 * nn + c]);
+            }
+          }
+        };
         if constexpr (SNAPMLA_SEESAW_PV_DEPTH > 2) {
           // kD groups in flight; the V^T fragments of the m-tiles they read, double-buffered.
           constexpr int kD = SNAPMLA_SEESAW_PV_DEPTH, kGroups = 2 * (kMTiles - kM0);
@@ -729,20 +744,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           static_assert(kD <= 3 && kD <= kGroups, "two V^T fragment buffers");
           float tmpd[kD][kHalfN / 2];
           uint32_t a[2][2][4];
-          auto promote_d = [&](int q) {
-            const int m = kM0 + q / 2, h = q % 2;
-            fence_regs(tmpd[q % kD]);
-#pragma unroll
-            for (int nn = 0; nn < kHalfN / 8; ++nn) {
-              const int col = h * kHalfN / 8 + nn;
-              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[m][4 * col + c] =
-                    fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmpd[q % kD][4 * nn + c]);
-              }
-            }
-          };
+          auto promote_d = [&](int q) { promote_half(q, tmpd[q % kD]); };
 #pragma unroll
           for (int q = 0; q < kGroups; ++q) {
             const int m = kM0 + q / 2, h = q % 2;
@@ -766,20 +768,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           return;
         }
         float tmp[2][kHalfN / 2];
-        auto promote = [&](int q) {
-          const int m = kM0 + q / 2, h = q % 2;
-          fence_regs(tmp[q % 2]);
-#pragma unroll
-          for (int nn = 0; nn < kHalfN / 8; ++nn) {
-            const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
-            // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
-            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q % 2][4 * nn + c]);
-            }
-          }
-        };
+        auto promote = [&](int q) { promote_half(q, tmp[q % 2]); };
 #pragma unroll
         for (int m = kM0; m < kMTiles; ++m) {
           uint32_t a[2][4];
