@@ -591,19 +591,19 @@ def run_case(
         torch.cuda.synchronize()
         plan_create_ms = (time.perf_counter() - t0) * 1e3
 
-        def ours(i: int) -> None:
+        def ours(i: int, with_plan: Any = plan, kernel: str = args.kernel) -> None:
             snapmla.decode(
                 cache,
                 0,
                 q,
                 block_tables[i % copies],
                 seqlens_t,
-                plan,
+                with_plan,
                 softmax_scale=SOFTMAX_SCALE,
                 causal=causal,
                 out=out,
                 lse=lse,
-                kernel=args.kernel,
+                kernel=kernel,
                 stream=stream(),
             )
 
@@ -664,6 +664,7 @@ def run_case(
             result["error"]["snapmla"] = short_error(exc)
         if ours_ok and fi_ok:
             checks["ours_vs_flashinfer"] = _rel_l2(torch, out.view_as(fi_out), fi_out)
+        sample, fp32_ref = [], None  # the reference's requests and outputs (two_term reuses)
         if not args.no_ref:
             sample = sorted({0, int(np.argmax(seqlens))})
             refs, mine, theirs_ = [], [], []
@@ -673,13 +674,13 @@ def run_case(
                 mine.append(out[r])
                 if fi_ok:
                     theirs_.append(fi_out[r * case.q_len : (r + 1) * case.q_len])
-            ref = torch.stack(refs)
+            fp32_ref = torch.stack(refs)
             checks["ref_requests"] = sample
             if ours_ok:
-                checks["ours_vs_fp32_ref"] = _rel_l2(torch, torch.stack(mine), ref)
+                checks["ours_vs_fp32_ref"] = _rel_l2(torch, torch.stack(mine), fp32_ref)
             if fi_ok:
-                checks["flashinfer_vs_fp32_ref"] = _rel_l2(torch, torch.stack(theirs_), ref)
-            del refs, ref
+                checks["flashinfer_vs_fp32_ref"] = _rel_l2(torch, torch.stack(theirs_), fp32_ref)
+            del refs
         result["checks"] = checks
 
         def two_term() -> dict[str, Any]:
@@ -701,32 +702,14 @@ def run_case(
                 )
 
                 def run(i: int) -> None:
-                    snapmla.decode(
-                        cache,
-                        0,
-                        q,
-                        block_tables[i % copies],
-                        seqlens_t,
-                        plan2,
-                        softmax_scale=SOFTMAX_SCALE,
-                        causal=causal,
-                        out=out,
-                        lse=lse,
-                        kernel=kernel,
-                        stream=stream(),
-                    )
+                    ours(i, plan2, kernel)
 
                 run(0)
                 torch.cuda.synchronize()
                 doc["nan"] = bool(torch.isnan(out).any())
-                if not args.no_ref:
-                    sample = sorted({0, int(np.argmax(seqlens))})
-                    refs = []
-                    for r in sample:
-                        pg = bt_rel_t[r, : pages_per_req[r]].long()
-                        refs.append(_reference(torch, q[r], ckv, kpe, pg, seqlens[r], causal))
+                if fp32_ref is not None:
                     mine = torch.stack([out[r] for r in sample])
-                    doc["vs_fp32_ref"] = _rel_l2(torch, mine, torch.stack(refs))
+                    doc["vs_fp32_ref"] = _rel_l2(torch, mine, fp32_ref)
                     doc["fp8_vs_fp32_ref"] = checks.get("ours_vs_fp32_ref")
                 t2 = time_calls(
                     torch, run, variants=copies, target_s=args.timing_s, use_graph=not args.no_graph
