@@ -44,12 +44,12 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 // (overflow: the RoPE of a zero-content token), and the caller then redoes the row with the
 // IEEE division.
 //
-// A zero numerator keeps its sign only with SNAPMLA_SIGNED_ZERO_QUOTIENT: for x = -0 the two
-// FMAs give +0 (q0 = -0; -0 - (-0) * s = +0; +0 * r + (-0) = +0), so a -0 input element becomes
-// the code 0x00, not the contract's 0x80 (found in review, 2026-12-01; bench/NOTES.md). The
-// fix (copysign from q0) is staged behind the switch until its GPU test has run.
+// A zero numerator keeps its sign by the copysign from q0: for x = -0 the two FMAs alone give
+// +0 (q0 = -0; -0 - (-0) * s = +0; +0 * r + (-0) = +0), so a -0 input element became the code
+// 0x00, not the contract's 0x80 (found in review, 2026-12-01; the GPU test
+// test_quantize_q_keeps_the_sign_of_zero). SNAPMLA_SIGNED_ZERO_QUOTIENT=0 gives the old form.
 #ifndef SNAPMLA_SIGNED_ZERO_QUOTIENT
-#define SNAPMLA_SIGNED_ZERO_QUOTIENT 0
+#define SNAPMLA_SIGNED_ZERO_QUOTIENT 1
 #endif
 struct FastDivider {
   float s, r;

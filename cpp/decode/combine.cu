@@ -81,14 +81,17 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   }
 }
 
-// SNAPMLA_COMBINE_WIDE (experimental, off; bench/NOTES.md): one CTA per query row, its 8 warps
-// taking every 8th part, then one warp adds the 8 partial sums. The one-warp-per-row kernel
-// above walks a row's parts in series, a dependent L2 round trip each: with 66 parts (batch 1,
-// 128 heads, 8k context) it took ~19 us, as long as the attention kernel itself.
-#ifndef SNAPMLA_COMBINE_WIDE
-#define SNAPMLA_COMBINE_WIDE 0
+// The wide combine: one CTA per query row, its 8 warps taking every 8th part, then one warp
+// adds the 8 partial sums. The one-warp-per-row kernel above walks a row's parts in series, a
+// dependent L2 round trip each: with 66 parts (batch 1, 128 heads, 8k context) it took ~19 us,
+// as long as the attention kernel itself. The wide one has 8x the CTAs, which costs where the
+// grid is large already. Same-run A/B on the H200 (2026-12-01, combine alone): batch 1, 128
+// heads, 8k: 19.0 -> 7.8 us; batch 1, 16 heads, 8k: 17.0 -> 7.4 us; 8 x 128 heads, 4k: 12.3 ->
+// 14.2 us; 128 x 16 heads, 16k: 8.6 -> 14.7 us. SNAPMLA_COMBINE_WIDE_MAX_ROWS: the wide kernel
+// where batch x rows is at most this (0: never).
+#ifndef SNAPMLA_COMBINE_WIDE_MAX_ROWS
+#define SNAPMLA_COMBINE_WIDE_MAX_ROWS 512
 #endif
-#if SNAPMLA_COMBINE_WIDE
 constexpr int kWideWarps = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodeParams p) {
@@ -188,19 +191,17 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
     p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
   }
 }
-#endif
 
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
-#if SNAPMLA_COMBINE_WIDE
-  return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
-                          stream, p);
-#else
+  if (int64_t{p.batch} * rows_total <= SNAPMLA_COMBINE_WIDE_MAX_ROWS) {
+    return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
+                            stream, p);
+  }
   const dim3 grid(p.batch, (rows_total + kRowsPerBlock - 1) / kRowsPerBlock);
   return launch_dependent(combine_kernel, grid, dim3(kThreads), 0, stream, p);
-#endif
 }
 
 }  // namespace decode

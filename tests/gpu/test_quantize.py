@@ -175,15 +175,8 @@ def test_quantize_q2_allocates_and_matches_one_term(rng: np.random.Generator) ->
         assert np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8))
 
 
-# The fast divider of cpp/common/row_quant.cuh turns a -0 element into +0 (code 0x00, not the
-# contract's 0x80); the fix is staged behind SNAPMLA_SIGNED_ZERO_QUOTIENT (bench/NOTES.md).
-# Strict: once the fix is the default this passes, and the mark must go.
-_SIGNED_ZERO = pytest.mark.xfail(
-    strict=True, reason="-0 becomes +0 in the fast divider (SNAPMLA_SIGNED_ZERO_QUOTIENT)"
-)
-
-
-@_SIGNED_ZERO
+# The fast divider of cpp/common/row_quant.cuh once turned a -0 element into +0 (code 0x00, not
+# the contract's 0x80): SNAPMLA_SIGNED_ZERO_QUOTIENT, now the default.
 @pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
 def test_quantize_q_keeps_the_sign_of_zero(rng: np.random.Generator, precision: str) -> None:
     q = random_bf16(rng, (3, 4, 576), std=1.0, spread=4.0)

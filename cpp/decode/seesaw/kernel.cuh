@@ -46,12 +46,14 @@ __device__ __forceinline__ float ex2_ftz(float x) {
 constexpr float kExpShift = 24.f;
 constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
 
-// SNAPMLA_SEESAW_FAST_ROWMATH (experimental, off; bench/NOTES.md): the softmax's per-row
-// statistics with one MUFU reciprocal and MUFU exponent instead of three IEEE divisions, an
-// IEEE reciprocal and exp2f, shortening the dependent chain from the row's max and sum to P8
-// and the statistics (each within an ulp or two; the tensor-core tier's tolerance).
+// SNAPMLA_SEESAW_FAST_ROWMATH (on; 0 for the IEEE form): the softmax's per-row statistics
+// with one MUFU reciprocal and MUFU exponent instead of three IEEE divisions, an IEEE
+// reciprocal and exp2f, shortening the dependent chain from the row's max and sum to P8 and
+// the statistics (each within an ulp or two; the tensor-core tier's tolerance). Same-run A/B on
+// the H200 (2026-12-01, bench/results/2026-12-01-s11/): kernel alone 7-17% faster at every
+// shape measured (128x16x16384: 406 -> 337 us; 32x128x16384: 262 -> 241 us).
 #ifndef SNAPMLA_SEESAW_FAST_ROWMATH
-#define SNAPMLA_SEESAW_FAST_ROWMATH 0
+#define SNAPMLA_SEESAW_FAST_ROWMATH 1
 #endif
 __device__ __forceinline__ float rcp_approx_ftz(float x) {
   float y;
@@ -108,16 +110,21 @@ constexpr int kTraceBlocks = 64;
   } while (0)
 #endif
 
-// SNAPMLA_SEESAW_PV_DEEP (experimental, off; bench/NOTES.md): at N <= 32, the PV of a block
-// issues every m-tile's whole-N wgmmas (each into its own temporary, with its own V^T
-// fragments) before it waits for the first, then promotes them in order, instead of half-N groups
-// two deep: the tensor cores get the whole block's PV at once (N = 32: 64 + 32 more registers,
-// within the producer's 240; N = 16: the early PV's, free by then).
+// SNAPMLA_SEESAW_PV_DEEP: the PV of a block issues every m-tile's whole-N wgmmas (each into
+// its own temporary, with its own V^T fragments) before it waits for the first, then promotes
+// them in order, instead of half-N groups two deep: the tensor cores get the whole block's PV at
+// once (N = 32: 64 + 32 more registers, within the consumers' 240; N = 16: the early PV's, free
+// by then). 1 (the default): at N = 32; 2: at N = 16 too; 0: nowhere. Same-run A/B on the H200
+// (2026-12-01): N = 32 10% faster (128x16x16384 q_len 2: 422 -> 380 us; 32x32x32768: 217 ->
+// 199 us; the two-term query at 16 heads: 399 -> 355 us), N = 16 3% slower (406 -> 418 us).
 #ifndef SNAPMLA_SEESAW_PV_DEEP
-#define SNAPMLA_SEESAW_PV_DEEP 0
+#define SNAPMLA_SEESAW_PV_DEEP 1
 #endif
+template <int kN>
+constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
+                         (SNAPMLA_SEESAW_PV_DEEP >= 2 && kN == 16);
 // SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
-// (N = 64, or N <= 32 without SNAPMLA_SEESAW_PV_DEEP). The PV is wgmma-latency bound, ~1,000
+// (where kPvDeep is false). The PV is wgmma-latency bound, ~1,000
 // cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
 // accumulator registers are dead during the PV, room for 3-4 (bench/NOTES.md).
 #ifndef SNAPMLA_SEESAW_PV_DEPTH
@@ -694,7 +701,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
-        if constexpr (SNAPMLA_SEESAW_PV_DEEP != 0 && kN <= 32) {
+        if constexpr (kPvDeep<kN>) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
