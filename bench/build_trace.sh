@@ -4,14 +4,14 @@
 # -DSNAPMLA_SEESAW_TRACE). On the GPU machine:
 #   .carry/bin/seesaw_trace 32 128 16384      # batch heads seqlen [q_len [min part cost]]
 #   .carry/bin/seesaw_timeline 32 128 16384
-#   .carry/bin/seesaw_trace_rowmath 32 128 16384      # with SNAPMLA_SEESAW_FAST_ROWMATH
-#   .carry/bin/seesaw_trace_widecombine 1 128 8192    # with SNAPMLA_COMBINE_WIDE ("kernel +
-#                                                     # combine" is the line to compare)
+#   .carry/bin/seesaw_timeline_nostores 1 128 1024    # the timeline without the epilogue's stores
+#   .carry/bin/seesaw_trace_slowrowmath 32 128 16384  # SNAPMLA_SEESAW_FAST_ROWMATH=0 (the IEEE form)
+#   .carry/bin/seesaw_trace_narrowcombine 1 128 8192  # the one-warp-per-row combine everywhere
+#                                                     # ("kernel + combine" is the line to compare)
 #   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
-#   .carry/bin/seesaw_trace_pvdeep 128 16 16384       # with SNAPMLA_SEESAW_PV_DEEP (N <= 32)
+#   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
 #   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
-#   .carry/bin/seesaw_trace_all 32 128 16384          # every staged kernel switch at once
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -27,16 +27,18 @@ builds=(
   "seesaw_timeline:-DSNAPMLA_SEESAW_TRACE"
   # experimental variants for an A/B (kernel.cuh's SNAPMLA_SEESAW_*; the producer and REFILL32
   # switches, settled in session 9, are built by hand when needed)
-  "seesaw_trace_rowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=1"
-  "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_WIDE=1"
+  # what the epilogue's stores cost (timing only: the results are wrong)
+  "seesaw_timeline_nostores:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES"
+  # the defaults' alternatives (settled on the H200 in session 11; kept to re-check)
+  "seesaw_trace_slowrowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=0"
+  "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
+  "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
+  # staged switches (off by default)
   "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
-  "seesaw_trace_pvdeep:-DSNAPMLA_SEESAW_PV_DEEP=1"
   "seesaw_trace_pvdepth3:-DSNAPMLA_SEESAW_PV_DEPTH=3"
+  # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
+  # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
-  # every staged kernel switch at once (their compound, at every shape); not SNAPMLA_PDL, whose
-  # back-to-back launches would overlap in the "kernel alone" loop (seesaw_trace_pdl: compare
-  # its "kernel + combine" line only)
-  "seesaw_trace_all:-DSNAPMLA_SEESAW_FAST_ROWMATH=1 -DSNAPMLA_SEESAW_PV_DEEP=1 -DSNAPMLA_SEESAW_PV_DEPTH=3 -DSNAPMLA_SEESAW_PREFETCH_MAPS=1 -DSNAPMLA_COMBINE_WIDE=1"
 )
 pids=()
 for b in "${builds[@]}"; do

@@ -92,11 +92,15 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 
 // Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each consumer warpgroup records
 // clock64 at the events below for its first kTraceBlocks blocks (the CTA's fixed costs, entry,
-// Q arrived and epilogue done, at block 0 of its first request). Compiled out unless
-// SNAPMLA_SEESAW_TRACE.
+// Q arrived, epilogue start and done, at block 0 of its first request). Compiled out unless
+// SNAPMLA_SEESAW_TRACE. SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES (timing builds only, wrong
+// results): the epilogue computes but stores nothing, to time what its stores cost.
 enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kTrPfree, kTrPublished,
                   kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd,
-                  kTrEntry, kTrQArrived, kTrEpilogueDone, kTrEvents };
+                  kTrEntry, kTrQArrived, kTrEpilogueStart, kTrEpilogueDone, kTrEvents };
+#if defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES) && !defined(SNAPMLA_SEESAW_TRACE)
+#error "SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES is for timing builds (SNAPMLA_SEESAW_TRACE) only"
+#endif
 constexpr int kTraceBlocks = 64;
 #ifdef SNAPMLA_SEESAW_TRACE
 #define SEESAW_TRACE(block, event)                                                             \
@@ -915,33 +919,54 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 
       // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
       // 8 nn + 2 t + (c & 1).
-      const RowStats& fin = s.stats[(n - 1) % kPBuffers];
+      if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueStart);
+      // A row's 1/l and lse, once per row and warpgroup: thread wtid of each warpgroup computes
+      // row wtid's into a statistics buffer no block uses any more (every PV is done; n >= 1, so
+      // (n + wg) % kPBuffers is neither warpgroup's (n - 1) % kPBuffers), and its warpgroup reads
+      // them there. Computed by each of a row's 32 threads, the IEEE reciprocal and logf took
+      // ~11,000 cycles a request-part at N = 64 (session 11's timeline, bench/NOTES.md).
+      {
+        const RowStats& fin = s.stats[(n - 1) % kPBuffers];
+        RowStats& res_of = s.stats[(n + wg) % kPBuffers];
+        const int fr = tile * kRowsM + wtid;
+        if (wtid < kN && fr < rows_total) {
+          const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
+                                           s.bad_page != 0, seg.split);
+          res_of.l[wtid] = res.inv_l;
+          if (wg == 0) store_lse(p, b, fr, seg, res.lse);
+        }
+        named_barrier_unaligned(kBarWg + wg, kWgThreads);
+      }
+      const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
 #pragma unroll
       for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
         for (int c1 = 0; c1 < 2; ++c1) {
           const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
           if (fr >= rows_total) continue;
-          const RowResult res = row_result(fin.l[row], fin.m[row], fin.sig[row], s.bad_page != 0,
-                                           seg.split);
+          const float inv_l = inv_l_of[row];
           const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
-          if (seg.split) {
+#ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
+          const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
+#else
+          const bool to_partial = seg.split, to_out = !seg.split;
+#endif
+          if (to_partial) {
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
               *reinterpret_cast<float2*>(dst + 64 * m) =
-                  make_float2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
-          } else {
+          } else if (to_out) {
             uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
               *reinterpret_cast<uint32_t*>(dst + 64 * m) =
-                  pack_bf16x2(o[m][4 * nn + c1] * res.inv_l, o[m][4 * nn + 2 + c1] * res.inv_l);
+                  pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           }
-          if (wg == 0 && warp == 0 && g == 0) store_lse(p, b, fr, seg, res.lse);
         }
       }
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
