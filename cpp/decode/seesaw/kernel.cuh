@@ -127,6 +127,15 @@ constexpr int kTraceBlocks = 64;
 template <int kN>
 constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
                          (SNAPMLA_SEESAW_PV_DEEP >= 2 && kN == 16);
+// SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
+// partial O leaves through shared memory (the Q tile's, free once every QK is done): each
+// warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
+// of a row (float4 per lane: four full 128-byte lines an instruction) instead of 64-byte pieces
+// of four rows. The stores were 2.4-4.4 us of the kernel at 1k-4k contexts (session 11's
+// stores-off timeline).
+#ifndef SNAPMLA_SEESAW_STAGED_EPILOGUE
+#define SNAPMLA_SEESAW_STAGED_EPILOGUE 0
+#endif
 // SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
 // (where kPvDeep is false). The PV is wgmma-latency bound, ~1,000
 // cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
@@ -938,33 +947,87 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
+#if SNAPMLA_SEESAW_STAGED_EPILOGUE && !defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES)
+      if (seg.split) {
+        // Rounds of 16 rows (two n-tiles): [16 rows][256 fp32] in this warpgroup's half of the
+        // Q tile, the 64-byte unit of a column XORed with bit 1 of the row, so that a warp's
+        // float2 writes (rows 2t + c1 of four t) fall on all 32 banks.
+        float* stage = reinterpret_cast<float*>(s.q_content[2 * wg]);
+        constexpr int kRoundRows = 16, kRounds = kN / kRoundRows;
+        static_assert(kN % kRoundRows == 0 && kRoundRows * kHalfDim * 4 <= 2 * kTileBytes,
+                      "a round fits half the Q tile");
+        float* part_rows = p.partial_o + int64_t{seg.slot} * p.row_tiles * kTileRows * kContentDim;
 #pragma unroll
-      for (int nn = 0; nn < kNTiles; ++nn) {
+        for (int r = 0; r < kRounds; ++r) {
 #pragma unroll
-        for (int c1 = 0; c1 < 2; ++c1) {
-          const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-          if (fr >= rows_total) continue;
-          const float inv_l = inv_l_of[row];
-          const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
-#ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-          const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
-#else
-          const bool to_partial = seg.split, to_out = !seg.split;
-#endif
-          if (to_partial) {
-            float* dst = p.partial_o +
-                         (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+          for (int nh = 0; nh < 2; ++nh) {
+            const int nn = 2 * r + nh;
 #pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              *reinterpret_cast<float2*>(dst + 64 * m) =
-                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+            for (int c1 = 0; c1 < 2; ++c1) {
+              const int lr = 8 * nh + 2 * t + c1;  // the row within the round
+              const float inv_l = inv_l_of[kRoundRows * r + lr];
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                const int col = (64 * m + 16 * warp + 2 * g) ^ (((lr >> 1) & 1) * 16);
+                *reinterpret_cast<float2*>(stage + lr * kHalfDim + col) =
+                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              }
             }
-          } else if (to_out) {
-            uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+          }
+          named_barrier_unaligned(kBarWg + wg, kWgThreads);
+          // Warp w stores rows w, w + 4, w + 8, w + 12 of the round: two 512-byte runs each.
 #pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              *reinterpret_cast<uint32_t*>(dst + 64 * m) =
-                  pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+          for (int j = 0; j < kRoundRows / 4; ++j) {
+            const int lr = warp + 4 * j, fr = tile * kRowsM + kRoundRows * r + lr;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int col = 128 * h + 4 * lane;
+              const float4 v = *reinterpret_cast<const float4*>(
+                  stage + lr * kHalfDim + (col ^ (((lr >> 1) & 1) * 16)));
+              if (fr < rows_total) {
+                *reinterpret_cast<float4*>(part_rows + int64_t{fr} * kContentDim + kHalfDim * wg +
+                                           col) = v;
+              }
+            }
+          }
+          named_barrier_unaligned(kBarWg + wg, kWgThreads);  // the round's reads before reuse
+        }
+        // The Q tile is written next by TMA (async proxy): order these generic accesses first.
+        fence_proxy_async();
+      }
+      const bool staged = seg.split;
+#else
+      constexpr bool staged = false;
+#endif
+      if (!staged) {
+#pragma unroll
+        for (int nn = 0; nn < kNTiles; ++nn) {
+#pragma unroll
+          for (int c1 = 0; c1 < 2; ++c1) {
+            const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+            if (fr >= rows_total) continue;
+            const float inv_l = inv_l_of[row];
+            const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
+#ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
+            const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
+#else
+            const bool to_partial = seg.split, to_out = !seg.split;
+#endif
+            if (to_partial) {
+              float* dst = p.partial_o +
+                           (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                *reinterpret_cast<float2*>(dst + 64 * m) =
+                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              }
+            } else if (to_out) {
+              uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                *reinterpret_cast<uint32_t*>(dst + 64 * m) =
+                    pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              }
             }
           }
         }
