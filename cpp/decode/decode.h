@@ -18,11 +18,14 @@ namespace decode {
 constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
 constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
-// With the default split count, a part covers at least this much cost (two blocks): a split
-// writes and the combine reads a 64 x 512 fp32 partial (128 KiB, about three pages' worth of
-// bytes). Measured with the seesaw kernel at batch 1 and 8, h = 16 and 128, contexts 1k-8k
-// (bench/NOTES.md): 2 blocks per part is best or within 10% of the best at every shape.
-constexpr int kMinPartCost = 2 + kFixedCost;
+// With the default split count, a part covers at least this much cost (one block). Measured
+// with the seesaw kernel (kernel + combine, session 11, bench/results/2026-12-01-s11/
+// part-cost-5819fce.log), one block a part against two: 1x128x1024 20.5 -> 19.3 us, 1x128x4096
+// 22.6 -> 20.7, 1x16x8192 19.7 -> 18.8, 8x128x4096 35.3 -> 34.6; 8x128x1024, 64x128x4096 and
+// 64x16x4096 level; 64x128x1024 45.7 -> 46.5. Three or more blocks a part were slower at every
+// shape with fewer than 64 requests (the parallelism outweighs the 128 KiB fp32 partial a part
+// writes and the combine reads).
+constexpr int kMinPartCost = 1 + kFixedCost;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
 // The plan's first words: what it was built for, and the schedule's part cost T.
