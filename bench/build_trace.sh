@@ -19,7 +19,7 @@ mkdir -p .carry/bin
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n16_two_term.cu
-     cpp/decode/seesaw/instantiations/n32_two_term.cu)
+     cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
 # Every binary in parallel; a failed build stops the script (and leaves no stale binary).
 builds=(
@@ -39,6 +39,8 @@ builds=(
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
+  "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=1"
+  "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=1"
 )
 pids=()
 for b in "${builds[@]}"; do

@@ -94,7 +94,7 @@ for stage in "$@"; do
       n16="128x16x16384 1x16x8192 64x16x4096"
       short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
       n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
-      for vc in "seesaw_trace:$all" "seesaw_trace_epistaged:$all" \
+      for vc in "seesaw_trace:$all" "seesaw_trace_fusedq:$all" \
         "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64" \
         "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short" \
         "seesaw_trace_pdl:$short"; do
@@ -103,13 +103,13 @@ for stage in "$@"; do
         for c in ${vc#*:}; do
           echo "### $v ${c//x/ }" >>"$OUT/ab.log"
           timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 \
-            | grep -E "^(kernel|batch)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
+            | grep -E "^(kernel|batch|decode call)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
         done
         publish  # what ran comes back even if the call is cut short
       done
       # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
       for c in "128 16 16384" "1 16 8192" "64 16 4096 2" "32 32 32768"; do
-        for v in seesaw_trace seesaw_trace_epistaged; do
+        for v in seesaw_trace; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v two-term $c" >>"$OUT/ab.log"
           SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
@@ -117,7 +117,7 @@ for stage in "$@"; do
         done
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
-        for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_epistaged; do
+        for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v $c" >>"$OUT/ab.log"
           # every recorded event (a block line without events is left out)

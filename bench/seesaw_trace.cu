@@ -3,13 +3,14 @@
 //
 //   nvcc -DSNAPMLA_SEESAW_TRACE -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp \
 //        -Iinclude bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu \
-//        cpp/decode/seesaw/instantiations/n*.cu -o seesaw_trace
+//        cpp/decode/seesaw/instantiations/n*.cu cpp/quantize/quantize_q.cu -o seesaw_trace
 //   ./seesaw_trace [batch] [heads] [seqlen] [q_len] [min_part_cost]
 //   SNAPMLA_TRACE_TWO_TERM=1 ./seesaw_trace ...   # the two-term query (q_len x heads <= 32)
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
-// own, then with the split combine (no Q quantization).
+// own, then with the split combine, then the whole decode call's launches (the Q-quant kernel
+// on a BF16 query first; with SNAPMLA_SEESAW_FUSED_Q, none: the attention kernel quantizes).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -41,6 +42,14 @@ static T* upload(const std::vector<T>& v) {
   CHECK(cudaMalloc(&d, v.size() * sizeof(T)));
   CHECK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   return d;
+}
+
+// The library's (cpp/api/api.cu) for the Q-quant launcher, uncached here.
+cudaError_t snapmla::current_device_sm_count(int* sm_count) {
+  int device = 0;
+  const cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  return cudaDeviceGetAttribute(sm_count, cudaDevAttrMultiProcessorCount, device);
 }
 
 static uint16_t bf16_of(float x) {
@@ -96,6 +105,9 @@ int main(int argc, char** argv) {
   const bool two_term = two_term_env != nullptr && std::strcmp(two_term_env, "1") == 0;
   if (two_term) std::printf("two-term query (q_lo, rho = 1/16)\n");
   std::vector<float> qs_lo(static_cast<size_t>(batch) * rows, 0.01f / 16);
+  // The BF16 query of the decode call's Q quantization ([b, s_q, h, 576], contiguous).
+  std::vector<uint16_t> q_bf16(static_cast<size_t>(batch) * rows * (kContentDim + kRopeDim));
+  for (auto& x : q_bf16) x = bf16_of(uni(rng));
 
   const WorkspaceLayout w = WorkspaceLayout::make(batch, q_len, heads, parts);
   uint8_t* ws = nullptr;
@@ -141,6 +153,21 @@ int main(int argc, char** argv) {
 #ifdef SNAPMLA_SEESAW_TRACE
   p.trace = trace;
 #endif
+  QuantizeQParams qp{};
+  qp.q = upload(q_bf16);
+  qp.stride_head = kContentDim + kRopeDim;
+  qp.stride_token = int64_t{heads} * qp.stride_head;
+  qp.stride_batch = q_len * qp.stride_token;
+  qp.num_tokens = int64_t{batch} * q_len;
+  qp.q_len = q_len;
+  qp.num_heads = heads;
+  qp.q_content = const_cast<uint8_t*>(p.q_content);
+  qp.q_rope = const_cast<uint16_t*>(p.q_rope);
+  qp.q_scale = const_cast<float*>(p.q_scale);
+  const bool fused_q = SNAPMLA_SEESAW_FUSED_Q && !two_term;
+#if SNAPMLA_SEESAW_FUSED_Q
+  if (fused_q) p.q_in = qp;
+#endif
   CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, min_part_cost, plan, 0));
   for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));
   CHECK(cudaDeviceSynchronize());
@@ -171,6 +198,22 @@ int main(int argc, char** argv) {
   CHECK(cudaEventSynchronize(e1));
   CHECK(cudaEventElapsedTime(&ms, e0, e1));
   std::printf("kernel + combine %.1f us (min part cost %d)\n", 1e3 * ms / reps, min_part_cost);
+
+  // A decode call's launches: Q-quant (unless fused), attention, combine. (Two-term: its Q-quant
+  // is not the one timed here; the line is left out.)
+  if (!two_term) {
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) {
+      if (!fused_q) CHECK(launch_quantize_q(qp, 0));
+      CHECK(launch_seesaw_decode(p, 0));
+      CHECK(launch_combine(p, 0));
+    }
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    std::printf("decode call %.1f us (%s)\n", 1e3 * ms / reps,
+                fused_q ? "fused Q: attention + combine" : "Q-quant + attention + combine");
+  }
 
   CHECK(cudaMemset(trace, 0, trace_words * 8));
   CHECK(launch_seesaw_decode(p, 0));

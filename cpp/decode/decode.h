@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "quantize/quantize_q.h"
+
 namespace snapmla {
 namespace decode {
 
@@ -80,6 +82,17 @@ struct WorkspaceLayout {
                               bool two_term = false);
 };
 
+// SNAPMLA_SEESAW_FUSED_Q (experimental, off; bench/NOTES.md): the one-term seesaw kernel
+// quantizes its own Q tile from the BF16 query (DecodeParams::q_in, set by the launcher for
+// the seesaw kernel, the one-term query and 16-byte-readable rows), so a decode call is two
+// launches instead of three: each consumer warp runs the Q-quant kernel's own row code
+// (common/row_quant.cuh: bit-identical by construction) on every eighth tile row and stores
+// the row 128B-swizzled where the TMA would have put it. Every CTA of a request redoes its
+// tile (up to 74 KB of BF16 from L2) while the producer fills the ring.
+#ifndef SNAPMLA_SEESAW_FUSED_Q
+#define SNAPMLA_SEESAW_FUSED_Q 0
+#endif
+
 struct DecodeParams {
   // queries, quantized (workspace)
   const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]
@@ -114,7 +127,15 @@ struct DecodeParams {
   // shape, the seesaw kernel where q_len x heads <= 32. nullptr: the contract's one FP8 row.
   const uint8_t* q_lo;     // e4m3 [b, s_q, h, 512]
   const float* q_lo_scale;  // fp32 [b, s_q, h]
+#if SNAPMLA_SEESAW_FUSED_Q
+  // The BF16 query as the Q-quant kernel would take it. q_in.q non-null: the seesaw kernel
+  // quantizes its own tile, and q_content, q_rope and q_scale above (and q_in's outputs) are
+  // not read. (A field only in those builds: the default kernels' parameters stay as they were.)
+  QuantizeQParams q_in;
+#endif
 };
+
+
 
 int default_num_parts(int sm_count, int row_tiles);
 

@@ -48,11 +48,7 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const cudaError_t err = warp_per_item_blocks(rows, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
   const bool split = p.q_pe != nullptr;
-  const bool aligned = (reinterpret_cast<uintptr_t>(p.q) % 16 == 0) && (p.stride_batch % 8 == 0) &&
-                       (p.stride_token % 8 == 0) && (p.stride_head % 8 == 0) &&
-                       (!split || ((reinterpret_cast<uintptr_t>(p.q_pe) % 16 == 0) &&
-                                   (p.pe_stride_batch % 8 == 0) && (p.pe_stride_token % 8 == 0) &&
-                                   (p.pe_stride_head % 8 == 0)));
+  const bool aligned = quantize_q_vectorizable(p);
   // One instantiation per (aligned, split, two-term); the one-term ones are the validated
   // kernels of before the two-term query, unchanged.
   auto launch = [&](auto kernel) { kernel<<<blocks, kThreads, 0, stream>>>(p); };

@@ -31,4 +31,17 @@ struct QuantizeQParams {
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);
 
+// Every row's content and RoPE can be read with 16-byte loads (16-byte aligned bases, strides
+// in whole 8-element units): the Q-quant kernel's aligned instantiations, and the condition
+// for the seesaw kernel's own quantization (SNAPMLA_SEESAW_FUSED_Q).
+inline bool quantize_q_vectorizable(const QuantizeQParams& p) {
+  auto ok = [](const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s0 % 8 == 0 && s1 % 8 == 0 &&
+           s2 % 8 == 0;
+  };
+  return ok(p.q, p.stride_batch, p.stride_token, p.stride_head) &&
+         (p.q_pe == nullptr ||
+          ok(p.q_pe, p.pe_stride_batch, p.pe_stride_token, p.pe_stride_head));
+}
+
 }  // namespace snapmla

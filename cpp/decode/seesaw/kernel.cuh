@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/launch.h"
+#include "common/row_quant.cuh"
 #include "decode/seesaw/config.h"
 #include "decode/seesaw/fragments.cuh"
 #include "decode/segment.cuh"
@@ -283,6 +284,63 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
+    // SNAPMLA_SEESAW_FUSED_Q: the launcher set q_in (one-term, 16-byte-readable rows only).
+#if SNAPMLA_SEESAW_FUSED_Q
+    const bool fused_q = !kTwoTerm && p.q_in.q != nullptr;
+    // The Q tile of request b, by the consumer threads: consumer warp cw = 4 wg + warp quantizes
+    // tile rows cw + 8 j, j < kN / 8 (every row a softmax reads), with the Q-quant kernel's row
+    // code; a row past the request, and every row from kN up, is zero with scale 0 (the TMA
+    // path gave those the next rows of the workspace, with scale 0).
+    auto quantize_q_tile = [&](int b) {
+      const QuantizeQParams& qi = p.q_in;
+      const int cw = 4 * wg + warp;
+      auto load = [&](int j) {  // tile row cw + 8 j's inputs (zero past the request)
+        RowInputs in{};
+        const int fr = tile * kRowsM + cw + 8 * j;
+        if (fr < rows_total) {
+          const int qt = fr / p.num_heads, head = fr % p.num_heads;
+          const uint16_t* content =
+              qi.q + int64_t{b} * qi.stride_batch + qt * qi.stride_token + head * qi.stride_head;
+          const uint16_t* rope = qi.q_pe == nullptr
+                                     ? content + kContentDim
+                                     : qi.q_pe + int64_t{b} * qi.pe_stride_batch +
+                                           qt * qi.pe_stride_token + head * qi.pe_stride_head;
+          in = load_row<true>(content, rope, lane);
+        }
+        return in;
+      };
+      auto store = [&](int r, const QuantizedRow& q) {
+        // Where the TMA puts row r: 16-byte unit u of each 128-byte chunk at unit u ^ (r % 8).
+        const uint32_t row = static_cast<uint32_t>(r) * kChunkBytes, sw = r % 8;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // content bytes [256 h + 8 lane, + 8)
+          const int byte = 256 * h + 8 * lane, c = byte / kChunkBytes;
+          const uint32_t u = (byte % kChunkBytes) / 16;
+          *reinterpret_cast<uint2*>(s.q_content[c] + row + ((u ^ sw) << 4) + byte % 16) =
+              q.content[h];
+        }
+        if (lane < kRopeLanes) {  // RoPE bytes [16 lane, + 16)
+          *reinterpret_cast<uint4*>(s.q_rope + row + ((lane ^ sw) << 4)) = q.rope;
+        }
+        if (lane == 0) s.q_scale[r] = q.scale;
+      };
+      // Rows a softmax reads (j < kN / 8), one at a time with the next one's loads in flight;
+      // then zeros, scale 0, in the rest of the tile.
+      RowInputs next = load(0);
+#pragma unroll 1
+      for (int j = 0; j < kN / 8; ++j) {
+        const RowInputs cur = next;
+        if (j + 1 < kN / 8) next = load(j + 1);
+        const bool live = tile * kRowsM + cw + 8 * j < rows_total;  // warp-uniform
+        store(cw + 8 * j, live ? quantize_loaded(cur) : QuantizedRow{});
+      }
+#pragma unroll 1
+      for (int j = kN / 8; j < kRowsM / 8; ++j) store(cw + 8 * j, QuantizedRow{});
+      fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
+    };
+#else
+    constexpr bool fused_q = false;
+#endif
 
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
@@ -326,7 +384,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       if (tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
-        if constexpr (!kTwoTerm) {  // the two-term query's tile: the consumers below
+        if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
           mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
           for (int c = 0; c < kChunks; ++c) {
@@ -393,6 +451,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           s.q_scale[tid] = in ? p.q_scale[qi] : 0.f;
           s.q_scale[32 + tid] = in ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
+      } else if (fused_q) {
+#if SNAPMLA_SEESAW_FUSED_Q
+        if constexpr (!kIsProducer) {  // (not compiled into the producer's 24 registers)
+          if (tid < kThreads) quantize_q_tile(b);
+        }
+#endif
       } else if (tid < kRowsM) {
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
@@ -421,7 +485,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       } else {
         __syncthreads();
       }
-      if constexpr (!kTwoTerm) mbar_wait(&s.q_bar, q_phase);  // two-term: stored above
+      if (!kTwoTerm && !fused_q) mbar_wait(&s.q_bar, q_phase);  // else stored above
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
