@@ -10,9 +10,16 @@ cut to ``bits`` mantissa bits (toward zero), and so is the result. ``bits`` is 1
 those reports. It then runs the contract's softmax on the emulated logits (and, separately,
 on an emulated PV) and reports the relative L2 distance of the BF16 output from the model.
 
-QK schemes: ``v2`` is the fast kernel (four QGMMA chained per 128-channel chunk, chunks and the
-RoPE term summed in fp32); ``k32`` promotes after every QGMMA (a zeroed accumulator per k = 32
-step); ``chain16`` chains all sixteen (no promotion). RoPE (BF16 HGMMA) is taken as exact.
+QK schemes: ``v2`` is the first wgmma kernel (four QGMMA chained per 128-channel chunk, chunks
+and the RoPE term summed in fp32); ``chain8`` is the seesaw kernel (two chains of eight QGMMA,
+channels 0-255 and 256-511, summed in fp32); ``k32`` promotes after every QGMMA (a zeroed
+accumulator per k = 32 step); ``chain16`` chains all sixteen (no promotion). RoPE (BF16 HGMMA)
+is taken as exact.
+
+``--two-term`` (issue 9): per layer of ``snapmla.workload``, the two-term query's error against
+exact attention in the contract's model and under the seesaw kernel's accumulation (QK of the
+high and low rows each as ``chain8`` (today), ``v2`` (chain4), ``chain2`` or ``k32``, z = fmaf(rho, lo, hi); PV as the kernel issues
+it), beside the BF16-query diagnostic the issue's 1.1x bound is stated against.
 PV: per 64-token block, two chained k = 32 QGMMA from zero, added to O in fp32 (the fast
 kernel's scheme), on exact logits (the diagnostic's inputs).
 
@@ -70,6 +77,10 @@ def logits(q8, c8, qr, kr, scheme: str, bits: int) -> np.ndarray:
     if scheme == "v2":
         parts = [chain(range(4 * c, 4 * c + 4)) for c in range(4)]
         return (parts[0] + parts[1]) + (parts[2] + parts[3]) + rope
+    if scheme == "chain8":
+        return chain(range(8)) + chain(range(8, 16)) + rope
+    if scheme == "chain2":
+        return sum(chain([2 * g, 2 * g + 1]) for g in range(8)) + rope
     if scheme == "k32":
         return sum(chain([g]) for g in range(16)) + rope
     if scheme == "chain16":
@@ -150,13 +161,74 @@ def workload_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[
     return rows
 
 
+def two_term_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[tuple]:
+    """Per layer of snapmla.workload, relative L2 against exact attention (every configuration
+    with the contract's FP8 KV and FP8 P): the BF16-query diagnostic (exact S, exact PV); the
+    one-term query's model and its seesaw-kernel emulation (chain8 QK, emulated PV); the
+    two-term query's model and its emulations with chain8 and k32 QK (emulated PV)."""
+    from snapmla import workload as wl
+
+    rows = []
+    for w in wl.generate(context, heads, seed=seed):
+        content, rope, scale = ref.quantize_kv(w.c_kv, w.k_pe)
+        c8, kr, s = _f64(content), _f64(rope), _f64(scale)
+        exact, _ = ref.exact_attention(w.q, [w.c_kv], [w.k_pe], [context], w.softmax_scale, True)
+        want = exact[0, 0]
+        sm = np.float32(w.softmax_scale)
+        q_hi, qr, s1, q_lo, s2 = (_f64(x[0, 0]) for x in ref.quantize_q2(w.q))
+        s1, s2 = s1.reshape(heads), s2.reshape(heads)
+        rho = (s2.astype(np.float32) / s1.astype(np.float32)).astype(np.float64)  # fp32 IEEE
+        zero_rope = np.zeros_like(qr)
+        pv = lambda p8, v: emulated_pv(p8, v, bits)  # noqa: E731
+
+        def qk(q8, rq, scheme):  # raw S [heads, context], in 512-token chunks (memory)
+            return np.concatenate(
+                [logits(q8, c8[t : t + 512], rq, kr[t : t + 512], scheme, bits)
+                 for t in range(0, context, 512)], axis=1)
+
+        def out(z_raw, row_scale, emulate_pv):
+            z = z_raw * (row_scale * sm)[:, None] * s[None, :]
+            got = ref.attend_logits(z, s, c8, pv=pv if emulate_pv else None)[0]
+            return ref.rel_l2(_bf16(got), want)
+
+        qb = _f64(np.asarray(w.q[0, 0]))  # the BF16 query, unquantized
+        z_bf16 = qb[:, :512] @ (c8 * 1.0).T + qb[:, 512:] @ kr.T
+        e_bf16 = out(z_bf16, np.ones(heads), False)
+        e_one_model = out(qk(q_hi, qr, "exact"), s1, False)
+        e_one_kernel = out(qk(q_hi, qr, "chain8"), s1, True)
+        errs = [e_bf16, e_one_model, e_one_kernel]
+        for scheme, emulate_pv in (("exact", False), ("chain8", True), ("v2", True),
+                                   ("chain2", True), ("k32", True)):
+            hi = qk(q_hi, qr, scheme)
+            lo = qk(q_lo, zero_rope, scheme)
+            z_raw = (hi + rho[:, None] * lo).astype(np.float32).astype(np.float64)  # fmaf
+            errs.append(out(z_raw, s1, emulate_pv))
+        rows.append((w.profile.name, *errs))
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, nargs="+", default=[13, 14])
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workload-context", type=int, default=2048,
                     help="context of the snapmla.workload comparison (0: skip it)")
+    ap.add_argument("--two-term", action="store_true",
+                    help="only the two-term query's comparison (issue 9), on snapmla.workload")
     args = ap.parse_args()
+    np.seterr(all="ignore")
+    if args.two_term:
+        n = args.workload_context
+        for bits in args.bits:
+            print(f"accumulation kept to {bits} bits; snapmla.workload, {n} tokens, 16 heads: "
+                  "relative L2 against exact attention (x: / the BF16-query diagnostic)")
+            print(f"    {'layer':12s} {'bf16-q':>9s} {'1t model':>9s} {'1t kernel':>14s} "
+                  f"{'2t model':>14s} {'2t chain8':>14s} {'2t chain4':>14s} {'2t chain2':>14s} "
+                  f"{'2t k32':>14s}")
+            for name, eb, e1m, *es in two_term_errors(n, 16, bits, args.seed):
+                cells = "".join(f" {e:.2e} {e / eb:4.2f}x" for e in es)
+                print(f"    {name:12s} {eb:.2e} {e1m:.2e}{cells}", flush=True)
+        return
     shapes = [(64, 1, False), (64, 16, False), (1024, 16, False), (1024, 16, True),
               (1024, 128, False), (4096, 16, False)]
     np.seterr(all="ignore")
