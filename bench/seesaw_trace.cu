@@ -161,9 +161,11 @@ int main(int argc, char** argv) {
   qp.num_tokens = int64_t{batch} * q_len;
   qp.q_len = q_len;
   qp.num_heads = heads;
-  qp.q_content = const_cast<uint8_t*>(p.q_content);
-  qp.q_rope = const_cast<uint16_t*>(p.q_rope);
-  qp.q_scale = const_cast<float*>(p.q_scale);
+  // Its outputs apart from the random Q the attention kernel reads (same sizes, same traffic),
+  // so that every line times the same attention inputs.
+  CHECK(cudaMalloc(&qp.q_content, qc.size()));
+  CHECK(cudaMalloc(&qp.q_rope, qr.size() * 2));
+  CHECK(cudaMalloc(&qp.q_scale, qs.size() * 4));
   const bool fused_q = SNAPMLA_SEESAW_FUSED_Q && !two_term;
 #if SNAPMLA_SEESAW_FUSED_Q
   if (fused_q) p.q_in = qp;

@@ -18,10 +18,16 @@ struct Bf16x8 {
 };
 
 // Load 8 consecutive bf16; 16-byte vector load when kAligned (pointer 16-byte aligned).
-template <bool kAligned>
+// kL2: through L2 (ld.global.cg) instead of the read-only path, for data another grid may
+// write during this grid's life (SNAPMLA_PDL), outside __ldg's rule; aligned loads only.
+template <bool kAligned, bool kL2 = false>
 __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
+  static_assert(kAligned || !kL2, "the L2 path is for 16-byte loads");
   Bf16x8 v;
-  if constexpr (kAligned) {
+  if constexpr (kL2) {
+    const uint4 u = __ldcg(reinterpret_cast<const uint4*>(p));
+    v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
+  } else if constexpr (kAligned) {
     uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
     v.w[0] = u.x, v.w[1] = u.y, v.w[2] = u.z, v.w[3] = u.w;
   } else {
@@ -93,14 +99,14 @@ struct RowInputs {
   Bf16x8 c0, c1, r;
 };
 
-template <bool kAligned>
+template <bool kAligned, bool kL2 = false>
 __device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uint16_t* rope,
                                               int lane) {
   RowInputs in;
-  in.c0 = load_bf16x8<kAligned>(content + 8 * lane);
-  in.c1 = load_bf16x8<kAligned>(content + kContentDim / 2 + 8 * lane);
+  in.c0 = load_bf16x8<kAligned, kL2>(content + 8 * lane);
+  in.c1 = load_bf16x8<kAligned, kL2>(content + kContentDim / 2 + 8 * lane);
   in.r = Bf16x8{};
-  if (lane < kRopeLanes) in.r = load_bf16x8<kAligned>(rope + 8 * lane);
+  if (lane < kRopeLanes) in.r = load_bf16x8<kAligned, kL2>(rope + 8 * lane);
   return in;
 }
 

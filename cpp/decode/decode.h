@@ -135,8 +135,6 @@ struct DecodeParams {
 #endif
 };
 
-
-
 int default_num_parts(int sm_count, int row_tiles);
 
 // min_part_cost: the least cost a part covers (1: split as finely as num_parts allows).

@@ -289,15 +289,16 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     const bool fused_q = !kTwoTerm && p.q_in.q != nullptr;
     // The Q tile of request b, by the consumer threads: consumer warp cw = 4 wg + warp quantizes
     // tile rows cw + 8 j, j < kN / 8 (every row a softmax reads), with the Q-quant kernel's row
-    // code; a row past the request, and every row from kN up, is zero with scale 0 (the TMA
-    // path gave those the next rows of the workspace, with scale 0).
+    // code; a row past the request is zero with scale 0 (the TMA path gave it the next rows of
+    // the workspace, with scale 0). Rows from kN up are never read (no softmax runs there, and
+    // a QK row is independent of the others): not written.
     auto quantize_q_tile = [&](int b) {
       const QuantizeQParams& qi = p.q_in;
       const int cw = 4 * wg + warp;
       auto load = [&](int j) {  // tile row cw + 8 j's inputs (zero past the request)
         RowInputs in{};
         const int fr = tile * kRowsM + cw + 8 * j;
-        if (fr < rows_total) {
+        if (j < kN / 8 && fr < rows_total) {
           const int qt = fr / p.num_heads, head = fr % p.num_heads;
           const uint16_t* content =
               qi.q + int64_t{b} * qi.stride_batch + qt * qi.stride_token + head * qi.stride_head;
@@ -305,7 +306,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                                      ? content + kContentDim
                                      : qi.q_pe + int64_t{b} * qi.pe_stride_batch +
                                            qt * qi.pe_stride_token + head * qi.pe_stride_head;
-          in = load_row<true>(content, rope, lane);
+          // Through L2: under SNAPMLA_PDL the kernel that wrote q may still be running when
+          // this one starts (it is the call's first kernel now), outside __ldg's rule.
+          in = load_row<true, true>(content, rope, lane);
         }
         return in;
       };
@@ -324,18 +327,22 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
         if (lane == 0) s.q_scale[r] = q.scale;
       };
-      // Rows a softmax reads (j < kN / 8), one at a time with the next one's loads in flight;
-      // then zeros, scale 0, in the rest of the tile.
-      RowInputs next = load(0);
+      // One row at a time, the next rows' loads in flight: two at N = 32 and 64 (registers are
+      // free here, O and S are not live yet), one at N = 16 (with two, ptxas serialized the
+      // kernel's wgmmas, C7520).
+      constexpr int kAhead = kN == 16 ? 1 : 2;
+      RowInputs ahead[kAhead];
+#pragma unroll
+      for (int a = 0; a < kAhead; ++a) ahead[a] = load(a);
 #pragma unroll 1
       for (int j = 0; j < kN / 8; ++j) {
-        const RowInputs cur = next;
-        if (j + 1 < kN / 8) next = load(j + 1);
+        const RowInputs cur = ahead[0];
+#pragma unroll
+        for (int a = 0; a + 1 < kAhead; ++a) ahead[a] = ahead[a + 1];
+        ahead[kAhead - 1] = load(j + kAhead);
         const bool live = tile * kRowsM + cw + 8 * j < rows_total;  // warp-uniform
         store(cw + 8 * j, live ? quantize_loaded(cur) : QuantizedRow{});
       }
-#pragma unroll 1
-      for (int j = kN / 8; j < kRowsM / 8; ++j) store(cw + 8 * j, QuantizedRow{});
       fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
     };
 #else
@@ -1056,7 +1063,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
           named_barrier_unaligned(kBarWg + wg, kWgThreads);  // the round's reads before reuse
         }
-        // The Q tile is written next by TMA (async proxy): order these generic accesses first.
+        // The Q tile is written next by TMA or wgmma-read past generic stores (SNAPMLA_SEESAW_
+        // FUSED_Q): order these generic accesses before the async proxy's.
         fence_proxy_async();
       }
       const bool staged = seg.split;
