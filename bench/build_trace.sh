@@ -12,6 +12,8 @@
 #   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
 #   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
+#   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
+#   .carry/bin/seesaw_trace_fusedq 1 128 1024         # SNAPMLA_SEESAW_FUSED_Q ("decode call")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -39,6 +41,7 @@ builds=(
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
+  "seesaw_trace_tt4:-DSNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=1"
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=1"
 )

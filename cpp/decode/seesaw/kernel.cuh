@@ -137,6 +137,17 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_STAGED_EPILOGUE
 #define SNAPMLA_SEESAW_STAGED_EPILOGUE 0
 #endif
+// SNAPMLA_SEESAW_TWO_TERM_QK_ACCS (experimental, 2; bench/NOTES.md, issue 9): fp32
+// accumulators of the two-term query's content QK. 2: chunks 0-1 and 2-3 (eight QGMMA chained
+// in each, as the one-term kernel); 4: one per 128-channel chunk (four chained), summed in fp32.
+// The FP8 wgmma keeps ~13-14 bits per k = 32 step; by emulation (bench/qgmma_precision.py
+// --two-term) the chains of eight cost the two-term query 1.06-1.27x the BF16-query error
+// (14-bit model), chains of four 1.01-1.08x.
+#ifndef SNAPMLA_SEESAW_TWO_TERM_QK_ACCS
+#define SNAPMLA_SEESAW_TWO_TERM_QK_ACCS 2
+#endif
+static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4,
+              "two or four QK accumulators");
 // SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
 // (where kPvDeep is false). The PV is wgmma-latency bound, ~1,000
 // cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
@@ -507,6 +518,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
       float sa[32], sb[32];
+      // SNAPMLA_SEESAW_TWO_TERM_QK_ACCS = 4 (two-term only): chunks 1 and 3 into sc and sd.
+      constexpr bool kQk4 = kTwoTerm && SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4;
+      float sc[kQk4 ? 32 : 1], sd[kQk4 ? 32 : 1];
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
         SharedStorage::Stage& st = stage_of(i);
@@ -523,6 +537,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           for (int k = 0; k < kQkChunkSteps; ++k) {
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
+            if constexpr (kQk4) {  // chunk c into sa, sc, sb, sd; the RoPE into sb below
+              float (&acc)[32] = c == 0 ? sa : c == 1 ? sc : c == 2 ? sb : sd;
+              if (k == 0) {
+                wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
+              } else {
+                wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
+              }
+              continue;
+            }
             float (&acc)[32] = c < 2 ? sa : sb;
             if (c % 2 == 0 && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
@@ -545,6 +568,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
         fence_regs(sb);
+        if constexpr (kQk4) {
+          fence_regs(sc);
+          fence_regs(sd);
+        }
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -589,8 +616,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c;
-                const float logit =
-                    kTwoTerm ? fmaf(rho, sa[e + 2] + sb[e + 2], sa[e] + sb[e]) : sa[e] + sb[e];
+                // (kQk4: the chunks' sums in fp32, (0 + 1) + (2 + 3 + RoPE))
+                auto s_of = [&](int x) {
+                  if constexpr (kQk4) {
+                    return (sa[x] + sc[x]) + (sb[x] + sd[x]);
+                  } else {
+                    return sa[x] + sb[x];
+                  }
+                };
+                const float logit = kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e);
                 const float u = logit * (c & 1 ? k2.y : k2.x);
                 if constexpr (kFull) {
                   z[e] = u;
