@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
-#                             [soak] [host-c] [ab] [bench-two-term] [accuracy-fast2]
+#                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-fast2]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -50,7 +50,8 @@ publish() {
   local f n=0
   # this call's earlier copies first: a result that sorts later must not leave one behind
   rm -f "$FINAL"/*.json "$FINAL"/*.log "$FINAL"/*.txt "$FINAL"/*.csv.gz
-  for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/decode*.json "$OUT"/dataflow*.json \
+  for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/host-overhead-real*.json \
+      "$OUT"/decode*.json "$OUT"/dataflow*.json \
       "$OUT"/accuracy*.json "$OUT"/ncu-per-block.txt "$OUT"/diag.log "$OUT"/ncu-*.txt \
       "$OUT"/ncu-sass-*.csv.gz 2>/dev/null); do
     [ "$n" -lt 7 ] || break
@@ -125,6 +126,14 @@ for stage in "$@"; do
         done
       done
       grep -A3 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -100
+      ;;
+    host-py)  # issue 10: the Python API's host time per call (generic and snapmla.torch), real
+      log "host time of the Python calls (bench/bench_host_overhead.py --real)"
+      timeout 300 python3 bench/bench_host_overhead.py --real --batch 1,64 --iters 1000 \
+        --out "$OUT/host-overhead-real$TAG.json" 2>&1 | tee "$OUT/host-py$TAG.log" | tail -30 \
+        || status=1
+      timeout 120 python3 bench/bench_host_overhead.py --real --profile decode --iters 1000 2>&1 \
+        | tee "$OUT/host-profile-decode-real$TAG.txt" | tail -30 || status=1
       ;;
     host-c)  # needs .carry/bin/host_overhead_c (built by bench/build_trace.sh)
       log "host time of the C API's calls (bench/host_overhead_c.cu)"
