@@ -1016,8 +1016,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
-  // The two-term query: the reference kernel at every shape; the seesaw kernel (FAST, opt-in
-  // until it has run on the GPU: never AUTO) where its QK tile holds both terms.
+  // The two-term query: the reference kernel at every shape; the seesaw kernel (FAST, opt-in,
+  // never AUTO: GPU-tested, but its FP8 accumulation keeps it above the BF16 query's error,
+  // bench/NOTES.md) where its QK tile holds both terms.
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   const bool two_term_fast = c.q_len * c.num_heads <= kTwoTermFastRows;
   SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE ||

@@ -399,7 +399,8 @@ def _validate_decode_args(
         )
     if config.q_precision == "fp8x2" and kernel != "reference":
         # The seesaw kernel takes the two-term query where its QK tile holds both terms; opt-in
-        # (kernel="fast") until it has run on the GPU, so never "auto".
+        # (kernel="fast"), never "auto": GPU-tested, but its FP8 accumulation keeps it above the
+        # BF16 query's error (bench/NOTES.md).
         fast_ok = config.q_len * config.num_heads <= TWO_TERM_FAST_ROWS
         if kernel != "fast" or not fast_ok:
             raise argument_error(
