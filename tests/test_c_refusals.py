@@ -782,6 +782,25 @@ def _decode_cases() -> list[Case]:
         ),
         (f"{fn}/q_pe-wraps", fn, {**split, "args.q_pe": TOP - 2**10}, "args.q_pe", "runs past"),
     ]
+    # Outputs apart from the inputs and each other (0.2): each pair once, the output named.
+    overlap = r"bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\] overlap argument '{}' at"
+    cases += [
+        (f"{fn}/out-on-q", fn, {"args.out": dev(1)}, "args.out", overlap.format("args.q")),
+        (f"{fn}/out-in-q", fn, {"args.out": dev(1) + 4096}, "args.out", overlap.format("args.q")),
+        (f"{fn}/out-on-q_pe", fn, {**split, "args.out": dev(6)}, "args.out",
+         overlap.format("args.q_pe")),
+        (f"{fn}/out-on-block_table", fn, {"args.out": dev(2)}, "args.out",
+         overlap.format("args.block_table")),
+        (f"{fn}/out-on-cache_seqlens", fn, {"args.out": dev(3)}, "args.out",
+         overlap.format("args.cache_seqlens")),
+        (f"{fn}/out-on-lse", fn, {"args.out": dev(5)}, "args.out", overlap.format("args.lse")),
+        (f"{fn}/lse-on-q", fn, {"args.lse": dev(1) + 64}, "args.lse", overlap.format("args.q")),
+        (f"{fn}/lse-on-cache_seqlens", fn, {"args.lse": dev(3)}, "args.lse",
+         overlap.format("args.cache_seqlens")),
+        # a q whose batch stride reaches out's address overlaps it
+        (f"{fn}/q-stride-reaches-out", fn, {"args.q_stride_batch": 3 * 2**19}, "args.out",
+         overlap.format("args.q")),
+    ]
     cases += _handle_cases(fn)
     cases += [
         (f"{fn}/layer-negative", fn, {"args.layer": -1}, "args.layer", "got -1"),
@@ -1815,6 +1834,29 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("plan")
     if sizes and not span_ok(v["workspace"], 1, sizes[1], []):
         bad.add("workspace")
+    # The outputs apart from the inputs and each other (api.cu's check_apart; bytes
+    # [first, last]).
+    def extent(pointer: int, elem: int, inner: int, dims: list[tuple[int, int]]) -> tuple:
+        elems = inner + sum((count - 1) * stride for count, stride in dims if count > 1)
+        return None if pointer == 0 or elems <= 0 else (pointer, pointer + elems * elem - 1)
+
+    def overlap(x: tuple | None, y: tuple | None) -> bool:
+        return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
+
+    q_pe = a.get("q_pe", 0)
+    pe_dims = [(b, a.get("q_pe_stride_batch", 0)), (s_q, a.get("q_pe_stride_token", 0)),
+               (h, a.get("q_pe_stride_head", 0))]
+    inputs = [
+        extent(a["q"], 2, 512 if q_pe else 576, dims),
+        extent(q_pe, 2, 64, pe_dims),
+        extent(a["block_table"], 4, max_pages, [(b, a["block_table_stride"])]),
+        extent(a["cache_seqlens"], 4, b, []),
+    ]
+    out, lse = extent(a["out"], 2, b * s_q * h * 512, []), extent(a["lse"], 4, b * h * s_q, [])
+    if any(overlap(out, x) for x in [*inputs, lse]):
+        bad.add("args.out")
+    if any(overlap(lse, x) for x in inputs):
+        bad.add("args.lse")
     return bad, VALIDATED
 
 

@@ -874,6 +874,40 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handl
 namespace {
 // q: BF16, `tokens` x `heads` rows of 576, strides named as given.
 // `row`: the elements of one (token, head) row: 576 (q_nope | q_pe), 512 (q_nope), 64 (q_pe).
+// The bytes [first, last] an argument spans (as check_span measures them, which must have
+// passed: no overflow, non-negative strides, the last byte inside the address space); an absent
+// or empty argument spans nothing.
+struct Extent {
+  const char* name;
+  uintptr_t first, last;
+  bool empty;
+};
+Extent extent_of(const char* name, const void* p, int64_t elem, int64_t inner,
+                 std::initializer_list<Dim> dims) {
+  int64_t elems = inner;
+  for (const Dim& d : dims) {
+    if (d.count > 1) elems += (d.count - 1) * d.stride;
+  }
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  if (p == nullptr || elems <= 0) return {name, first, first, true};
+  return {name, first, first + static_cast<uintptr_t>(elems * elem - 1), false};
+}
+
+// An output's bytes must not overlap the call's inputs or its other outputs (another CTA, or a
+// later kernel of the call, would read what one writes). Refused naming the output.
+snapmla_status_t check_apart(const char* op, const Extent& out,
+                             std::initializer_list<Extent> others) {
+  for (const Extent& o : others) {
+    SNAPMLA_REQUIRE(out.empty || o.empty || out.last < o.first || o.last < out.first,
+                    "%s: argument '%s': bytes [%p, %p] overlap argument '%s' at [%p, %p] (an "
+                    "output must not overlap the call's inputs or its other outputs)",
+                    op, out.name, reinterpret_cast<void*>(out.first),
+                    reinterpret_cast<void*>(out.last), o.name, reinterpret_cast<void*>(o.first),
+                    reinterpret_cast<void*>(o.last));
+  }
+  return SNAPMLA_SUCCESS;
+}
+
 snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim batch, Dim token,
                          Dim head, int row = kHeadDim) {
   SNAPMLA_TRY(check_pointer(op, name, q, kAlignBf16, "BF16 elements"));
@@ -1054,6 +1088,22 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   if (a.lse != nullptr) {
     SNAPMLA_TRY(check_pointer(op, "args.lse", a.lse, kAlignInt32, "fp32 elements"));
     SNAPMLA_TRY(check_span(op, "args.lse", a.lse, 4, b * h * s_q, {}));
+  }
+  {  // the outputs apart from the inputs and each other (as snapmla.decode checks them)
+    const Extent q_ext = extent_of("args.q", a.q, 2, split_q ? kContentDim : kHeadDim,
+                                   {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""},
+                                    {h, a.q_stride_head, ""}});
+    const Extent q_pe_ext = extent_of("args.q_pe", a.q_pe, 2, kRopeDim,
+                                      {{b, a.q_pe_stride_batch, ""},
+                                       {s_q, a.q_pe_stride_token, ""},
+                                       {h, a.q_pe_stride_head, ""}});
+    const Extent bt_ext = extent_of("args.block_table", a.block_table, 4, c.max_pages,
+                                    {{b, a.block_table_stride, ""}});
+    const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
+    const Extent out_ext = extent_of("args.out", a.out, 2, b * s_q * h * kContentDim, {});
+    const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
+    SNAPMLA_TRY(check_apart(op, out_ext, {q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
+    SNAPMLA_TRY(check_apart(op, lse_ext, {q_ext, q_pe_ext, bt_ext, sl_ext}));
   }
   SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
   SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
