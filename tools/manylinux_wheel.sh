@@ -9,13 +9,13 @@
 # ld-linux, the C++ runtime and the CUDA runtime being linked in) and retags it. libcuda.so.1,
 # the driver, is never put in the wheel (--exclude): the CUDA runtime opens it at run time.
 #
-# A manylinux_2_28 wheel must be built on glibc 2.28 or older: on a newer system the C++ and CUDA
-# runtimes linked in bind newer glibc symbols (pthread_* @GLIBC_2.34 and more), and auditwheel
-# refuses, naming them. Release builds run in PyPA's manylinux_2_28_x86_64 build image, with
-# this checkout mounted as the working directory, as `bash tools/manylinux_wheel.sh`
-#
-# (there nvcc comes from the cuda-toolkit wheels, as in .ci/run). SNAPMLA_PLAT picks another tag;
-# SNAPMLA_PLAT=host picks the one this machine's glibc allows (CI, on a newer distribution).
+# On a system newer than glibc 2.28 the C++ and CUDA runtimes linked in would bind newer glibc
+# symbols (pthread_* @GLIBC_2.34 and more), which auditwheel refuses for manylinux_2_28; there
+# the library is linked with zig against glibc 2.28's symbol versions instead (CMake option
+# SNAPMLA_GLIBC_2_28, tools/glibc_2_28_link.sh; zig from the ziglang wheel). In PyPA's
+# manylinux_2_28_x86_64 image (glibc 2.28) the plain link is already right. nvcc comes from
+# /usr/local/cuda or the cuda-toolkit wheels, as in .ci/run. SNAPMLA_PLAT picks another tag;
+# SNAPMLA_PLAT=host picks the one this machine's glibc allows, with the plain link.
 set -euo pipefail
 out=$(realpath -m "${1:-$(dirname "$0")/../wheelhouse}")
 cd "$(dirname "$0")/.."
@@ -57,7 +57,19 @@ print(next(p.parent for r in site.getsitepackages() for p in pathlib.Path(r, "nv
 fi
 command -v cmake >/dev/null 2>&1 || python3 -m pip install -q "cmake>=3.24" ninja
 
-python3 -m pip wheel . --no-deps -w "$work/raw"
+# The zig link where this glibc is newer than the tag's (manylinux_2_28 on a newer distribution).
+glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
+link=()
+if [ "$plat" = manylinux_2_28_x86_64 ] &&
+  [ "$(printf '%s\n' 2.28 "$glibc" | sort -V | tail -1)" != 2.28 ]; then
+  python3 -m pip install -q ziglang
+  # the zig binary itself: pip's build isolation hides this environment's packages from a
+  # python3 started inside the build
+  zig=$(python3 -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
+  link=(-C cmake.define.SNAPMLA_GLIBC_2_28=ON -C "cmake.define.SNAPMLA_ZIG=$zig")
+  echo "manylinux_wheel.sh: glibc $glibc here: linking for glibc 2.28 with zig"
+fi
+python3 -m pip wheel . --no-deps -w "$work/raw" "${link[@]}"
 raw=("$work"/raw/snapmla-*-py3-none-linux_*.whl)
 [ -f "${raw[0]}" ] || { echo "manylinux_wheel.sh: pip wheel made no snapmla wheel" >&2; exit 1; }
 python3 -m auditwheel show "${raw[0]}"
