@@ -797,6 +797,10 @@ def _decode_cases() -> list[Case]:
         (f"{fn}/lse-on-q", fn, {"args.lse": dev(1) + 64}, "args.lse", overlap.format("args.q")),
         (f"{fn}/lse-on-cache_seqlens", fn, {"args.lse": dev(3)}, "args.lse",
          overlap.format("args.cache_seqlens")),
+        (f"{fn}/lse-on-q_pe", fn, {**split, "args.lse": dev(6) + 8}, "args.lse",
+         overlap.format("args.q_pe")),
+        (f"{fn}/lse-on-block_table", fn, {"args.lse": dev(2) + 4}, "args.lse",
+         overlap.format("args.block_table")),
         # a q whose batch stride reaches out's address overlaps it
         (f"{fn}/q-stride-reaches-out", fn, {"args.q_stride_batch": 3 * 2**19}, "args.out",
          overlap.format("args.q")),
@@ -1201,6 +1205,19 @@ def test_valid_call_is_accepted(fn: str) -> None:
             result.message
             == f"{fn}: validation-only mode: the arguments are valid, nothing was run"
         )
+
+
+def test_decode_outputs_next_to_each_other_are_accepted() -> None:
+    # The overlap rule is on bytes: an lse that starts at out's end is apart, one four bytes
+    # earlier overlaps (and out, checked first, is the one named).
+    fn = "snapmla_decode"
+    b, s_q, h = 2, 2, 16  # base_decode_config()
+    out_end = dev(4) + b * s_q * h * 512 * 2
+    result = invoke(fn, with_overrides(fn, {"args.lse": out_end}))
+    assert result.status == VALIDATED, result.message
+    result = invoke(fn, with_overrides(fn, {"args.lse": out_end - 4}))
+    assert result.status == INVALID, result.message
+    assert result.message.startswith(f"{fn}: argument 'args.out': bytes "), result.message
 
 
 def test_every_entry_point_is_covered() -> None:

@@ -21,6 +21,8 @@ read -r -a zig <<<"${SNAPMLA_ZIG:-python3 -m ziglang}"
 here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/snapmla-link.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
+# zig's caches in the temporary folder (a read-only or shared home is fine)
+export ZIG_GLOBAL_CACHE_DIR=$tmp/zig-cache ZIG_LOCAL_CACHE_DIR=$tmp/zig-cache
 file_of() { "$cxx" -print-file-name="$1"; }
 "${zig[@]}" cc -target x86_64-linux-gnu.2.28 -O2 -fPIC -c "$here/glibc_compat.c" -o "$tmp/compat.o"
 args=()

@@ -5,12 +5,16 @@
  * - __libc_single_threaded (glibc 2.32), read by libstdc++'s reference counts and guards: 0,
  *   "maybe several threads", so they always take the atomic path (correct, the old behaviour).
  * - arc4random (glibc 2.36), reachable only through std::random_device, which snapmla never
- *   constructs: the getrandom system call (Linux 3.17), retried until it fills the word.
+ *   constructs: the getrandom system call (Linux 3.17), retried on EINTR; /dev/urandom where
+ *   it is refused (ENOSYS, a seccomp filter); abort where neither gives a word.
  * - _dl_find_object (glibc 2.35), which libgcc's unwinder calls to find the .eh_frame_hdr of a
  *   code address: the same answer from dl_iterate_phdr (glibc 2.2.5). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <link.h>
+#include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
@@ -22,9 +26,18 @@ HIDDEN char __libc_single_threaded = 0;
 
 HIDDEN uint32_t arc4random(void) {
   uint32_t v = 0;
-  while (syscall(SYS_getrandom, &v, sizeof v, 0) != (long)sizeof v) {
+  for (;;) {
+    const long got = syscall(SYS_getrandom, &v, sizeof v, 0);
+    if (got == (long)sizeof v) return v;
+    if (got < 0 && errno != EINTR) break;
   }
-  return v;
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0) {
+    const ssize_t got = read(fd, &v, sizeof v);
+    close(fd);
+    if (got == (ssize_t)sizeof v) return v;
+  }
+  abort();
 }
 
 struct find_request {

@@ -62,11 +62,14 @@ glibc=$(getconf GNU_LIBC_VERSION | awk '{print $2}')
 link=()
 if [ "$plat" = manylinux_2_28_x86_64 ] &&
   [ "$(printf '%s\n' 2.28 "$glibc" | sort -V | tail -1)" != 2.28 ]; then
-  python3 -m pip install -q ziglang
+  python3 -m pip install -q "ziglang==0.17.1"  # the release the link was checked with
   # the zig binary itself: pip's build isolation hides this environment's packages from a
   # python3 started inside the build
   zig=$(python3 -c 'import os, ziglang; print(os.path.join(os.path.dirname(ziglang.__file__), "zig"))')
-  link=(-C cmake.define.SNAPMLA_GLIBC_2_28=ON -C "cmake.define.SNAPMLA_ZIG=$zig")
+  # its own build folder: the zig launcher (in this script's temporary environment) must not
+  # stay in the CMake cache of the default one
+  link=(-C cmake.define.SNAPMLA_GLIBC_2_28=ON -C "cmake.define.SNAPMLA_ZIG=$zig"
+        -C build-dir=build/manylinux_2_28)
   echo "manylinux_wheel.sh: glibc $glibc here: linking for glibc 2.28 with zig"
 fi
 python3 -m pip wheel . --no-deps -w "$work/raw" "${link[@]}"

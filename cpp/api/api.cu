@@ -884,12 +884,13 @@ struct Extent {
 };
 Extent extent_of(const char* name, const void* p, int64_t elem, int64_t inner,
                  std::initializer_list<Dim> dims) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  if (p == nullptr) return {name, first, first, true};  // (its strides are not read: unchecked)
   int64_t elems = inner;
   for (const Dim& d : dims) {
     if (d.count > 1) elems += (d.count - 1) * d.stride;
   }
-  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
-  if (p == nullptr || elems <= 0) return {name, first, first, true};
+  if (elems <= 0) return {name, first, first, true};
   return {name, first, first + static_cast<uintptr_t>(elems * elem - 1), false};
 }
 

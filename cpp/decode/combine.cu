@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
-  if (int64_t{p.batch} * rows_total <= SNAPMLA_COMBINE_WIDE_MAX_ROWS) {
+  // (its grid's y is rows_total: at most 65535)
+  if (int64_t{p.batch} * rows_total <= SNAPMLA_COMBINE_WIDE_MAX_ROWS && rows_total <= 65535) {
     return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
                             stream, p);
   }

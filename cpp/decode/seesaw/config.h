@@ -80,6 +80,8 @@ enum Barrier : int {
 };
 static_assert(kBarWg + 2 <= 16, "16 named barriers per CTA");
 static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
+static_assert(kPBuffers >= 4, "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
+                              "from the last block's (n - 1) % kPBuffers");
 
 // Row statistics of one block, published by its owner (log2-domain m).
 struct RowStats {

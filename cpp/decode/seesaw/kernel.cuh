@@ -1047,7 +1047,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
           res_of.l[wtid] = res.inv_l;
+#ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
           if (wg == 0) store_lse(p, b, fr, seg, res.lse);
+#endif
         }
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
