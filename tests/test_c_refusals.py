@@ -786,6 +786,10 @@ def _decode_cases() -> list[Case]:
     overlap = r"bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\] overlap argument '{}' at"
     cases += [
         (f"{fn}/out-on-q", fn, {"args.out": dev(1)}, "args.out", overlap.format("args.q")),
+        (f"{fn}/out-in-cache", fn, {"args.out": CACHE_MEMORY + PAGE_BYTES}, "args.out",
+         overlap.format("cache")),
+        (f"{fn}/lse-in-cache", fn, {"args.lse": CACHE_MEMORY + CACHE_BYTES - 4}, "args.lse",
+         overlap.format("cache")),
         (f"{fn}/out-in-q", fn, {"args.out": dev(1) + 4096}, "args.out", overlap.format("args.q")),
         (f"{fn}/out-on-q_pe", fn, {**split, "args.out": dev(6)}, "args.out",
          overlap.format("args.q_pe")),
@@ -1869,6 +1873,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         extent(a["block_table"], 4, max_pages, [(b, a["block_table_stride"])]),
         extent(a["cache_seqlens"], 4, b, []),
     ]
+    inputs.insert(0, (CACHE_MEMORY, CACHE_MEMORY + CACHE_BYTES - 1))  # the live cache, all of it
     out, lse = extent(a["out"], 2, b * s_q * h * 512, []), extent(a["lse"], 4, b * h * s_q, [])
     if any(overlap(out, x) for x in [*inputs, lse]):
         bad.add("args.out")

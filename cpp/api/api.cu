@@ -1103,8 +1103,14 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
     const Extent out_ext = extent_of("args.out", a.out, 2, b * s_q * h * kContentDim, {});
     const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
-    SNAPMLA_TRY(check_apart(op, out_ext, {q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
-    SNAPMLA_TRY(check_apart(op, lse_ext, {q_ext, q_pe_ext, bt_ext, sl_ext}));
+    // the cache: all of it when it is one block, the layer's own memory when each layer has one
+    const Extent cache_ext =
+        cache.layers == nullptr
+            ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
+            : extent_of("cache", cache.layers[a.layer], 1,
+                        int64_t{cache.num_pages} * cache.page_stride, {});
+    SNAPMLA_TRY(check_apart(op, out_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
+    SNAPMLA_TRY(check_apart(op, lse_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext}));
   }
   SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
   SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
