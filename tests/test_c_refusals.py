@@ -786,28 +786,73 @@ def _decode_cases() -> list[Case]:
     overlap = r"bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\] overlap argument '{}' at"
     cases += [
         (f"{fn}/out-on-q", fn, {"args.out": dev(1)}, "args.out", overlap.format("args.q")),
-        (f"{fn}/out-in-cache", fn, {"args.out": CACHE_MEMORY + PAGE_BYTES}, "args.out",
-         overlap.format("cache")),
-        (f"{fn}/lse-in-cache", fn, {"args.lse": CACHE_MEMORY + CACHE_BYTES - 4}, "args.lse",
-         overlap.format("cache")),
+        (
+            f"{fn}/out-in-cache",
+            fn,
+            {"args.out": CACHE_MEMORY + PAGE_BYTES},
+            "args.out",
+            overlap.format("cache"),
+        ),
+        (
+            f"{fn}/lse-in-cache",
+            fn,
+            {"args.lse": CACHE_MEMORY + CACHE_BYTES - 4},
+            "args.lse",
+            overlap.format("cache"),
+        ),
         (f"{fn}/out-in-q", fn, {"args.out": dev(1) + 4096}, "args.out", overlap.format("args.q")),
-        (f"{fn}/out-on-q_pe", fn, {**split, "args.out": dev(6)}, "args.out",
-         overlap.format("args.q_pe")),
-        (f"{fn}/out-on-block_table", fn, {"args.out": dev(2)}, "args.out",
-         overlap.format("args.block_table")),
-        (f"{fn}/out-on-cache_seqlens", fn, {"args.out": dev(3)}, "args.out",
-         overlap.format("args.cache_seqlens")),
+        (
+            f"{fn}/out-on-q_pe",
+            fn,
+            {**split, "args.out": dev(6)},
+            "args.out",
+            overlap.format("args.q_pe"),
+        ),
+        (
+            f"{fn}/out-on-block_table",
+            fn,
+            {"args.out": dev(2)},
+            "args.out",
+            overlap.format("args.block_table"),
+        ),
+        (
+            f"{fn}/out-on-cache_seqlens",
+            fn,
+            {"args.out": dev(3)},
+            "args.out",
+            overlap.format("args.cache_seqlens"),
+        ),
         (f"{fn}/out-on-lse", fn, {"args.out": dev(5)}, "args.out", overlap.format("args.lse")),
         (f"{fn}/lse-on-q", fn, {"args.lse": dev(1) + 64}, "args.lse", overlap.format("args.q")),
-        (f"{fn}/lse-on-cache_seqlens", fn, {"args.lse": dev(3)}, "args.lse",
-         overlap.format("args.cache_seqlens")),
-        (f"{fn}/lse-on-q_pe", fn, {**split, "args.lse": dev(6) + 8}, "args.lse",
-         overlap.format("args.q_pe")),
-        (f"{fn}/lse-on-block_table", fn, {"args.lse": dev(2) + 4}, "args.lse",
-         overlap.format("args.block_table")),
+        (
+            f"{fn}/lse-on-cache_seqlens",
+            fn,
+            {"args.lse": dev(3)},
+            "args.lse",
+            overlap.format("args.cache_seqlens"),
+        ),
+        (
+            f"{fn}/lse-on-q_pe",
+            fn,
+            {**split, "args.lse": dev(6) + 8},
+            "args.lse",
+            overlap.format("args.q_pe"),
+        ),
+        (
+            f"{fn}/lse-on-block_table",
+            fn,
+            {"args.lse": dev(2) + 4},
+            "args.lse",
+            overlap.format("args.block_table"),
+        ),
         # a q whose batch stride reaches out's address overlaps it
-        (f"{fn}/q-stride-reaches-out", fn, {"args.q_stride_batch": 3 * 2**19}, "args.out",
-         overlap.format("args.q")),
+        (
+            f"{fn}/q-stride-reaches-out",
+            fn,
+            {"args.q_stride_batch": 3 * 2**19},
+            "args.out",
+            overlap.format("args.q"),
+        ),
     ]
     cases += _handle_cases(fn)
     cases += [
@@ -1825,12 +1870,25 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.kernel")
     if a["q"] == 0 or a["q"] % 2:
         bad.add("args.q")
+    # q_pe given: q's rows are the 512 content elements, q_pe's the 64 RoPE ones
+    q_pe = a.get("q_pe", 0)
+    row = 512 if q_pe else 576
     dims = [(b, a["q_stride_batch"]), (s_q, a["q_stride_token"]), (h, a["q_stride_head"])]
     for (count, stride), name in zip(dims, ("q_stride_batch", "q_stride_token", "q_stride_head")):
-        if count > 1 and stride < 576:
+        if count > 1 and stride < row:
             bad.add(f"args.{name}")
-    if not span_ok(a["q"], 2, 576, dims):
+    if not span_ok(a["q"], 2, row, dims):
         bad |= {"args.q", "args.q_stride_batch", "args.q_stride_token", "args.q_stride_head"}
+    pe_names = ("q_pe_stride_batch", "q_pe_stride_token", "q_pe_stride_head")
+    pe_dims = [(b, a.get(pe_names[0], 0)), (s_q, a.get(pe_names[1], 0)), (h, a.get(pe_names[2], 0))]
+    if q_pe:
+        if q_pe % 2:
+            bad.add("args.q_pe")
+        for (count, stride), name in zip(pe_dims, pe_names):
+            if count > 1 and stride < 64:
+                bad.add(f"args.{name}")
+        if not span_ok(q_pe, 2, 64, pe_dims):
+            bad |= {"args.q_pe", *(f"args.{n}" for n in pe_names)}
     if a["block_table"] == 0 or a["block_table"] % 4:
         bad.add("args.block_table")
     if b > 1 and a["block_table_stride"] < max_pages:
@@ -1855,6 +1913,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("plan")
     if sizes and not span_ok(v["workspace"], 1, sizes[1], []):
         bad.add("workspace")
+
     # The outputs apart from the inputs and each other (api.cu's check_apart; bytes
     # [first, last]).
     def extent(pointer: int, elem: int, inner: int, dims: list[tuple[int, int]]) -> tuple:
@@ -1864,11 +1923,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     def overlap(x: tuple | None, y: tuple | None) -> bool:
         return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
 
-    q_pe = a.get("q_pe", 0)
-    pe_dims = [(b, a.get("q_pe_stride_batch", 0)), (s_q, a.get("q_pe_stride_token", 0)),
-               (h, a.get("q_pe_stride_head", 0))]
     inputs = [
-        extent(a["q"], 2, 512 if q_pe else 576, dims),
+        extent(a["q"], 2, row, dims),
         extent(q_pe, 2, 64, pe_dims),
         extent(a["block_table"], 4, max_pages, [(b, a["block_table_stride"])]),
         extent(a["cache_seqlens"], 4, b, []),
@@ -2022,6 +2078,11 @@ DECODE_ARGS = struct_arg(
             "cache_seqlens": POINTER,
             "out": POINTER,
             "lse": often(POINTER, st.just(0), 80),
+            # q_nope and q_pe apart (0.2) in a third of the calls; the strides are read only then
+            "q_pe": often(st.just(0), POINTER, 67),
+            "q_pe_stride_batch": row_stride(64 * 128 * 4),
+            "q_pe_stride_token": row_stride(64 * 128),
+            "q_pe_stride_head": row_stride(64),
         }
     ),
 )

@@ -185,8 +185,10 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
         deep = gmma.pop((f"QGMMA.64x{n}x32", "reg"), 0)
         assert deep > 0 and deep % 8 == 0, (deep, gmma)
         assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
-        print(f"seesaw N={n}{' two-term' if two_term else ''}: {len(sass)} SASS instructions, "
-              f"{deep} whole-N PV wgmmas ({deep // 8} block copies)")
+        print(
+            f"seesaw N={n}{' two-term' if two_term else ''}: {len(sass)} SASS instructions, "
+            f"{deep} whole-N PV wgmmas ({deep // 8} block copies)"
+        )
         return
     pv = gmma.pop((f"QGMMA.64x{n // 2}x32", "reg"), 0)
     early_tiles = 0 if two_term else SEESAW_EARLY_MTILES[n]
