@@ -241,8 +241,9 @@ def git_commit() -> dict[str, Any]:
         return {"commit": "unknown", "commit_source": None, "dirty": None}
 
 
-def _nvidia_smi() -> dict[str, str]:
-    fields = "driver_version,clocks.max.sm,clocks.max.memory,power.limit,pstate"
+def _nvidia_smi(
+    fields: str = "driver_version,clocks.max.sm,clocks.max.memory,power.limit,pstate",
+) -> dict[str, str]:
     try:
         out = (
             subprocess.run(
@@ -258,6 +259,17 @@ def _nvidia_smi() -> dict[str, str]:
         return dict(zip(fields.split(","), (v.strip() for v in out.split(","))))
     except (OSError, subprocess.SubprocessError, IndexError):
         return {}
+
+
+# The GPU's state right after a timed loop (bench/NOTES.md: the medians of long memory-bound
+# cases sit 5-15% above their minimum; a lower SM clock or a throttle reason here says why).
+_STATE_FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
+
+
+def gpu_state() -> dict[str, str]:
+    """nvidia-smi's SM and memory clocks, power, temperature and active throttle reasons now
+    ({} without nvidia-smi)."""
+    return _nvidia_smi(_STATE_FIELDS)
 
 
 def environment(torch: Any) -> dict[str, Any]:
@@ -734,6 +746,7 @@ def run_case(
             t = time_calls(
                 torch, ours, variants=copies, target_s=target_s, use_graph=not args.no_graph
             )
+            t["gpu_after"] = gpu_state()
             t["plan_create_ms"] = plan_create_ms
             # Device time of re-planning (graph-safe), and the host cost of one update call.
             tu = time_calls(
@@ -764,6 +777,7 @@ def run_case(
                 t = time_calls(
                     torch, theirs, variants=copies, target_s=target_s, use_graph=not args.no_graph
                 )
+                t["gpu_after"] = gpu_state()
                 t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
                 t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
                 result["flashinfer"].update(t)

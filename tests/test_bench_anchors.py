@@ -151,3 +151,26 @@ def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
     assert ncu.main([f"32x1x128x16384={report}"]) == 0
     with pytest.raises(ValueError, match="smsp__inst_executed.sum"):
         ncu.executed_instructions("no metric here\n")
+
+
+def test_gpu_state_reads_nvidia_smi(
+    bench_decode: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The state recorded after each timed loop: nvidia-smi's fields by name; {} without it.
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(
+        '#!/bin/sh\ncase "$1" in --query-gpu=clocks.sm,*) '
+        "echo '1755 MHz, 3201 MHz, 612.34 W, 61, 0x0000000000000004' ;; esac\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    state = bench_decode.gpu_state()
+    assert state == {
+        "clocks.sm": "1755 MHz",
+        "clocks.mem": "3201 MHz",
+        "power.draw": "612.34 W",
+        "temperature.gpu": "61",
+        "clocks_throttle_reasons.active": "0x0000000000000004",
+    }
+    monkeypatch.setenv("PATH", str(tmp_path / "none"))
+    assert bench_decode.gpu_state() == {}
