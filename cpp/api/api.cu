@@ -872,8 +872,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handl
 
 // -------------------------------------------------------------------------- quantize q
 namespace {
-// q: BF16, `tokens` x `heads` rows of 576, strides named as given.
-// `row`: the elements of one (token, head) row: 576 (q_nope | q_pe), 512 (q_nope), 64 (q_pe).
 // The bytes [first, last] an argument spans (as check_span measures them, which must have
 // passed: no overflow, non-negative strides, the last byte inside the address space); an absent
 // or empty argument spans nothing.
@@ -909,6 +907,8 @@ snapmla_status_t check_apart(const char* op, const Extent& out,
   return SNAPMLA_SUCCESS;
 }
 
+// q: BF16, `tokens` x `heads` rows of 576, strides named as given.
+// `row`: the elements of one (token, head) row: 576 (q_nope | q_pe), 512 (q_nope), 64 (q_pe).
 snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim batch, Dim token,
                          Dim head, int row = kHeadDim) {
   SNAPMLA_TRY(check_pointer(op, name, q, kAlignBf16, "BF16 elements"));
