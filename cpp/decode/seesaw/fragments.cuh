@@ -26,10 +26,16 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
+// Byte offset of 16-byte unit `unit` (0..7) of row `row` in a [rows][128 B] tile with the 128B
+// swizzle (TMA's SWIZZLE_128B: the unit index XORed with the row's low three bits).
+__device__ __forceinline__ uint32_t sw128_offset(uint32_t row, uint32_t unit) {
+  return row * 128u + ((unit ^ (row & 7u)) << 4);
+}
+
 // ldmatrix row address of `lane` (relative to a [64 tokens][128 B] 128B-swizzled content
 // chunk) for k-step 0 and the 16-byte latent unit `unit` (0..7) of the chunk.
 __device__ __forceinline__ uint32_t vt_lane_offset(uint32_t lane, uint32_t unit) {
-  return lane * 128u + ((unit ^ (lane & 7u)) << 4);
+  return sw128_offset(lane, unit);
 }
 
 // V^T A fragment (m64 x k32) from a content chunk: `addr` is the chunk's shared address plus

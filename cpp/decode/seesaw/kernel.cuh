@@ -323,18 +323,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
         return in;
       };
-      auto store = [&](int r, const QuantizedRow& q) {
-        // Where the TMA puts row r: 16-byte unit u of each 128-byte chunk at unit u ^ (r % 8).
-        const uint32_t row = static_cast<uint32_t>(r) * kChunkBytes, sw = r % 8;
+      auto store = [&](int r, const QuantizedRow& q) {  // where the TMA puts row r
 #pragma unroll
         for (int h = 0; h < 2; ++h) {  // content bytes [256 h + 8 lane, + 8)
           const int byte = 256 * h + 8 * lane, c = byte / kChunkBytes;
-          const uint32_t u = (byte % kChunkBytes) / 16;
-          *reinterpret_cast<uint2*>(s.q_content[c] + row + ((u ^ sw) << 4) + byte % 16) =
-              q.content[h];
+          *reinterpret_cast<uint2*>(s.q_content[c] + sw128_offset(r, (byte % kChunkBytes) / 16) +
+                                    byte % 16) = q.content[h];
         }
         if (lane < kRopeLanes) {  // RoPE bytes [16 lane, + 16)
-          *reinterpret_cast<uint4*>(s.q_rope + row + ((lane ^ sw) << 4)) = q.rope;
+          *reinterpret_cast<uint4*>(s.q_rope + sw128_offset(r, lane)) = q.rope;
         }
         if (lane == 0) s.q_scale[r] = q.scale;
       };
