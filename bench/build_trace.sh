@@ -13,7 +13,7 @@
 #   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
-#   .carry/bin/seesaw_trace_fusedq 1 128 1024         # SNAPMLA_SEESAW_FUSED_Q ("decode call")
+#   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -42,8 +42,10 @@ builds=(
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
   "seesaw_trace_tt4:-DSNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4"
-  "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=1"
-  "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=1"
+  # the fused Q (default where s_q x heads <= 32) nowhere, and at every width
+  "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
+  "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"
+  "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
 )
 pids=()
 for b in "${builds[@]}"; do

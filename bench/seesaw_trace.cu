@@ -10,7 +10,7 @@
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
 // own, then with the split combine, then the whole decode call's launches (the Q-quant kernel
-// on a BF16 query first; with SNAPMLA_SEESAW_FUSED_Q, none: the attention kernel quantizes).
+// on a BF16 query first; where decode.h's seesaw_fuses_q, none: the attention kernel quantizes).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -166,10 +166,9 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&qp.q_content, qc.size()));
   CHECK(cudaMalloc(&qp.q_rope, qr.size() * 2));
   CHECK(cudaMalloc(&qp.q_scale, qs.size() * 4));
-  const bool fused_q = SNAPMLA_SEESAW_FUSED_Q && !two_term;
-#if SNAPMLA_SEESAW_FUSED_Q
+  const bool fused_q =
+      !two_term && seesaw_fuses_q(seesaw_pv_width(int64_t{q_len} * heads));
   if (fused_q) p.q_in = qp;
-#endif
   CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, min_part_cost, plan, 0));
   for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));
   CHECK(cudaDeviceSynchronize());

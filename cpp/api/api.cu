@@ -1143,16 +1143,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     qp.q_lo = ws + w.q_lo;
     qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
   }
-  // SNAPMLA_SEESAW_FUSED_Q: the seesaw kernel quantizes its own Q tile where it can (one-term,
+  // The seesaw kernel quantizes its own Q tile where seesaw_fuses_q says so (one-term,
   // 16-byte-readable rows); the reference kernel and the rest take the Q-quant kernel's output.
-  const bool fused_q = SNAPMLA_SEESAW_FUSED_Q && a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE &&
-                       !two_term && quantize_q_vectorizable(qp);
+  const bool fused_q =
+      a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
+      decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
+      quantize_q_vectorizable(qp);
   if (!fused_q) SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
 
   decode::DecodeParams p{};
-#if SNAPMLA_SEESAW_FUSED_Q
   if (fused_q) p.q_in = qp;
-#endif
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);

@@ -40,9 +40,9 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 // prefetch) and waits (griddep_wait) before its first read of global memory, so the launch
 // latency between the kernels overlaps the previous kernel instead of following it. The
 // Q-quant kernel itself is launched as before (it must not start before the previous call's
-// attention kernel has read the Q workspace it overwrites). (With SNAPMLA_SEESAW_FUSED_Q the
-// attention kernel is the call's first and reads the BF16 query through L2, as the two-term
-// tile load does.) Without the attribute both device instructions are no-ops.
+// attention kernel has read the Q workspace it overwrites). (Where the seesaw kernel quantizes
+// its own Q tile, decode.h's seesaw_fuses_q, the attention kernel is the call's first and reads
+// the BF16 query through L2, as the two-term tile load does.) Without the attribute both device instructions are no-ops.
 #ifndef SNAPMLA_PDL
 #define SNAPMLA_PDL 0
 #endif

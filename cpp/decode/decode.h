@@ -82,16 +82,27 @@ struct WorkspaceLayout {
                               bool two_term = false);
 };
 
-// SNAPMLA_SEESAW_FUSED_Q (experimental, off; bench/NOTES.md): the one-term seesaw kernel
-// quantizes its own Q tile from the BF16 query (DecodeParams::q_in, set by the launcher for
-// the seesaw kernel, the one-term query and 16-byte-readable rows), so a decode call is two
-// launches instead of three: each consumer warp runs the Q-quant kernel's own row code
-// (common/row_quant.cuh: bit-identical by construction) on every eighth tile row and stores
-// the row 128B-swizzled where the TMA would have put it. Every CTA of a request redoes its
-// tile (up to 74 KB of BF16 from L2) while the producer fills the ring.
+// SNAPMLA_SEESAW_FUSED_Q: the one-term seesaw kernel quantizes its own Q tile from the BF16
+// query (DecodeParams::q_in, set by the launcher where seesaw_fuses_q says so and the rows are
+// 16-byte-readable), so a decode call is two launches instead of three: each consumer warp runs
+// the Q-quant kernel's own row code (common/row_quant.cuh: bit-identical by construction) on
+// every eighth tile row and stores the row 128B-swizzled where the TMA would have put it. Every
+// CTA of a request redoes its tile (up to 74 KB of BF16 from L2) while the producer fills the
+// ring. 1 (the default): where s_q x heads <= 32 (PV widths N = 16 and 32); 2: at every width;
+// 0: nowhere. Same-run A/B on the H200 (2026-12-01, bench/results/2026-12-01-s12/, the whole
+// decode call): N = 16 and 32 faster at every case measured (1x1x16x8192 24.7 -> 18.1 us,
+// 64x2x16x4096 76.5 -> 73.9, 128x1x16x16384 367 -> 361, 32x1x32x32768 204 -> 202), N = 64
+// slower where a request has several tiles (8x1x128x4096 45.2 -> 51.6 us, 32x1x128x16384
+// 257 -> 282: each of a request's CTAs quantizes 64 rows) and 3-7% faster at batch 1.
 #ifndef SNAPMLA_SEESAW_FUSED_Q
-#define SNAPMLA_SEESAW_FUSED_Q 0
+#define SNAPMLA_SEESAW_FUSED_Q 1
 #endif
+// The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
+constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+// Whether the one-term seesaw kernel of PV width n (16, 32 or 64) quantizes its own Q tile.
+constexpr bool seesaw_fuses_q(int n) {
+  return SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32);
+}
 
 struct DecodeParams {
   // queries, quantized (workspace)
@@ -127,12 +138,10 @@ struct DecodeParams {
   // shape, the seesaw kernel where q_len x heads <= 32. nullptr: the contract's one FP8 row.
   const uint8_t* q_lo;     // e4m3 [b, s_q, h, 512]
   const float* q_lo_scale;  // fp32 [b, s_q, h]
-#if SNAPMLA_SEESAW_FUSED_Q
-  // The BF16 query as the Q-quant kernel would take it. q_in.q non-null: the seesaw kernel
-  // quantizes its own tile, and q_content, q_rope and q_scale above (and q_in's outputs) are
-  // not read. (A field only in those builds: the default kernels' parameters stay as they were.)
+  // The BF16 query as the Q-quant kernel would take it. q_in.q non-null (the launcher, where
+  // seesaw_fuses_q): the seesaw kernel quantizes its own tile, and q_content, q_rope and q_scale
+  // above (and q_in's outputs) are not read.
   QuantizeQParams q_in;
-#endif
 };
 
 int default_num_parts(int sm_count, int row_tiles);

@@ -33,7 +33,7 @@ cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream
 
 // Every row's content and RoPE can be read with 16-byte loads (16-byte aligned bases, strides
 // in whole 8-element units): the Q-quant kernel's aligned instantiations, and the condition
-// for the seesaw kernel's own quantization (SNAPMLA_SEESAW_FUSED_Q).
+// for the seesaw kernel's own quantization (decode.h, seesaw_fuses_q).
 inline bool quantize_q_vectorizable(const QuantizeQParams& p) {
   auto ok = [](const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s0 % 8 == 0 && s1 % 8 == 0 &&

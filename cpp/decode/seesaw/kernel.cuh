@@ -295,9 +295,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
-    // SNAPMLA_SEESAW_FUSED_Q: the launcher set q_in (one-term, 16-byte-readable rows only).
-#if SNAPMLA_SEESAW_FUSED_Q
-    const bool fused_q = !kTwoTerm && p.q_in.q != nullptr;
+    // The fused Q (decode.h, seesaw_fuses_q): the launcher set q_in (one-term, 16-byte-readable
+    // rows only). Not compiled into the widths that never fuse.
+    constexpr bool kFusedQ = !kTwoTerm && seesaw_fuses_q(kN);
+    const bool fused_q = kFusedQ && p.q_in.q != nullptr;
     // The Q tile of request b, by the consumer threads: consumer warp cw = 4 wg + warp quantizes
     // tile rows cw + 8 j, j < kN / 8 (every row a softmax reads), with the Q-quant kernel's row
     // code; a row past the request is zero with scale 0 (the TMA path gave it the next rows of
@@ -353,9 +354,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       }
       fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
     };
-#else
-    constexpr bool fused_q = false;
-#endif
 
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
@@ -467,11 +465,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           s.q_scale[32 + tid] = in ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
       } else if (fused_q) {
-#if SNAPMLA_SEESAW_FUSED_Q
-        if constexpr (!kIsProducer) {  // (not compiled into the producer's 24 registers)
+        if constexpr (kFusedQ && !kIsProducer) {  // (not in the producer's 24 registers)
           if (tid < kThreads) quantize_q_tile(b);
         }
-#endif
       } else if (tid < kRowsM) {
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
@@ -1096,8 +1092,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
           named_barrier_unaligned(kBarWg + wg, kWgThreads);  // the round's reads before reuse
         }
-        // The Q tile is written next by TMA or wgmma-read past generic stores (SNAPMLA_SEESAW_
-        // FUSED_Q): order these generic accesses before the async proxy's.
+        // The Q tile is written next by TMA or wgmma-read past generic stores (the fused Q):
+        // order these generic accesses before the async proxy's.
         fence_proxy_async();
       }
       const bool staged = seg.split;
