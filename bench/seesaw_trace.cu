@@ -150,8 +150,12 @@ int main(int argc, char** argv) {
     p.q_lo = upload(qc);
     p.q_lo_scale = upload(qs_lo);
   }
+  const int ctas = parts * row_tiles;
+  unsigned long long* cta_trace = nullptr;
+  CHECK(cudaMalloc(&cta_trace, size_t{3} * ctas * 8));
 #ifdef SNAPMLA_SEESAW_TRACE
   p.trace = trace;
+  p.cta_trace = cta_trace;
 #endif
   QuantizeQParams qp{};
   qp.q = upload(q_bf16);
@@ -217,8 +221,42 @@ int main(int argc, char** argv) {
   }
 
   CHECK(cudaMemset(trace, 0, trace_words * 8));
+  CHECK(cudaMemset(cta_trace, 0, size_t{3} * ctas * 8));
+  CHECK(cudaEventRecord(e0));
   CHECK(launch_seesaw_decode(p, 0));
+  CHECK(cudaEventRecord(e1));
   CHECK(cudaDeviceSynchronize());
+  {
+    float one_ms = 0;
+    CHECK(cudaEventElapsedTime(&one_ms, e0, e1));
+    std::vector<unsigned long long> ct(size_t{3} * ctas);
+    CHECK(cudaMemcpy(ct.data(), cta_trace, ct.size() * 8, cudaMemcpyDeviceToHost));
+    // Trace builds stamp every CTA's entry and end (globaltimer ns); other builds leave zeros.
+    if (ct[0] != 0) {
+      std::vector<double> entry, end, life;
+      unsigned long long t_first = ~0ull, t_last = 0;
+      for (int c = 0; c < ctas; ++c) t_first = std::min(t_first, ct[3 * c]);
+      for (int c = 0; c < ctas; ++c) {
+        entry.push_back(1e-3 * double(ct[3 * c] - t_first));
+        end.push_back(1e-3 * double(ct[3 * c + 1] - t_first));
+        life.push_back(1e-3 * double(ct[3 * c + 1] - ct[3 * c]));
+        t_last = std::max(t_last, ct[3 * c + 1]);
+      }
+      auto pct = [](std::vector<double> v, double q) {
+        std::sort(v.begin(), v.end());
+        return v[std::min(v.size() - 1, size_t(q * (v.size() - 1) + 0.5))];
+      };
+      auto row = [&](const char* what, const std::vector<double>& v) {
+        std::printf("  %-24s min %6.2f  p10 %6.2f  p50 %6.2f  p90 %6.2f  max %6.2f us\n", what,
+                    pct(v, 0), pct(v, 0.1), pct(v, 0.5), pct(v, 0.9), pct(v, 1));
+      };
+      std::printf("one launch: %.2f us by events; first CTA entry to last CTA end %.2f us (%d CTAs)\n",
+                  1e3 * one_ms, 1e-3 * double(t_last - t_first), ctas);
+      row("CTA entry after first", entry);
+      row("CTA end after first", end);
+      row("CTA lifetime", life);
+    }
+  }
   std::vector<unsigned long long> tr(trace_words);
   CHECK(cudaMemcpy(tr.data(), trace, trace_words * 8, cudaMemcpyDeviceToHost));
   unsigned long long t0 = ~0ull;

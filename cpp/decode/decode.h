@@ -132,6 +132,8 @@ struct DecodeParams {
   float* partial_lse;  // workspace
 #ifdef SNAPMLA_SEESAW_TRACE
   unsigned long long* trace;  // bench/seesaw_trace.cu: clock64 per (warpgroup, block, event)
+  // and per CTA (x + num_parts y): globaltimer (ns) at entry and at the consumers' end, %smid
+  unsigned long long* cta_trace;
 #endif
   int64_t page_stride;  // bytes from a page to the next (kPageBytes: packed)
   // The two-term query (workspace): the low row and its scale; the reference kernel at every

@@ -114,6 +114,29 @@ constexpr int kTraceBlocks = 64;
   do {                             \
   } while (0)
 #endif
+// Every CTA's entry and end in globaltimer nanoseconds, and its SM (word 3 c + k of
+// p.cta_trace: k = 0 entry, 1 the consumers' end, 2 %smid), for the spread of CTA starts and
+// ends across the grid that CTA 0's clock64 timeline cannot show. Trace builds only.
+#ifdef SNAPMLA_SEESAW_TRACE
+#define SEESAW_CTA_TRACE(k)                                                             \
+  do {                                                                                  \
+    if (threadIdx.x == 0) {                                                             \
+      unsigned long long v;                                                             \
+      if ((k) == 2) {                                                                   \
+        unsigned int sm;                                                                \
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));                                 \
+        v = sm;                                                                         \
+      } else {                                                                          \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));                           \
+      }                                                                                 \
+      p.cta_trace[3 * (blockIdx.x + int64_t{gridDim.x} * blockIdx.y) + (k)] = v;        \
+    }                                                                                   \
+  } while (0)
+#else
+#define SEESAW_CTA_TRACE(k) \
+  do {                      \
+  } while (0)
+#endif
 
 // SNAPMLA_SEESAW_PV_DEEP: the PV of a block issues every m-tile's whole-N wgmmas (each into
 // its own temporary, with its own V^T fragments) before it waits for the first, then promotes
@@ -244,6 +267,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
   const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
   SEESAW_TRACE(0, kTrEntry);  // (bench builds; under SNAPMLA_PDL it stamps before the wait)
+  SEESAW_CTA_TRACE(0);
+  SEESAW_CTA_TRACE(2);
   griddep_launch_dependents();  // SNAPMLA_PDL: the combine may launch (it waits for this grid)
 #if SNAPMLA_SEESAW_PREFETCH_MAPS
   if (tid == 0) {
@@ -1159,6 +1184,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   } else {
     run_requests(std::false_type{});
   }
+  SEESAW_CTA_TRACE(1);  // thread 0: a consumer, past its last epilogue
 }
 
 template <int kN, bool kTwoTerm>
