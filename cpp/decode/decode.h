@@ -20,14 +20,21 @@ namespace decode {
 constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
 constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
-// With the default split count, a part covers at least this much cost (one block). Measured
+// With the default split count, a part covers at least this much cost. A part's cost counts
+// kFixedCost only where a request starts in it, so at 1 + kFixedCost a request's first part
+// holds one block and its others three (the note below read it as one block a part). Measured
 // with the seesaw kernel (kernel + combine, session 11, bench/results/2026-12-01-s11/
 // part-cost-5819fce.log), one block a part against two: 1x128x1024 20.5 -> 19.3 us, 1x128x4096
 // 22.6 -> 20.7, 1x16x8192 19.7 -> 18.8, 8x128x4096 35.3 -> 34.6; 8x128x1024, 64x128x4096 and
 // 64x16x4096 level; 64x128x1024 45.7 -> 46.5. Three or more blocks a part were slower at every
 // shape with fewer than 64 requests (the parallelism outweighs the 128 KiB fp32 partial a part
 // writes and the combine reads).
-constexpr int kMinPartCost = 1 + kFixedCost;
+// SNAPMLA_MIN_PART_COST (experimental builds): another minimum, for the A/B of session 12
+// (bench/NOTES.md).
+#ifndef SNAPMLA_MIN_PART_COST
+#define SNAPMLA_MIN_PART_COST (1 + kFixedCost)
+#endif
+constexpr int kMinPartCost = SNAPMLA_MIN_PART_COST;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
 // The plan's first words: what it was built for, and the schedule's part cost T.
