@@ -21,18 +21,17 @@ constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
 constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
 // With the default split count, a part covers at least this much cost. A part's cost counts
-// kFixedCost only where a request starts in it, so at 1 + kFixedCost a request's first part
-// holds one block and its others three (the note below read it as one block a part). Measured
-// with the seesaw kernel (kernel + combine, session 11, bench/results/2026-12-01-s11/
-// part-cost-5819fce.log), one block a part against two: 1x128x1024 20.5 -> 19.3 us, 1x128x4096
-// 22.6 -> 20.7, 1x16x8192 19.7 -> 18.8, 8x128x4096 35.3 -> 34.6; 8x128x1024, 64x128x4096 and
-// 64x16x4096 level; 64x128x1024 45.7 -> 46.5. Three or more blocks a part were slower at every
-// shape with fewer than 64 requests (the parallelism outweighs the 128 KiB fp32 partial a part
-// writes and the combine reads).
-// SNAPMLA_MIN_PART_COST (experimental builds): another minimum, for the A/B of session 12
-// (bench/NOTES.md).
+// kFixedCost only where a request starts in it: at 2 (= kFixedCost) a request's blocks go two a
+// part, at 1 one, at 3 three (one in the request's first part). Session 12's A/B in CUDA-graph
+// replays of the whole decode call, next to FlashInfer in each run (bench/results/
+// 2026-12-01-s12/decode-auto-af88375*.json), 3 -> 2: 1x128x1024 18.5 -> 16.6 us, 1x128x4096
+// 20.8 -> 19.0, 1x16x8192 17.8 -> 17.5, the other 20 cases within 1% (1x128x8192 +1.0%);
+// 1 (one block a part) gave 16.0 at 1x128x1024 but 21.1 at 1x128x4096 and 19.8 at 1x16x8192
+// (the combine reads twice the partials). (Session 11's part-cost A/B, kernel + combine launched back to back,
+// had chosen 3 over 4 and more, read then as one block a part.) SNAPMLA_MIN_PART_COST
+// (experimental builds) sets another value.
 #ifndef SNAPMLA_MIN_PART_COST
-#define SNAPMLA_MIN_PART_COST (1 + kFixedCost)
+#define SNAPMLA_MIN_PART_COST kFixedCost
 #endif
 constexpr int kMinPartCost = SNAPMLA_MIN_PART_COST;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
