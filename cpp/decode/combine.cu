@@ -14,6 +14,56 @@ constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int kColsPerLane = kContentDim / 32;
 static_assert(kColsPerLane == 16, "four float4 per lane");
 
+// The parts [first, last] holding request b's partials, or false where the decode kernel wrote
+// the request's rows itself (a plan that does not match, no blocks, or a single part).
+__device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* first, int* last) {
+  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  if (!plan_matches(p)) return false;  // the decode kernel wrote NaN rows
+  *first = clamp_part(p, p.plan[L.first_part + b]);
+  *last = clamp_part(p, p.plan[L.last_part + b]);
+  return p.plan[L.nblocks + b] > 0 && *first != *last;
+}
+
+// The workspace slot of a part's partial for a request whose first part is `first`.
+__device__ __forceinline__ int64_t partial_slot(int part, int first) {
+  return 2 * part + (part == first ? 1 : 0);
+}
+
+// acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
+// returns w.
+__device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot, int rows_pad,
+                                             int fr, int lane, float m,
+                                             float (&acc)[kColsPerLane]) {
+  const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
+  const float4* src = reinterpret_cast<const float4*>(
+      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
+#pragma unroll
+  for (int v = 0; v < kColsPerLane / 4; ++v) {
+    const float4 x = src[v];
+    acc[4 * v] += w * x.x;
+    acc[4 * v + 1] += w * x.y;
+    acc[4 * v + 2] += w * x.z;
+    acc[4 * v + 3] += w * x.w;
+  }
+  return w;
+}
+
+// Row fr of request b: the lane's 16 columns as BF16 (two 16-byte stores), and the lse.
+__device__ __forceinline__ void store_row(const DecodeParams& p, int b, int rows_total, int fr,
+                                          int lane, const float (&acc)[kColsPerLane], float lse) {
+  uint32_t packed[kColsPerLane / 2];
+#pragma unroll
+  for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
+  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim +
+                                        lane * kColsPerLane);
+  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  if (lane == 0 && p.lse != nullptr) {
+    const int qt = fr / p.num_heads, head = fr % p.num_heads;
+    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
   griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x;
@@ -21,19 +71,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   const int fr = blockIdx.y * kRowsPerBlock + threadIdx.x / 32;
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
-  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  if (!plan_matches(p)) return;  // the decode kernel wrote NaN rows
-  const int first = clamp_part(p, p.plan[L.first_part + b]);
-  const int last = clamp_part(p, p.plan[L.last_part + b]);
-  if (p.plan[L.nblocks + b] <= 0 || first == last) return;  // written by the decode kernel
+  int first, last;
+  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
-  auto slot_of = [first](int part) { return 2 * part + (part == first ? 1 : 0); };
 
   // Pass 1: the largest partial LSE; NaN anywhere poisons the row.
   float m = -INFINITY;
   bool has_nan = false;
   for (int part = first; part <= last; ++part) {
-    const float v = p.partial_lse[int64_t{slot_of(part)} * rows_pad + fr];
+    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
     has_nan |= (v != v);
     m = fmaxf(m, v);
   }
@@ -49,36 +95,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
     // Pass 2: out = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - m).
     float w_sum = 0.f;
     for (int part = first; part <= last; ++part) {
-      const int64_t slot = slot_of(part);
-      const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-      w_sum += w;
-      const float4* src = reinterpret_cast<const float4*>(
-          p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
-#pragma unroll
-      for (int v = 0; v < kColsPerLane / 4; ++v) {
-        const float4 x = src[v];
-        acc[4 * v] += w * x.x;
-        acc[4 * v + 1] += w * x.y;
-        acc[4 * v + 2] += w * x.z;
-        acc[4 * v + 3] += w * x.w;
-      }
+      w_sum += add_partial(p, partial_slot(part, first), rows_pad, fr, lane, m, acc);
     }
     const float inv = 1.f / w_sum;
 #pragma unroll
     for (int c = 0; c < kColsPerLane; ++c) acc[c] *= inv;
     lse = m + logf(w_sum);
   }
-  uint32_t packed[kColsPerLane / 2];
-#pragma unroll
-  for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
-  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim +
-                                        lane * kColsPerLane);
-  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-  if (lane == 0 && p.lse != nullptr) {
-    const int qt = fr / p.num_heads, head = fr % p.num_heads;
-    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
-  }
+  store_row(p, b, rows_total, fr, lane, acc, lse);
 }
 
 // The wide combine: one CTA per query row, its 8 warps taking every 8th part, then one warp
@@ -104,20 +128,16 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
-  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  if (!plan_matches(p)) return;  // the decode kernel wrote NaN rows
-  const int first = clamp_part(p, p.plan[L.first_part + b]);
-  const int last = clamp_part(p, p.plan[L.last_part + b]);
-  if (p.plan[L.nblocks + b] <= 0 || first == last) return;  // written by the decode kernel
+  int first, last;
+  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
-  auto slot_of = [first](int part) { return 2 * part + (part == first ? 1 : 0); };
 
   // Pass 1, in every warp: the largest partial LSE, the lanes over the parts; NaN anywhere
   // poisons the row.
   float m = -INFINITY;
   bool nan_seen = false;
   for (int part = first + lane; part <= last; part += 32) {
-    const float v = p.partial_lse[int64_t{slot_of(part)} * rows_pad + fr];
+    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
     nan_seen |= (v != v);
     m = fmaxf(m, v);
   }
@@ -139,19 +159,7 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
     float w_sum = 0.f;
 #pragma unroll 2
     for (int part = first + warp; part <= last; part += kWideWarps) {
-      const int64_t slot = slot_of(part);
-      const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-      w_sum += w;
-      const float4* src = reinterpret_cast<const float4*>(
-          p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
-#pragma unroll
-      for (int v = 0; v < kColsPerLane / 4; ++v) {
-        const float4 x = src[v];
-        acc[4 * v] += w * x.x;
-        acc[4 * v + 1] += w * x.y;
-        acc[4 * v + 2] += w * x.z;
-        acc[4 * v + 3] += w * x.w;
-      }
+      w_sum += add_partial(p, partial_slot(part, first), rows_pad, fr, lane, m, acc);
     }
 #pragma unroll
     for (int v = 0; v < kColsPerLane / 4; ++v) {
@@ -179,17 +187,7 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
     for (int c = 0; c < kColsPerLane; ++c) acc[c] *= inv;
     lse = m + logf(w_sum);
   }
-  uint32_t packed[kColsPerLane / 2];
-#pragma unroll
-  for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
-  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim +
-                                        lane * kColsPerLane);
-  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-  if (lane == 0 && p.lse != nullptr) {
-    const int qt = fr / p.num_heads, head = fr % p.num_heads;
-    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
-  }
+  store_row(p, b, rows_total, fr, lane, acc, lse);
 }
 
 }  // namespace

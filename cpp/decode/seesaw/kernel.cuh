@@ -464,7 +464,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
               const int unit = k % 8;
               dst[j] = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
-                       R * kChunkBytes + ((unit ^ (R % 8)) << 4);
+                       sw128_offset(R, unit);
               const bool valid = r < rows_total && !(rope && low);
               // An always-readable address where the row is not loaded (its value is zeroed).
               const uint8_t* src =
