@@ -5,6 +5,9 @@ wrong, and must stay in place.
   (address, dtype, shape, strides, read-only flag, device) is read and checked again, and
   refused when it must be; a memoized view holds this call's producer and capsule.
 - ``on_device`` tries ``import cupy`` once when CuPy is missing, not at every call.
+- ``decode``'s call memo: the same call on the same cache reuses the packed C arguments
+  without the checks; a change of any scalar or tensor checks again; a refused call is never
+  kept; each cache has its own.
 - A loose guard on the time of ``decode`` (outputs given, stream given, GPU calls faked): the
   minimum over 300 calls, so that a loaded machine does not fail it, against a bound about
   thirteen times what was measured (bench/bench_host_overhead.py --fake measures it).
@@ -13,13 +16,14 @@ wrong, and must stay in place.
 from __future__ import annotations
 
 import builtins
+import importlib
 import sys
 import time
 from typing import Any
 
 import pytest
 
-from snapmla import SnapMLAError, _dlpack, _tensor
+from snapmla import SnapMLAError, _dlpack, _lib, _tensor
 from snapmla._tensor import BF16, Checker, Stream
 from test_dlpack import CPU, CUDA0, CUDA1, FakeTensor
 from test_streams_lifetime import (  # noqa: F401 (the library fixture)
@@ -31,6 +35,7 @@ from test_streams_lifetime import (  # noqa: F401 (the library fixture)
 )
 
 STREAM = 0x5EED
+decode_module = importlib.import_module("snapmla.decode")
 
 
 def _check(obj: Any, *, writable: bool = False, shape: tuple[Any, ...] = ("n", 64)) -> Any:
@@ -130,5 +135,129 @@ def test_decode_host_time_loose_bound() -> None:
         cache.close()
     # Measured on a 2-core CPU machine: 74 us here (this FakeTensor's __dlpack__ builds its
     # managed tensor with ctypes at each call; 34 us with bench_host_overhead's cheap
-    # producer), 180 us before issue #10's work. 1 ms: a 10x regression, not a busy machine.
+    # producer, 21 us with decode's call memo), 180 us before issue #10's work. 1 ms: a 10x
+    # regression, not a busy machine.
     assert best < 1e-3, f"decode host time {best * 1e6:.0f} us"
+
+
+# ==================================================================== decode's call memo
+
+
+class _ArgsRecorder:
+    """The ``library`` fixture's recorder, with ``snapmla_decode``'s packed arguments kept."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.args: list[bytes] = []
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(self.inner, name)
+        if name != "snapmla_decode":
+            return fn
+
+        def call(*args: Any) -> int:
+            self.args.append(bytes(_lib.ffi.buffer(args[2])))
+            return fn(*args)
+
+        return call
+
+
+@pytest.fixture
+def recorder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> _ArgsRecorder:
+    rec = _ArgsRecorder(request.getfixturevalue("library"))
+    monkeypatch.setattr(_lib, "lib", lambda: rec)
+    return rec
+
+
+@pytest.fixture
+def validations(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the full validations of decode calls (the memo's misses)."""
+    count: list[int] = []
+    real = decode_module._validate_decode_args
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        count.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(decode_module, "_validate_decode_args", counting)
+    return count
+
+
+def test_decode_memo_reuses_a_checked_call(recorder: _ArgsRecorder, validations: list) -> None:
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    try:
+        for _ in range(3):
+            _decode(cache, plan, inputs, stream=STREAM)
+    finally:
+        cache.close()
+    assert len(validations) == 1  # the second and third calls were hits
+    assert len(recorder.args) == 3 and len(set(recorder.args)) == 1  # the same C arguments
+
+
+def _call(cache: Any, plan: Any, inputs: dict[str, Any], **overrides: Any) -> None:
+    kwargs = {
+        "layer": 0,
+        "softmax_scale": 192**-0.5,
+        "stream": STREAM,
+        **{k: inputs[k] for k in ("q", "block_table", "cache_seqlens", "out", "lse")},
+        **overrides,
+    }
+    decode_module.decode(cache, plan=plan, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"layer": 1},
+        {"softmax_scale": 0.125},
+        {"causal": False},
+        {"kernel": "reference"},
+        {"out": FakeTensor((2, 1, 16, 512), "bfloat16", address=0x7F0000100000)},
+        {"block_table": FakeTensor((2, 8), "int32", address=0x7F0000200000)},
+        {"q": FakeTensor((2, 1, 16, 576), "bfloat16", address=0x7F0000300000)},
+    ],
+    ids=lambda c: next(iter(c)),
+)
+def test_decode_memo_misses_on_any_change(
+    recorder: _ArgsRecorder, validations: list, change: dict[str, Any]
+) -> None:
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    try:
+        _call(cache, plan, inputs)
+        _call(cache, plan, inputs)  # a hit
+        _call(cache, plan, inputs, **change)
+    finally:
+        cache.close()
+    assert len(validations) == 2  # the changed call was checked again
+    assert len(recorder.args) == 3 and recorder.args[2] != recorder.args[1]
+
+
+def test_decode_memo_never_keeps_a_refused_call(recorder: _ArgsRecorder) -> None:
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    q = inputs["q"]
+    # out inside q's bytes: refused at every call, never memoized
+    overlapping = FakeTensor((2, 1, 16, 512), "bfloat16", address=_dlpack_address(q))
+    try:
+        for _ in range(2):
+            with pytest.raises(SnapMLAError, match="argument 'out'"):
+                _decode(cache, plan, {**inputs, "out": overlapping}, stream=STREAM)
+    finally:
+        cache.close()
+    assert recorder.args == []  # nothing was launched
+
+
+def test_decode_memo_is_per_cache(recorder: _ArgsRecorder, validations: list) -> None:
+    plan, inputs = _plan(), _decode_inputs()
+    first, second = _cache(), _cache()
+    try:
+        _decode(first, plan, inputs, stream=STREAM)
+        _decode(second, plan, inputs, stream=STREAM)  # another cache: checked again
+        assert len(validations) == 2 and second._decode_memo and first._decode_memo
+    finally:
+        first.close()
+        second.close()
+
+
+def _dlpack_address(t: Any) -> int:
+    """The data pointer a FakeTensor exports."""
+    return _dlpack.view(t).ptr

@@ -277,6 +277,28 @@ class Checker:
         self.op = op
         self.stream = stream
         self.views: list[tuple[str, TensorView]] = []
+        # read() results by argument, for the tensor() call that checks that argument
+        self._reads: dict[str, tuple[Any, Any, Any]] = {}
+
+    def read(self, obj: Any, argument: str) -> Any:
+        """Read ``obj`` as ``tensor()`` would (torch attributes, or the DLPack export with the
+        call's stream handshake) without checking it, and return its memo key: what the checks
+        of the tensor depend on (``None``: not memoizable; DLPack bytes that need a closer
+        look). ``tensor()`` on the same argument then uses this read. A caller can key its own
+        memo on the keys of every tensor of a call (``decode``); what keeps a DLPack export
+        alive is held here until ``tensor()`` takes it, or by the checker itself."""
+        stream = self.stream
+        if stream is not None:  # the handle once resolved, else the resolver
+            stream = stream.handle if stream._handle is None else stream._handle
+        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule.
+        direct = _dlpack.torch_fields(obj, stream)
+        if direct is not None:
+            read = (direct, direct, None)
+        else:
+            capsule = _dlpack.export(obj, stream, self.op, argument)
+            read = (_dlpack.capsule_key(capsule), None, (obj, capsule))
+        self._reads[argument] = read
+        return read[0]
 
     def tensor(
         self,
@@ -308,18 +330,14 @@ class Checker:
                 checked for an empty tensor (the C API does not read its pointer).
             align_note: Why (shown in messages); default: the element type.
         """
-        stream = self.stream
-        if stream is not None:  # the handle once resolved, else the resolver
-            stream = stream.handle if stream._handle is None else stream._handle
-        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule.
-        direct = _dlpack.torch_fields(obj, stream)
-        if direct is not None:
-            key: Any = direct
-            keepalive: Any = None  # the caller's frame holds the tensor for the call
-        else:
-            capsule = _dlpack.export(obj, stream, self.op, argument)
-            key = _dlpack.capsule_key(capsule)
-            keepalive = (obj, capsule)
+        read = self._reads.pop(argument, None)
+        if read is None:
+            self.read(obj, argument)
+            read = self._reads.pop(argument)
+        # direct: a torch tensor's fields (the caller's frame holds the tensor for the call);
+        # else keepalive holds the DLPack export and its producer for the view
+        key, direct, keepalive = read
+        capsule = keepalive[1] if keepalive is not None else None
         # A tensor whose DLPack bytes (see capsule_key), or torch attributes, passed these same
         # checks before passes them again: hand out that view, holding this call's capsule.
         if key is not None:

@@ -233,6 +233,9 @@ class KVCache(Closable):
         self._buffer_view: TensorView | None = None  # holds the DLPack capsule too
         self._owned: OwnedMemory | None = None  # the memory, when allocated here
         self._in_use = InUse()
+        # decode's call memo (decode._decode): the packed C arguments of calls that passed
+        # every check, by the call's scalars and tensor keys
+        self._decode_memo: dict[Any, Any] = {}
         op = "KVCache"
         num_layers, num_pages = _validate_shape_args(op, num_layers, num_pages)
         if device is not None:
