@@ -227,3 +227,91 @@ def test_quantize_q_leading_dimensions_must_flatten() -> None:
         good = strided((2, 1, 16, 576), (46080, 9216, 576, 1))
         qc, _, qs = smt.quantize_q(good)
         assert tuple(qc.shape) == (2, 1, 16, 512) and tuple(qs.shape) == (2, 1, 16)
+
+
+def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real decode op's call memo: an equal call skips the checks (``_decode_prepare``) and
+    reuses its C arguments; a change of any tensor's address, shape, strides, dtype or device,
+    or of any scalar, checks again. (CPU tensors with the checks and the C call stubbed: the
+    GPU half runs the real op, tests/gpu/test_torch_ops_gpu.py.)"""
+    prepared: list[tuple[Any, ...]] = []
+    launched: list[Any] = []
+
+    def prepare(op: str, tensors: Any, *scalars: Any) -> tuple[Any, ...]:
+        prepared.append(scalars)
+        return (object(), (1, 1, 16, 4, 0), None, None)
+
+    class Lib:
+        def snapmla_decode(self, handle: Any, config: Any, args: Any, *rest: Any) -> int:
+            launched.append(args)
+            return 0
+
+    monkeypatch.setattr(smt, "_decode_memo", {})
+    monkeypatch.setattr(smt, "_decode_prepare", prepare)
+    monkeypatch.setattr(smt, "_handle", lambda cache: None)
+    monkeypatch.setattr(smt, "_config", lambda *key: None)
+    monkeypatch.setattr(smt, "_stream", lambda device: None)
+    monkeypatch.setattr(smt, "_OnDevice", lambda device: _NullContext())
+    monkeypatch.setattr(_lib, "lib", lambda: Lib())
+    base = torch.zeros(4096, dtype=torch.uint8)
+    tensors = {
+        "cache": base[:1024].view(1, 1, 1024),
+        "q": torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16),
+        "block_table": torch.zeros(1, 4, dtype=torch.int32),
+        "cache_seqlens": torch.zeros(1, dtype=torch.int32),
+        "plan": base[1024:2048],
+        "workspace": base[2048:],
+        "out": torch.zeros(1, 1, 16, 512, dtype=torch.bfloat16),
+        "lse": torch.zeros(1, 16, 1, dtype=torch.float32),
+    }
+    scalars = {"softmax_scale": 0.5, "causal": True, "kernel": 0, "num_sm_parts": 0}
+
+    def call(layer: int = 0, **changes: Any) -> None:
+        t = {**tensors, **{k: v for k, v in changes.items() if k in tensors}}
+        s = {**scalars, **{k: v for k, v in changes.items() if k in scalars}}
+        smt._decode(
+            t["cache"],
+            layer,
+            t["q"],
+            t["block_table"],
+            t["cache_seqlens"],
+            t["plan"],
+            t["workspace"],
+            t["out"],
+            t["lse"],
+            s["softmax_scale"],
+            s["causal"],
+            s["kernel"],
+            s["num_sm_parts"],
+        )
+
+    call()
+    call()
+    assert len(prepared) == 1 and len(launched) == 2 and launched[0] is launched[1]
+    q = tensors["q"]
+    changes = [
+        {"layer": 1},
+        {"softmax_scale": 0.25},
+        {"causal": False},
+        {"kernel": 1},
+        {"num_sm_parts": 7},
+        {"q": q.clone()},  # another address
+        {"q": q.view(1, 16, 1, 576)},  # another shape
+        {"q": torch.zeros(1, 1, 16, 1152, dtype=torch.bfloat16)[..., :576]},  # strides
+        {"q": q.view(torch.float16)},  # dtype
+        {"plan": base[1024:2040]},  # a shorter plan buffer
+    ]
+    for i, change in enumerate(changes):
+        layer = change.pop("layer", 0)
+        call(layer, **change)
+        assert len(prepared) == 2 + i, change
+    call()  # the first call's key again: still kept
+    assert len(prepared) == 1 + len(changes)
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None

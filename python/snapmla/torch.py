@@ -594,6 +594,12 @@ def _decode_checks(
     return b, s_q, h, block_table.shape[1]
 
 
+# snapmla.torch.decode's call memo (_decode): packed C arguments of checked calls. Cleared
+# when full.
+_decode_memo: dict[Any, tuple[Any, tuple[int, ...], Any, Any]] = {}
+_DECODE_MEMO_SIZE = 1024
+
+
 @_real("decode")
 def _decode(
     cache: Tensor,
@@ -611,6 +617,48 @@ def _decode(
     num_sm_parts: int,
 ) -> None:
     op = "snapmla.torch.decode"
+    tensors = (cache, q, block_table, cache_seqlens, plan, workspace, out, lse)
+    # The call memo (issue #10: host time): every check (_decode_prepare) is a function of
+    # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
+    # call equal to an earlier checked one in all of them reuses its packed C arguments and
+    # pointers. The handle, config and stream are looked up at every call.
+    memo_key = (
+        layer,
+        softmax_scale,
+        causal,
+        kernel,
+        num_sm_parts,
+        *((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors),
+    )
+    device = cache.device
+    hit = _decode_memo.get(memo_key)
+    if hit is None:
+        hit = _decode_prepare(op, tensors, layer, softmax_scale, causal, kernel, num_sm_parts)
+        if len(_decode_memo) >= _DECODE_MEMO_SIZE:
+            _decode_memo.clear()
+        _decode_memo[memo_key] = hit  # read-only from here on (the C call only reads it)
+    args, key, plan_ptr, workspace_ptr = hit
+    with _OnDevice(device):
+        _lib.check(
+            _lib.lib().snapmla_decode(
+                _handle(cache), _config(*key), args, plan_ptr, workspace_ptr, _stream(device)
+            ),
+            "snapmla_decode",
+        )
+
+
+def _decode_prepare(
+    op: str,
+    tensors: tuple[Tensor, ...],
+    layer: int,
+    softmax_scale: float,
+    causal: bool,
+    kernel: int,
+    num_sm_parts: int,
+) -> tuple[Any, tuple[int, ...], Any, Any]:
+    """Every check of a decode op call, then its packed C arguments, config key and buffer
+    pointers."""
+    cache, q, block_table, cache_seqlens, plan, workspace, out, lse = tensors
     b, s_q, h, max_pages = _decode_checks(
         op, cache, layer, q, block_table, cache_seqlens, plan, workspace, out, lse
     )
@@ -631,41 +679,31 @@ def _decode(
     args = ffi.new(_ARGS_T)
     with _OnDevice(device):
         plan_bytes, workspace_bytes = _buffer_sizes(device, *key)
-        _check_buffer(op, "plan", plan, plan_bytes, device)
-        _check_buffer(op, "workspace", workspace, workspace_bytes, device)
-        _ARGS.pack_into(
-            ffi.buffer(args),
-            0,
-            _ARGS_SIZE,
-            layer,
-            int(bool(causal)),
-            float(softmax_scale),
-            kernel,
-            q.data_ptr() & _U64,
-            q.stride(0),
-            q.stride(1),
-            q.stride(2),
-            block_table.data_ptr() & _U64,
-            block_table.stride(0),
-            cache_seqlens.data_ptr() & _U64,
-            out.data_ptr() & _U64,
-            lse.data_ptr() & _U64,
-            0,  # q_pe: q holds q_nope | q_pe
-            0,
-            0,
-            0,
-        )
-        _lib.check(
-            _lib.lib().snapmla_decode(
-                _handle(cache),
-                _config(*key),
-                args,
-                _ptr(plan),
-                _ptr(workspace, "void*"),
-                _stream(device),
-            ),
-            "snapmla_decode",
-        )
+    _check_buffer(op, "plan", plan, plan_bytes, device)
+    _check_buffer(op, "workspace", workspace, workspace_bytes, device)
+    _ARGS.pack_into(
+        ffi.buffer(args),
+        0,
+        _ARGS_SIZE,
+        layer,
+        int(bool(causal)),
+        float(softmax_scale),
+        kernel,
+        q.data_ptr() & _U64,
+        q.stride(0),
+        q.stride(1),
+        q.stride(2),
+        block_table.data_ptr() & _U64,
+        block_table.stride(0),
+        cache_seqlens.data_ptr() & _U64,
+        out.data_ptr() & _U64,
+        lse.data_ptr() & _U64,
+        0,  # q_pe: q holds q_nope | q_pe
+        0,
+        0,
+        0,
+    )
+    return args, key, _ptr(plan), _ptr(workspace, "void*")
 
 
 for _name, _checks in (
