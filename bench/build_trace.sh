@@ -14,6 +14,8 @@
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
+#   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
+#                                                     # of that commit, for a same-call A/B
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -54,8 +56,25 @@ for b in "${builds[@]}"; do
   "$NVCC" "${flags[@]}" $def "${src[@]}" -o ".carry/bin/$name" &
   pids+=($!)
 done
+# SNAPMLA_TRACE_BASE: the timing binary of another commit (its own sources and source list),
+# built from a temporary worktree, as seesaw_trace_base.
+rm -f .carry/bin/seesaw_trace_base
+if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
+  base_tree=$(mktemp -d "${TMPDIR:-/tmp}/snapmla-base.XXXXXX")
+  git worktree add -q --detach "$base_tree" "$SNAPMLA_TRACE_BASE"
+  (
+    cd "$base_tree"
+    eval "$(sed -n '/^src=(/,/)$/p' bench/build_trace.sh)"
+    "$NVCC" "${flags[@]}" "${src[@]}" -o "$OLDPWD/.carry/bin/seesaw_trace_base"
+  ) &
+  pids+=($!)
+fi
 fail=0
 for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
+if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
+  git worktree remove --force "$base_tree"
+  git rev-parse --short "$SNAPMLA_TRACE_BASE" > .carry/bin/BASE_COMMIT
+fi
 [ "$fail" = 0 ] || { echo "build_trace.sh: a build failed" >&2; exit 1; }
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).

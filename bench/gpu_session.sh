@@ -95,7 +95,9 @@ for stage in "$@"; do
       n16="128x16x16384 1x16x8192 64x16x4096"
       short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
       n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
-      for vc in "seesaw_trace:$all" "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" \
+      # seesaw_trace_base: another commit's (build_trace.sh's SNAPMLA_TRACE_BASE), when built
+      for vc in "seesaw_trace:$all" "seesaw_trace_base:$all" \
+        "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" \
         "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64" \
         "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short" \
         "seesaw_trace_pdl:$short"; do
