@@ -20,6 +20,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
 mkdir -p .carry/bin
+# SNAPMLA_TRACE_BASE: its worktree first (a bad commit fails here, before any build starts),
+# removed on any exit.
+rm -f .carry/bin/seesaw_trace_base .carry/bin/BASE_COMMIT
+base_tree=""
+if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
+  git rev-parse --verify -q "$SNAPMLA_TRACE_BASE^{commit}" >/dev/null || {
+    echo "build_trace.sh: SNAPMLA_TRACE_BASE=$SNAPMLA_TRACE_BASE is not a commit" >&2; exit 1; }
+  base_tree=$(mktemp -d "${TMPDIR:-/tmp}/snapmla-base.XXXXXX")
+  trap 'git worktree remove --force "$base_tree" 2>/dev/null; rm -rf "$base_tree"' EXIT
+  git worktree add -q --detach "$base_tree" "$SNAPMLA_TRACE_BASE"
+fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n16_two_term.cu
@@ -57,25 +68,21 @@ for b in "${builds[@]}"; do
   pids+=($!)
 done
 # SNAPMLA_TRACE_BASE: the timing binary of another commit (its own sources and source list),
-# built from a temporary worktree, as seesaw_trace_base.
-rm -f .carry/bin/seesaw_trace_base
-if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
-  base_tree=$(mktemp -d "${TMPDIR:-/tmp}/snapmla-base.XXXXXX")
-  git worktree add -q --detach "$base_tree" "$SNAPMLA_TRACE_BASE"
+# built in the worktree above, as seesaw_trace_base.
+if [ -n "$base_tree" ]; then
   (
     cd "$base_tree"
-    eval "$(sed -n '/^src=(/,/)$/p' bench/build_trace.sh)"
+    base_src=$(sed -n '/^src=(/,/)$/p' bench/build_trace.sh)
+    [ -n "$base_src" ] || { echo "build_trace.sh: no src=( list at the base" >&2; exit 1; }
+    eval "$base_src"
     "$NVCC" "${flags[@]}" "${src[@]}" -o "$OLDPWD/.carry/bin/seesaw_trace_base"
   ) &
   pids+=($!)
 fi
 fail=0
 for pid in "${pids[@]}"; do wait "$pid" || fail=1; done
-if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
-  git worktree remove --force "$base_tree"
-  git rev-parse --short "$SNAPMLA_TRACE_BASE" > .carry/bin/BASE_COMMIT
-fi
 [ "$fail" = 0 ] || { echo "build_trace.sh: a build failed" >&2; exit 1; }
+[ -z "$base_tree" ] || git rev-parse --short "$SNAPMLA_TRACE_BASE" > .carry/bin/BASE_COMMIT
 # The C API's host-time harness, against a library built here (any build of this commit's ABI);
 # on the GPU machine it loads the installed wheel's library (rpath /tmp/site/snapmla/lib).
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}

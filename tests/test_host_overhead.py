@@ -6,8 +6,9 @@ wrong, and must stay in place.
   refused when it must be; a memoized view holds this call's producer and capsule.
 - ``on_device`` tries ``import cupy`` once when CuPy is missing, not at every call.
 - ``decode``'s call memo: the same call on the same cache reuses the packed C arguments
-  without the checks; a change of any scalar or tensor checks again; a refused call is never
-  kept; each cache has its own.
+  without the checks; a change of any scalar or tensor (q_pe given or not, a read-only flag)
+  checks again; a refused call is never kept; each cache has its own, dropped at close; the
+  first bad argument in the checks' order is still the one named.
 - A loose guard on the time of ``decode`` (outputs given, stream given, GPU calls faked): the
   minimum over 300 calls, so that a loaded machine does not fail it, against a bound about
   thirteen times what was measured (bench/bench_host_overhead.py --fake measures it).
@@ -261,3 +262,40 @@ def test_decode_memo_is_per_cache(recorder: _ArgsRecorder, validations: list) ->
 def _dlpack_address(t: Any) -> int:
     """The data pointer a FakeTensor exports."""
     return _dlpack.view(t).ptr
+
+
+def test_decode_memo_with_q_pe_and_a_read_only_output(
+    recorder: _ArgsRecorder, validations: list
+) -> None:
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    split = {
+        **inputs,
+        "q": FakeTensor((2, 1, 16, 512), "bfloat16", address=0x7F0000400000),
+        "q_pe": FakeTensor((2, 1, 16, 64), "bfloat16", address=0x7F0000500000),
+    }
+    read_only_out = FakeTensor(
+        (2, 1, 16, 512), "bfloat16", address=_dlpack_address(inputs["out"]), read_only=True
+    )
+    try:
+        for _ in range(2):
+            _call(cache, plan, split, q_pe=split["q_pe"])
+        assert len(validations) == 1  # q_pe's call memoized too
+        _call(cache, plan, inputs)  # the same tensors without q_pe: another call
+        assert len(validations) == 2 and recorder.args[2] != recorder.args[1]
+        with pytest.raises(SnapMLAError, match="argument 'out': expected a writable tensor"):
+            _call(cache, plan, {**inputs, "out": read_only_out})  # only its flag differs
+    finally:
+        cache.close()
+    assert cache._decode_memo == {}  # dropped with the cache
+
+
+def test_decode_memo_keeps_the_order_of_refusals(recorder: _ArgsRecorder) -> None:
+    """With several bad arguments the first in the checks' order is named, as without the
+    memo: a later one that cannot even be read does not jump ahead."""
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    bad_q = FakeTensor((2, 1, 16, 576), "float32")
+    try:
+        with pytest.raises(SnapMLAError, match="argument 'q'"):
+            _call(cache, plan, {**inputs, "q": bad_q, "out": object()})
+    finally:
+        cache.close()

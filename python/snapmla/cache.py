@@ -694,6 +694,7 @@ class KVCache(Closable):
             handle, self._handle = self._handle, None
             owned, self._owned = self._owned, None
             self._buffer = self._buffer_view = None
+            self._decode_memo.clear()
             try:
                 if handle is not None:
                     _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")

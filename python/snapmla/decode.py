@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from . import _lib
 from ._dlpack import TensorView
-from ._errors import argument_error
+from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE, ROPE_DIM
 from ._lib import CTYPES as _CT
 from ._tensor import (
@@ -421,12 +421,16 @@ def _validate_decode_args(
     stream: Stream,
     q_pe: Any = None,
     checker: Checker | None = None,
+    scalars: tuple[int, int, float] | None = None,
 ) -> _DecodeCall:
     """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
-    ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``). ``checker``: one that
-    has ``read()`` some of the tensors already (``_decode``'s call memo)."""
+    ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``). ``_decode``'s call memo
+    may give a ``checker`` that has ``read()`` some of the tensors already, and the
+    ``_decode_scalars`` result of these same arguments."""
     op = "decode"
-    layer, kernel_code, scale = _decode_scalars(num_layers, config, layer, kernel, softmax_scale)
+    if scalars is None:
+        scalars = _decode_scalars(num_layers, config, layer, kernel, softmax_scale)
+    layer, kernel_code, scale = scalars
     spec = _decode_spec(config)
     s_q, h, max_pages = config.q_len, config.num_heads, config.max_pages
     if checker is None:
@@ -699,22 +703,28 @@ def _decode(
     # the same config and device passed every check then and packs the same C arguments: it
     # reuses them. Each tensor is still read (with the stream handshake); nothing else of the
     # checks depends on anything else. The scalars are checked first, as without the memo.
+    # A tensor that cannot be read ends the memo's try: the checks below then read and check
+    # the tensors in their order, so the first bad argument is still the one named.
     memo_key: Any = None
     args = None
+    scalars = None
     if out is not None and lse is not None:
         scalars = _decode_scalars(cache.num_layers, c, layer, kernel, softmax_scale)
-        keys = tuple(
-            checker.read(x, name)
-            for name, x in (
-                ("q", q),
-                ("q_pe", q_pe),
-                ("block_table", block_table),
-                ("cache_seqlens", cache_seqlens),
-                ("out", out),
-                ("lse", lse),
+        try:
+            keys = tuple(
+                checker.read(x, name)
+                for name, x in (
+                    ("q", q),
+                    ("q_pe", q_pe),
+                    ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens),
+                    ("out", out),
+                    ("lse", lse),
+                )
+                if x is not None
             )
-            if x is not None
-        )
+        except SnapMLAError:
+            keys = (None,)
         if None not in keys:
             memo_key = (c, plan.device, *scalars, bool(causal), q_pe is not None, keys)
             args = cache._decode_memo.get(memo_key)
@@ -738,6 +748,7 @@ def _decode(
             stream=s,
             q_pe=q_pe,
             checker=checker,
+            scalars=scalars,
         )
     with on_device(op, device):
         if args is None:

@@ -632,12 +632,10 @@ def _decode(
     )
     device = cache.device
     hit = _decode_memo.get(memo_key)
-    if hit is None:
-        hit = _decode_prepare(op, tensors, layer, softmax_scale, causal, kernel, num_sm_parts)
-        if len(_decode_memo) >= _DECODE_MEMO_SIZE:
-            _decode_memo.clear()
-        _decode_memo[memo_key] = hit  # read-only from here on (the C call only reads it)
-    args, key, plan_ptr, workspace_ptr = hit
+    prepared = hit or _decode_prepare(
+        op, tensors, layer, softmax_scale, causal, kernel, num_sm_parts
+    )
+    args, key, plan_ptr, workspace_ptr = prepared
     with _OnDevice(device):
         _lib.check(
             _lib.lib().snapmla_decode(
@@ -645,6 +643,10 @@ def _decode(
             ),
             "snapmla_decode",
         )
+    if hit is None:  # kept once the C library accepted it too
+        if len(_decode_memo) >= _DECODE_MEMO_SIZE:
+            _decode_memo.clear()
+        _decode_memo[memo_key] = prepared  # read-only from here on (the C call only reads it)
 
 
 def _decode_prepare(
