@@ -67,6 +67,10 @@ for b in "${builds[@]}"; do
   "$NVCC" "${flags[@]}" $def "${src[@]}" -o ".carry/bin/$name" &
   pids+=($!)
 done
+# Issue 9's probe of the FP8 wgmma's QK accumulation (gpu_session.sh's probe stage).
+rm -f .carry/bin/qgmma_probe
+"$NVCC" "${flags[@]}" bench/qgmma_probe.cu -o .carry/bin/qgmma_probe &
+pids+=($!)
 # SNAPMLA_TRACE_BASE: the timing binary of another commit (its own sources and source list),
 # built in the worktree above, as seesaw_trace_base.
 if [ -n "$base_tree" ]; then

@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-fast2]
+#                             [probe]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -51,6 +52,7 @@ publish() {
   # this call's earlier copies first: a result that sorts later must not leave one behind
   rm -f "$FINAL"/*.json "$FINAL"/*.log "$FINAL"/*.txt "$FINAL"/*.csv.gz
   for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/host-overhead-real*.json \
+      "$OUT"/qgmma-probe.log \
       "$OUT"/decode*.json "$OUT"/dataflow*.json \
       "$OUT"/accuracy*.json "$OUT"/ncu-per-block.txt "$OUT"/diag.log "$OUT"/ncu-*.txt \
       "$OUT"/ncu-sass-*.csv.gz 2>/dev/null); do
@@ -145,6 +147,13 @@ for stage in "$@"; do
         LD_LIBRARY_PATH=/tmp/host-c-lib timeout 120 .carry/bin/host_overhead_c $b 128 2000 2>&1 \
           | tee -a "$OUT/host-c$TAG.log" || status=1
       done
+      ;;
+    probe)  # issue 9: the FP8 wgmma's QK accumulation per chain length (bench/qgmma_probe.cu)
+      log "FP8 wgmma QK probe (.carry/bin/qgmma_probe, built by bench/build_trace.sh)"
+      mkdir -p "$OUT/qgmma-probe"
+      timeout 120 .carry/bin/qgmma_probe "$OUT/qgmma-probe" 8 2>&1 | tee -a "$OUT/qgmma-probe.log" \
+        && timeout 300 python3 bench/qgmma_probe.py "$OUT/qgmma-probe" 2>&1 \
+        | tee -a "$OUT/qgmma-probe.log" || status=1
       ;;
     ctest)
       log "C example against the installed CMake package"
