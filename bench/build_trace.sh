@@ -14,6 +14,7 @@
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
+#   .carry/bin/seesaw_trace_pvdirect 32 128 16384     # SNAPMLA_SEESAW_PV_DIRECT=1 (N = 64)
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -55,6 +56,8 @@ builds=(
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
   "seesaw_trace_tt4:-DSNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4"
+  "seesaw_trace_pvdirect:-DSNAPMLA_SEESAW_PV_DIRECT=1"
+  "seesaw_timeline_pvdirect:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_DIRECT=1"
   # the fused Q (default where s_q x heads <= 32) nowhere, and at every width
   "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"

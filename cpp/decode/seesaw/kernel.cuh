@@ -151,6 +151,19 @@ constexpr int kTraceBlocks = 64;
 template <int kN>
 constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
                          (SNAPMLA_SEESAW_PV_DEEP >= 2 && kN == 16);
+// SNAPMLA_SEESAW_PV_DIRECT (experimental, off; bench/NOTES.md): at N = 64 a block's PV
+// accumulates into O^T itself (O^T = gamma O^T by the CUDA cores first, then every m-tile's
+// wgmmas with scale-d 1), instead of into fp32 temporaries promoted one half-N group at a time.
+// Every m-tile is in flight at once (the V^T fragments of all four: 32 registers, against 32 of
+// temporaries and 8 of fragments now). Session 12's timeline: a PV of 256 cycles of tensor work
+// takes 1,150-1,650 at N = 64, sixteen m64n32 wgmmas two deep. The price: the FP8 tensor
+// cores' limited accumulation precision applies to O^T across blocks, not only within one;
+// the contract's tensor-core tier and bench/qgmma_probe.cu say whether that is acceptable.
+#ifndef SNAPMLA_SEESAW_PV_DIRECT
+#define SNAPMLA_SEESAW_PV_DIRECT 0
+#endif
+template <int kN>
+constexpr bool kPvDirect = SNAPMLA_SEESAW_PV_DIRECT >= 1 && kN == 64;
 // SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
 // partial O leaves through shared memory (the Q tile's, free once every QK is done): each
 // warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
@@ -837,6 +850,33 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
+        if constexpr (kPvDirect<kN>) {  // into O^T itself, every m-tile in flight
+          constexpr int kTiles = kMTiles - kM0;
+          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+#pragma unroll
+          for (int m = kM0; m < kMTiles; ++m) {
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm.y : gm.x;
+            }
+          }
+          uint32_t a[kTiles][2][4];
+#pragma unroll
+          for (int q = 0; q < kTiles; ++q) {
+            v_fragments(i, kM0 + q, edge_tag, a[q]);
+            wgmma_fence();
+            wgmma_pv<kN, false>(o[kM0 + q], a[q][0], p_desc.at(0));
+            wgmma_pv<kN, false>(o[kM0 + q], a[q][1], p_desc.at(32));
+            wgmma_commit();
+          }
+          wgmma_wait<0>();
+#pragma unroll
+          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m]);
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
         if constexpr (kPvDeep<kN>) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
           constexpr int kTiles = kMTiles - kM0;
