@@ -149,10 +149,11 @@ for stage in "$@"; do
           | tee -a "$OUT/host-c$TAG.log" || status=1
       done
       ;;
-    probe)  # issue 9: the FP8 wgmma's QK accumulation per chain length (bench/qgmma_probe.cu)
-      log "FP8 wgmma QK probe (.carry/bin/qgmma_probe, built by bench/build_trace.sh)"
+    probe)  # the FP8 wgmma's accumulation in QK and PV per chain length (bench/qgmma_probe.cu)
+      log "FP8 wgmma probe (.carry/bin/qgmma_probe, built by bench/build_trace.sh)"
       mkdir -p "$OUT/qgmma-probe"
-      timeout 120 .carry/bin/qgmma_probe "$OUT/qgmma-probe" 8 2>&1 | tee -a "$OUT/qgmma-probe.log" \
+      timeout 120 .carry/bin/qgmma_probe "$OUT/qgmma-probe" 4 2>&1 \
+        | tee -a "$OUT/qgmma-probe.log" \
         && timeout 300 python3 bench/qgmma_probe.py "$OUT/qgmma-probe" 2>&1 \
         | tee -a "$OUT/qgmma-probe.log" || status=1
       ;;

@@ -1,15 +1,17 @@
-"""Read bench/qgmma_probe.cu's output: the FP8 wgmma's QK logits against exact dot products,
-and against the emulation of bench/qgmma_precision.py, per chain length (issue 9's probe).
+"""Read bench/qgmma_probe.cu's output: what the FP8 wgmma's accumulation does to QK logits and to
+PV, against exact products and against the emulation of bench/qgmma_precision.py, per chain
+length (issue 9's probe, and SNAPMLA_SEESAW_PV_DIRECT's).
 
-For each accumulation scheme (one accumulator over 16, 8, 4, 2 or 1 k = 32 steps, the chains
-added in fp32) it prints the logits' error against exact float64 dot products of the same
-E4M3 codes (relative RMS over all logits, and the largest error over the largest |S| of the
-tile), and for each emulated accumulator width (``bits``) the share of logits the emulation
-reproduces bit for bit. If one width reproduces every logit at every chain length, the
-emulation is the hardware; if the error does not fall with the chain length, shorter chains
-cannot help the two-term query (session 12 saw no gain from four accumulators).
+For each product (``qk``: 512 channels; ``pv``: 16384 tokens) and accumulation scheme (one
+accumulator over ``chain`` k = 32 steps, the chains added in fp32) it prints the error against
+exact float64 products of the same E4M3 codes: relative RMS over the 64 x 64 outputs, the mean
+signed error over the RMS (a bias that grows with the chain shows truncation, not rounding),
+and the largest error over the largest |D|; then, for each emulated accumulator width
+(``bits``), the share of outputs the emulation reproduces bit for bit. If one width reproduces
+every output at every chain length, the emulation is the hardware.
 
-Run: ``python3 bench/qgmma_probe.py OUT_DIR [--bits 12 13 14 15]`` (CPU, seconds).
+Run: ``python3 bench/qgmma_probe.py OUT_DIR [--bits 13 14]`` (CPU; the pv emulation takes a
+few seconds a tile and width).
 """
 
 from __future__ import annotations
@@ -24,69 +26,76 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from qgmma_precision import qgmma_step
 
-ROWS = TOKENS = 64
-DIM = 512
-STEPS = DIM // 32
-CHAINS = [STEPS >> s for s in range(5)]  # the probe's schemes, in its order
+ROWS = 64
 
 
-def codes_to_values(raw: bytes, n: int) -> np.ndarray:
-    return np.frombuffer(raw, dtype=ml_dtypes.float8_e4m3fn).astype(np.float64).reshape(n, DIM)
+def values(path: Path, kdim: int) -> np.ndarray:
+    raw = np.fromfile(path, dtype=ml_dtypes.float8_e4m3fn)
+    return raw.astype(np.float64).reshape(ROWS, kdim)
 
 
-def emulate(q: np.ndarray, k: np.ndarray, chain: int, bits: int) -> np.ndarray:
-    """S [rows, tokens] as the emulated wgmma computes it with `chain` steps an accumulator,
-    the chains added in fp32 in order."""
-    a = np.broadcast_to(q[:, None, :], (ROWS, TOKENS, DIM)).reshape(ROWS, TOKENS, STEPS, 32)
-    b = np.broadcast_to(k[None, :, :], (ROWS, TOKENS, DIM)).reshape(ROWS, TOKENS, STEPS, 32)
+def emulate(a: np.ndarray, b: np.ndarray, chain: int, bits: int) -> np.ndarray:
+    """D [64, 64] = A B^T as the emulated wgmma computes it with `chain` k = 32 steps an
+    accumulator, the chains added in fp32 in order."""
+    kdim = a.shape[1]
     total = None
-    for first in range(0, STEPS, chain):
-        d = np.zeros((ROWS, TOKENS))
-        for step in range(first, first + chain):
-            d = qgmma_step(d, a[:, :, step], b[:, :, step], bits)
-        d32 = d.astype(np.float32)
-        total = d32 if total is None else (total + d32).astype(np.float32)
+    d = np.zeros((ROWS, ROWS))
+    for step in range(kdim // 32):
+        if step % chain == 0:
+            d = np.zeros((ROWS, ROWS))
+        cols = slice(32 * step, 32 * step + 32)
+        d = qgmma_step(d, a[:, None, cols], b[None, :, cols], bits)
+        if (step + 1) % chain == 0:
+            d32 = d.astype(np.float32)
+            total = d32 if total is None else (total + d32).astype(np.float32)
     return total
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--bits", type=int, nargs="+", default=[12, 13, 14, 15])
+    parser.add_argument("--bits", type=int, nargs="+", default=[13, 14])
+    parser.add_argument("--no-emulation", action="store_true", help="skip the emulation columns")
     args = parser.parse_args(argv)
-    tiles = sorted(args.folder.glob("tile*_s.bin"), key=lambda p: int(p.stem[4:-2]))
-    if not tiles:
-        raise SystemExit(f"no tile*_s.bin in {args.folder}")
-    header = f"{'tile':>4} {'data':>7} {'chain':>5} {'relRMS':>9} {'max/|S|max':>10}"
-    header += "".join(f" {'emu' + str(b):>7}" for b in args.bits)
-    print("FP8 wgmma QK logits against exact dot products; emuN: share of logits the")
-    print("N-bit emulation reproduces exactly")
-    print(header)
-    summary: dict[int, list[float]] = {c: [] for c in CHAINS}
-    for path in tiles:
-        tile = int(path.stem[4:-2])
-        stem = path.with_name(f"tile{tile}")
-        q = codes_to_values(Path(f"{stem}_q8.bin").read_bytes(), ROWS)
-        k = codes_to_values(Path(f"{stem}_k8.bin").read_bytes(), TOKENS)
-        s_all = np.fromfile(path, dtype=np.float32).reshape(len(CHAINS), ROWS, TOKENS)
-        exact = q @ k.T
-        scale = np.sqrt(np.mean(exact**2))
-        for i, chain in enumerate(CHAINS):
-            got = s_all[i].astype(np.float64)
-            if not np.isfinite(got).all():
-                raise SystemExit(f"tile {tile} chain {chain}: unwritten or non-finite logits")
-            err = got - exact
-            rel = np.sqrt(np.mean(err**2)) / scale
-            summary[chain].append(rel)
-            line = f"{tile:>4} {('normal', 't3')[tile % 2]:>7} {chain:>5} {rel:>9.2e}"
-            line += f" {np.abs(err).max() / np.abs(exact).max():>10.2e}"
-            for bits in args.bits:
-                same = np.mean(emulate(q, k, chain, bits) == s_all[i])
-                line += f" {same:>7.1%}"
-            print(line)
-    print("mean relative RMS error by chain length:")
-    for chain in CHAINS:
-        print(f"  {chain:>2} steps an accumulator: {np.mean(summary[chain]):.3e}")
+    manifest = args.folder / "manifest.txt"
+    if not manifest.exists():
+        raise SystemExit(f"no {manifest} (run bench/qgmma_probe.cu first)")
+    bits = [] if args.no_emulation else args.bits
+    print("FP8 wgmma products against exact float64 ones; emuN: share of outputs the N-bit")
+    print("emulation (bench/qgmma_precision.py) reproduces exactly")
+    head = f"{'mode':>4} {'tile':>4} {'data':>6} {'chain':>5} {'relRMS':>9} {'bias':>9}"
+    print(head + f" {'max/max':>9}" + "".join(f" {'emu' + str(b):>7}" for b in bits))
+    summary: dict[tuple[str, int], list[tuple[float, float]]] = {}
+    cached: dict[tuple[str, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for line in manifest.read_text().split("\n"):
+        if not line.strip():
+            continue
+        mode, tile, kdim, chain, data = line.split()
+        tile, kdim, chain = int(tile), int(kdim), int(chain)
+        stem = args.folder / f"{mode}{tile}"
+        if (mode, tile) not in cached:
+            a = values(Path(f"{stem}_a8.bin"), kdim)
+            b = values(Path(f"{stem}_b8.bin"), kdim)
+            cached.clear()
+            cached[(mode, tile)] = (a, b, a @ b.T)
+        a, b, exact = cached[(mode, tile)]
+        got32 = np.fromfile(f"{stem}_d{chain}.bin", dtype=np.float32).reshape(ROWS, ROWS)
+        if not np.isfinite(got32).all():
+            raise SystemExit(f"{mode} tile {tile} chain {chain}: unwritten or non-finite outputs")
+        err = got32.astype(np.float64) - exact
+        rms = np.sqrt(np.mean(exact**2))
+        rel, bias = np.sqrt(np.mean(err**2)) / rms, np.mean(err) / rms
+        summary.setdefault((mode, chain), []).append((rel, bias))
+        out = f"{mode:>4} {tile:>4} {data:>6} {chain:>5} {rel:>9.2e} {bias:>+9.1e}"
+        out += f" {np.abs(err).max() / np.abs(exact).max():>9.2e}"
+        for n in bits:
+            out += f" {np.mean(emulate(a, b, chain, n) == got32):>7.1%}"
+        print(out, flush=True)
+    print("mean over tiles, by product and chain length (relative RMS error, bias):")
+    for (mode, chain), rows in summary.items():
+        rel = np.mean([r for r, _ in rows])
+        bias = np.mean([b for _, b in rows])
+        print(f"  {mode} {chain:>4} steps an accumulator: {rel:.3e}  {bias:+.2e}")
     return 0
 
 
