@@ -2,9 +2,9 @@
 // SNAPMLA_SEESAW_PV_DIRECT's probe).
 //
 // One warpgroup computes D = A B^T for 64 rows of A and 64 rows of B of E4M3 codes over a
-// reduction of `kdim` (a multiple of 512), with the seesaw kernel's own wgmma (m64n64k32,
+// reduction of `kdim` (a multiple of 256), with the seesaw kernel's own wgmma (m64n64k32,
 // both operands K-major in shared memory with the 128-byte swizzle, descriptors moved by the
-// same offsets), streaming 512 of the reduction at a time through shared memory, and chaining
+// same offsets), streaming 256 of the reduction at a time through shared memory, and chaining
 // the k = 32 steps in different ways: one accumulator over `chain` steps, the chains added in
 // fp32 (chain = kdim / 32: everything in one accumulator).
 //
@@ -41,10 +41,10 @@
 
 using namespace snapmla;
 
-constexpr int kRows = 64, kStream = 512, kChunk = 128;
+constexpr int kRows = 64, kStream = 256, kChunk = 128;  // 2 x 32 KB of shared memory
 
 // a8: [64][kdim] codes; b8: [64][kdim]; d: [64][64] fp32 (D = A B^T, `chain` steps an
-// accumulator). 512 of the reduction at a time: A and B columns [c0, c0 + 512) as TMA's 128B
+// accumulator). 256 of the reduction at a time: A and B columns [c0, c0 + 256) as TMA's 128B
 // swizzle lays a [64 rows][128 B] chunk: byte b of chunk c of row r at
 // r * 128 + (((b / 16) ^ (r % 8)) * 16) + b % 16.
 __global__ void __launch_bounds__(128, 1)
@@ -102,9 +102,8 @@ static void check(cudaError_t e, const char* what) {
   }
 }
 
-// n rows of kdim values, each row quantized to E4M3 codes with scale amax / 448 (or, for
-// probabilities, codes of exp(-|2 x|)); `transpose`: written column-major ([kdim][n] -> [n][kdim]
-// with each of the kdim "rows" quantized: V tokens quantized per token, laid out as V^T).
+// n rows of kdim values as E4M3 codes: `prob`: codes of exp(-|2 x|); else quantized with scale
+// amax / 448 per row, or per column with `per_column` (V^T: a scale per token).
 static std::vector<uint8_t> codes(std::mt19937& rng, int n, int kdim, bool heavy, bool prob,
                                   bool per_column) {
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -185,6 +184,10 @@ int main(int argc, char** argv) {
       write(stem + "_a8.bin", a.data(), bytes);
       write(stem + "_b8.bin", b.data(), bytes);
       for (int chain : mode.chains) {
+        if (chain <= 0 || (mode.kdim / 32) % chain != 0 || mode.kdim % kStream != 0) {
+          std::fprintf(stderr, "chain %d does not divide %d steps\n", chain, mode.kdim / 32);
+          return 2;
+        }
         check(cudaMemset(dd, 0xff, d.size() * sizeof(float)), "poison");  // unwritten: NaN
         probe_kernel<<<1, 128>>>(da, db, mode.kdim, chain, dd);
         check(cudaGetLastError(), "launch");
