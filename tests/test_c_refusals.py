@@ -853,6 +853,31 @@ def _decode_cases() -> list[Case]:
             "args.out",
             overlap.format("args.q"),
         ),
+        # the workspace (written) apart from everything, the plan (read) from the outputs
+        (f"{fn}/workspace-on-q", fn, {"workspace": dev(1)}, "workspace", overlap.format("args.q")),
+        (
+            f"{fn}/workspace-in-cache",
+            fn,
+            {"workspace": CACHE_MEMORY + 4096},
+            "workspace",
+            overlap.format("cache"),
+        ),
+        (
+            f"{fn}/workspace-on-out",
+            fn,
+            {"workspace": dev(4)},
+            "workspace",
+            overlap.format("args.out"),
+        ),
+        (
+            f"{fn}/plan-in-workspace",
+            fn,
+            {"plan": dev(7) + 4096},
+            "workspace",
+            overlap.format("plan"),
+        ),
+        (f"{fn}/out-on-plan", fn, {"args.out": dev(6)}, "args.out", overlap.format("plan")),
+        (f"{fn}/lse-on-plan", fn, {"args.lse": dev(6)}, "args.lse", overlap.format("plan")),
     ]
     cases += _handle_cases(fn)
     cases += [
@@ -1935,6 +1960,16 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.out")
     if any(overlap(lse, x) for x in inputs):
         bad.add("args.lse")
+    # The workspace apart from everything else, the plan from the outputs (0.2.x).
+    if sizes:
+        plan = extent(v["plan"], 1, sizes[0], [])
+        workspace = extent(v["workspace"], 1, sizes[1], [])
+        if any(overlap(workspace, x) for x in [*inputs, out, lse, plan]):
+            bad.add("workspace")
+        if overlap(out, plan):
+            bad.add("args.out")
+        if overlap(lse, plan):
+            bad.add("args.lse")
     return bad, VALIDATED
 
 

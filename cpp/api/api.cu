@@ -1090,36 +1090,51 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     SNAPMLA_TRY(check_pointer(op, "args.lse", a.lse, kAlignInt32, "fp32 elements"));
     SNAPMLA_TRY(check_span(op, "args.lse", a.lse, 4, b * h * s_q, {}));
   }
-  {  // the outputs apart from the inputs and each other (as snapmla.decode checks them)
-    const Extent q_ext = extent_of("args.q", a.q, 2, split_q ? kContentDim : kHeadDim,
-                                   {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""},
-                                    {h, a.q_stride_head, ""}});
-    const Extent q_pe_ext = extent_of("args.q_pe", a.q_pe, 2, kRopeDim,
-                                      {{b, a.q_pe_stride_batch, ""},
-                                       {s_q, a.q_pe_stride_token, ""},
-                                       {h, a.q_pe_stride_head, ""}});
-    const Extent bt_ext = extent_of("args.block_table", a.block_table, 4, c.max_pages,
-                                    {{b, a.block_table_stride, ""}});
-    const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
-    const Extent out_ext = extent_of("args.out", a.out, 2, b * s_q * h * kContentDim, {});
-    const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
-    // the cache: all of it when it is one block, the layer's own memory when each layer has one
-    const Extent cache_ext =
-        cache.layers == nullptr
-            ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
-            : extent_of("cache", cache.layers[a.layer], 1,
-                        int64_t{cache.num_pages} * cache.page_stride, {});
-    SNAPMLA_TRY(check_apart(op, out_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
-    SNAPMLA_TRY(check_apart(op, lse_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext}));
-  }
+  // the outputs apart from the inputs and each other (as snapmla.decode checks them)
+  const Extent q_ext = extent_of("args.q", a.q, 2, split_q ? kContentDim : kHeadDim,
+                                 {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""},
+                                  {h, a.q_stride_head, ""}});
+  const Extent q_pe_ext = extent_of("args.q_pe", a.q_pe, 2, kRopeDim,
+                                    {{b, a.q_pe_stride_batch, ""},
+                                     {s_q, a.q_pe_stride_token, ""},
+                                     {h, a.q_pe_stride_head, ""}});
+  const Extent bt_ext = extent_of("args.block_table", a.block_table, 4, c.max_pages,
+                                  {{b, a.block_table_stride, ""}});
+  const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
+  const Extent out_ext = extent_of("args.out", a.out, 2, b * s_q * h * kContentDim, {});
+  const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
+  // the cache: all of it when it is one block, the layer's own memory when each layer has one
+  const Extent cache_ext =
+      cache.layers == nullptr
+          ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
+          : extent_of("cache", cache.layers[a.layer], 1,
+                      int64_t{cache.num_pages} * cache.page_stride, {});
+  SNAPMLA_TRY(check_apart(op, out_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
+  SNAPMLA_TRY(check_apart(op, lse_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext}));
   SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
   SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
                             "its parts are 256-byte aligned for TMA and vector loads"));
-  if (c.num_sm_parts > 0) SNAPMLA_TRY(check_decode_buffers(op, c, c.num_sm_parts, plan, workspace));
+  // The workspace (written) apart from everything else, the plan (read) from the outputs:
+  // the attention kernel may read q after another CTA wrote partials (the fused Q), and the
+  // combine reads the plan while it writes out. Their sizes need the split count: before the
+  // device is asked where the config gives it, after otherwise.
+  auto buffers_apart = [&](int parts) -> snapmla_status_t {
+    SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace));
+    size_t plan_bytes = 0, workspace_bytes = 0;
+    decode_buffer_bytes(c, parts, &plan_bytes, &workspace_bytes);
+    const Extent plan_ext = extent_of("plan", plan, 1, static_cast<int64_t>(plan_bytes), {});
+    const Extent ws_ext =
+        extent_of("workspace", workspace, 1, static_cast<int64_t>(workspace_bytes), {});
+    SNAPMLA_TRY(check_apart(
+        op, ws_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, out_ext, lse_ext, plan_ext}));
+    SNAPMLA_TRY(check_apart(op, out_ext, {plan_ext}));
+    return check_apart(op, lse_ext, {plan_ext});
+  };
+  if (c.num_sm_parts > 0) SNAPMLA_TRY(buffers_apart(c.num_sm_parts));
   SNAPMLA_TRY(check_device(op, &cache));
   int parts = 0;
   SNAPMLA_TRY(num_parts_of(op, c, &parts));
-  if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace));
+  if (c.num_sm_parts == 0) SNAPMLA_TRY(buffers_apart(parts));
 
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
   const decode::WorkspaceLayout w =

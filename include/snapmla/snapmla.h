@@ -520,9 +520,10 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * not match this call (built for another config, or on a GPU with another SM count when
  * num_sm_parts is 0, or never built) makes every row NaN, and its words are never followed.
  * out and lse must not alias any input: since 0.2 an out or lse whose bytes overlap the cache
- * (all of it; a per-layer cache: the layer's memory), q, q_pe, block_table, cache_seqlens or
- * each other is refused, as snapmla.decode refuses it; the plan and the workspace are the
- * caller's to keep apart from them (snapmla.torch refuses those too). [graph-safe] */
+ * (all of it; a per-layer cache: the layer's memory), q, q_pe, block_table, cache_seqlens,
+ * the plan or each other is refused, as snapmla.decode refuses it, and so is a workspace
+ * overlapping any of them (the attention kernel may read q after another CTA wrote the
+ * workspace, and the combine reads the plan while it writes out). [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                             const snapmla_decode_config_t* config,
                                             const snapmla_decode_args_t* args, const void* plan,
