@@ -359,6 +359,22 @@ def test_c_api_validates_too(setup: dict[str, Any]) -> None:
     args.softmax_scale = float("nan")
     assert lib.snapmla_decode(handle, config, args, plan_ptr, ws_ptr, ffi.NULL) == 1
     assert "softmax_scale" in ffi.string(lib.snapmla_last_error()).decode()
+    # The workspace apart from q, out apart from the plan: with num_sm_parts 0 these are
+    # checked once the device's split count is known (the CPU tests' validation-only mode
+    # stops before that).
+    args.softmax_scale = SM_SCALE
+    on_q = ffi.cast("void*", q.data_ptr() & ~255)  # (it may reach other inputs too)
+    assert lib.snapmla_decode(handle, config, args, plan_ptr, on_q, ffi.NULL) == 1
+    message = ffi.string(lib.snapmla_last_error()).decode()
+    assert "argument 'workspace'" in message and "overlap" in message, message
+    # a plan inside out's bytes, both in memory of their own
+    region = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    args.out = ffi.cast("void*", region.data_ptr())
+    inside = ffi.cast("void*", region.data_ptr() + 256)
+    assert lib.snapmla_decode(handle, config, args, inside, ws_ptr, ffi.NULL) == 1
+    message = ffi.string(lib.snapmla_last_error()).decode()
+    assert "argument 'args.out'" in message and "argument 'plan'" in message, message
+    assert not region.any().item()  # nothing written there either
     synchronize()
     assert_all_nan(out, "out after refused C calls")
     assert_all_nan(lse, "lse after refused C calls")
