@@ -467,10 +467,16 @@ void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* pl
 }
 
 // The plan (and the workspace, if given) must not run past the end of the address space.
+// Their sizes for `parts` go to *sizes_out (plan, then workspace bytes) when given.
 snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_config_t& c, int parts,
-                                      const void* plan, const void* workspace) {
+                                      const void* plan, const void* workspace,
+                                      size_t* sizes_out = nullptr) {
   size_t plan_bytes = 0, workspace_bytes = 0;
   decode_buffer_bytes(c, parts, &plan_bytes, &workspace_bytes);
+  if (sizes_out != nullptr) {
+    sizes_out[0] = plan_bytes;
+    sizes_out[1] = workspace_bytes;
+  }
   SNAPMLA_TRY(check_span(op, "plan", plan, 1, static_cast<int64_t>(plan_bytes), {}));
   if (workspace != nullptr) {
     SNAPMLA_TRY(
@@ -1119,12 +1125,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   // combine reads the plan while it writes out. Their sizes need the split count: before the
   // device is asked where the config gives it, after otherwise.
   auto buffers_apart = [&](int parts) -> snapmla_status_t {
-    SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace));
-    size_t plan_bytes = 0, workspace_bytes = 0;
-    decode_buffer_bytes(c, parts, &plan_bytes, &workspace_bytes);
-    const Extent plan_ext = extent_of("plan", plan, 1, static_cast<int64_t>(plan_bytes), {});
-    const Extent ws_ext =
-        extent_of("workspace", workspace, 1, static_cast<int64_t>(workspace_bytes), {});
+    size_t sizes[2] = {0, 0};  // plan, workspace
+    SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace, sizes));
+    const Extent plan_ext = extent_of("plan", plan, 1, static_cast<int64_t>(sizes[0]), {});
+    const Extent ws_ext = extent_of("workspace", workspace, 1, static_cast<int64_t>(sizes[1]), {});
     SNAPMLA_TRY(check_apart(
         op, ws_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, out_ext, lse_ext, plan_ext}));
     SNAPMLA_TRY(check_apart(op, out_ext, {plan_ext}));
