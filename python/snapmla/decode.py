@@ -91,6 +91,46 @@ def _check_args_layout() -> None:
 _check_args_layout()
 
 
+def pack_decode_args(
+    layer: int,
+    causal: bool,
+    softmax_scale: float,
+    kernel: int,
+    q_ptr: int,
+    q_strides: tuple[int, int, int],
+    block_table_ptr: int,
+    block_table_stride: int,
+    seqlens_ptr: int,
+    out_ptr: int,
+    lse_ptr: int,
+    q_pe_ptr: int = 0,
+    q_pe_strides: tuple[int, int, int] = (0, 0, 0),
+) -> Any:
+    """A ``snapmla_decode_args_t`` of checked values, written in one pack_into (``decode`` and
+    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them."""
+    ffi = _lib.ffi
+    args = ffi.new(_ARGS_T)
+    _ARGS.pack_into(
+        ffi.buffer(args),
+        0,
+        _ARGS_SIZE,
+        layer,
+        int(causal),
+        softmax_scale,
+        kernel,
+        q_ptr & _U64,
+        *q_strides,
+        block_table_ptr & _U64,
+        block_table_stride,
+        seqlens_ptr & _U64,
+        out_ptr & _U64,
+        lse_ptr & _U64,
+        q_pe_ptr & _U64,
+        *q_pe_strides,
+    )
+    return args
+
+
 def _plan_buffers(plan: DecodePlan) -> tuple[Any, Any, Any]:
     """The plan's buffers as the C calls take them (``const void*`` plan, ``void*`` workspace,
     ``void*`` plan), cast once per plan and kept (re-cast if the addresses changed)."""
@@ -728,7 +768,6 @@ def _decode(
         if None not in keys:
             memo_key = (c, plan.device, *scalars, bool(causal), q_pe is not None, keys)
             args = cache._decode_memo.get(memo_key)
-    ffi = _lib.ffi
     if args is None:
         call = _validate_decode_args(
             cache.num_layers,
@@ -762,26 +801,20 @@ def _decode(
                 lse, lse_ptr = empty(op, (c.batch_size, c.num_heads, c.q_len), "float32", device, s)
             else:
                 lse_ptr = call.lse.ptr
-            args = ffi.new(_ARGS_T)
-            _ARGS.pack_into(
-                ffi.buffer(args),
-                0,
-                _ARGS_SIZE,
+            args = pack_decode_args(
                 call.layer,
-                int(call.causal),
+                call.causal,
                 call.softmax_scale,
                 call.kernel,
-                call.q.ptr & _U64,
-                call.q_strides[0],
-                call.q_strides[1],
-                call.q_strides[2],
-                call.block_table.ptr & _U64,
+                call.q.ptr,
+                call.q_strides,
+                call.block_table.ptr,
                 call.block_table_stride,
-                call.cache_seqlens.ptr & _U64,
-                out_ptr & _U64,
-                lse_ptr & _U64,
-                (call.q_pe.ptr if call.q_pe is not None else 0) & _U64,
-                *call.q_pe_strides,
+                call.cache_seqlens.ptr,
+                out_ptr,
+                lse_ptr,
+                call.q_pe.ptr if call.q_pe is not None else 0,
+                call.q_pe_strides,
             )
             if memo_key is not None:
                 memo = cache._decode_memo

@@ -40,7 +40,7 @@ from . import _lib
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
 from .cache import page_stride_ok
-from .decode import _ARGS, _ARGS_SIZE, _ARGS_T, _U64, KERNELS, MAX_BATCH, MAX_SM_PARTS
+from .decode import KERNELS, MAX_BATCH, MAX_SM_PARTS, pack_decode_args
 
 __all__ = [
     "append",
@@ -677,33 +677,21 @@ def _decode_prepare(
     )
     key = (b, s_q, h, max_pages, num_sm_parts)
     device = cache.device
-    ffi = _lib.ffi
-    args = ffi.new(_ARGS_T)
-    with _OnDevice(device):
-        plan_bytes, workspace_bytes = _buffer_sizes(device, *key)
+    plan_bytes, workspace_bytes = _buffer_sizes(device, *key)  # (on the device itself)
     _check_buffer(op, "plan", plan, plan_bytes, device)
     _check_buffer(op, "workspace", workspace, workspace_bytes, device)
-    _ARGS.pack_into(
-        ffi.buffer(args),
-        0,
-        _ARGS_SIZE,
+    args = pack_decode_args(  # q holds q_nope | q_pe: no q_pe
         layer,
-        int(bool(causal)),
+        bool(causal),
         float(softmax_scale),
         kernel,
-        q.data_ptr() & _U64,
-        q.stride(0),
-        q.stride(1),
-        q.stride(2),
-        block_table.data_ptr() & _U64,
+        q.data_ptr(),
+        (q.stride(0), q.stride(1), q.stride(2)),
+        block_table.data_ptr(),
         block_table.stride(0),
-        cache_seqlens.data_ptr() & _U64,
-        out.data_ptr() & _U64,
-        lse.data_ptr() & _U64,
-        0,  # q_pe: q holds q_nope | q_pe
-        0,
-        0,
-        0,
+        cache_seqlens.data_ptr(),
+        out.data_ptr(),
+        lse.data_ptr(),
     )
     return args, key, _ptr(plan), _ptr(workspace, "void*")
 
