@@ -14,7 +14,9 @@
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
-#   .carry/bin/seesaw_trace_pvdirect 32 128 16384     # SNAPMLA_SEESAW_PV_DIRECT=1 (N = 64)
+#   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
+#                                                     # promoted PV everywhere)
+#   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -34,7 +36,8 @@ if [ -n "${SNAPMLA_TRACE_BASE:-}" ]; then
 fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
-     cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n16_two_term.cu
+     cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n64_direct.cu
+     cpp/decode/seesaw/instantiations/n16_two_term.cu
      cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
 # Every binary in parallel; a failed build stops the script (and leaves no stale binary).
@@ -56,8 +59,9 @@ builds=(
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
   "seesaw_trace_tt4:-DSNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4"
-  "seesaw_trace_pvdirect:-DSNAPMLA_SEESAW_PV_DIRECT=1"
-  "seesaw_timeline_pvdirect:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_DIRECT=1"
+  "seesaw_trace_nopvdirect:-DSNAPMLA_SEESAW_PV_DIRECT=0"
+  "seesaw_trace_pvdirect2:-DSNAPMLA_SEESAW_PV_DIRECT=2"
+  "seesaw_timeline_nopvdirect:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_DIRECT=0"
   # the fused Q (default where s_q x heads <= 32) nowhere, and at every width
   "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"

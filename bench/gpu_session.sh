@@ -102,7 +102,7 @@ for stage in "$@"; do
         "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" \
         "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64" \
         "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short" \
-        "seesaw_trace_pdl:$short" "seesaw_trace_pvdirect:$n64"; do
+        "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64"; do
         v=${vc%%:*}
         [ -x ".carry/bin/$v" ] || continue
         for c in ${vc#*:}; do
@@ -123,7 +123,7 @@ for stage in "$@"; do
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
         for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq \
-          seesaw_timeline_pvdirect; do
+          seesaw_timeline_nopvdirect; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v $c" >>"$OUT/ab.log"
           # every recorded event (a block line without events is left out)

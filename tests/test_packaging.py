@@ -148,13 +148,13 @@ SEESAW_VARIANTS = [(n, False) for n in SEESAW_WIDTHS] + [(n, True) for n in SEES
 SEESAW_PV_DEEP = {16: False, 32: True, 64: False}
 
 
-def _seesaw_name(n: int, two_term: bool = False) -> str:
-    """The mangled-name part of seesaw_decode_kernel<n, two_term>."""
-    return f"seesaw_decode_kernelILi{n}ELb{int(two_term)}E"
+def _seesaw_name(n: int, two_term: bool = False, direct: bool = False) -> str:
+    """The mangled-name part of seesaw_decode_kernel<n, two_term, pv_direct>."""
+    return f"seesaw_decode_kernelILi{n}ELb{int(two_term)}ELb{int(direct)}E"
 
 
-def _seesaw(n: int, two_term: bool = False) -> list[str]:
-    return _kernel(_sass_by_kernel(), _seesaw_name(n, two_term))
+def _seesaw(n: int, two_term: bool = False, direct: bool = False) -> list[str]:
+    return _kernel(_sass_by_kernel(), _seesaw_name(n, two_term, direct))
 
 
 def _wgmma(sass: list[str]) -> collections.Counter[tuple[str, str]]:
@@ -206,6 +206,24 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
         f"seesaw N={n}{' two-term' if two_term else ''}: {len(sass)} SASS instructions, "
         f"{pv} half-N and {early} early PV wgmmas"
     )
+
+
+def test_fast_kernel_pv_direct_sass() -> None:
+    """N = 64's second instantiation (kPvDirect, kernel.cuh; launch.cu runs it where no CTA's
+    chain of blocks exceeds 256): the same QK, and PV as whole-N QGMMA m64n64k32 from registers
+    straight into O^T, 4 m-tiles x 2 k-steps a block copy, nothing else on the tensor cores; no
+    local memory on the consumers' path and the producer's setmaxnreg split as in the other."""
+    sass = _seesaw(64, False, True)
+    gmma = _wgmma(sass)
+    pv = gmma.pop(("QGMMA.64x64x32", "reg"), 0)
+    assert pv > 0 and pv % 8 == 0, (pv, gmma)
+    assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
+    code = _consumer_code(sass, 64)
+    local = [line for line in code if re.search(r"\b(LDL|STL)\b", line)]
+    assert not local, f"{len(local)} local memory instructions"
+    alloc = [line for line in sass if "USETMAXREG" in line]
+    assert len(alloc) == 2 and _registers(_seesaw_name(64, False, True)) == 168, alloc
+    print(f"seesaw N=64 PV into O^T: {len(sass)} SASS instructions, {pv} PV wgmmas")
 
 
 # The N = 64 instantiation's consumers spill a few scalars (O^T alone is 128 of their 240

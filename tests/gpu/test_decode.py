@@ -579,6 +579,39 @@ def test_error_against_exact_attention_8k(rng: np.random.Generator) -> None:
     assert err_gpu < 0.05
 
 
+@pytest.mark.parametrize(
+    ("seqlens", "extra_columns", "num_sm_parts"),
+    [
+        ([700, 65, 1], 1, 0),  # N = 64, short chains: PV into O^T (kPvDirect)
+        ([700, 65, 1], 8192, 0),  # a wide block table: a part may hold 373 blocks, promoted PV
+        ([16000], 1, 1),  # one CTA a tile: a 250-block chain, the longest kPvDirect takes
+        ([16448], 1, 1),  # one CTA a tile: 257 blocks, past the bound: promoted PV
+    ],
+)
+def test_n64_pv_paths(
+    rng: np.random.Generator, seqlens: list[int], extra_columns: int, num_sm_parts: int
+) -> None:
+    """N = 64 has two kernels (cpp/decode/seesaw/launch.cu): PV straight into O^T where no
+    CTA's chain of blocks can pass 256 (from batch, max_pages and the split count alone), the
+    per-block promoted PV elsewhere; the FP8 tensor cores' accumulation error grows with the
+    chain. Both sides of the bound, against the model and, on the long single-CTA chains,
+    against float64 attention: at most 1.05x the model's own error (the contract's randn
+    limit)."""
+    case = make_case(rng, seqlens, num_heads=128, q_len=1, spread=0.0, extra_columns=extra_columns)
+    cache = make_cache(case)
+    out, lse = run_decode(cache, case, num_sm_parts=num_sm_parts)
+    want = case.reference()
+    check_decode(out, lse, *want, **tolerances("auto"), label=f"N = 64, {seqlens}")
+    if num_sm_parts:
+        exact_o, _ = ref.exact_attention(
+            case.q, case.c_kv[0], case.k_pe[0], case.seqlens, SM_SCALE, True
+        )
+        err_gpu = ref.rel_l2(to_numpy(out, BF16), exact_o)
+        err_ref = ref.rel_l2(want[0], exact_o)
+        print(f"\n{seqlens[0]} tokens in one CTA: vs exact GPU {err_gpu:.5f}, model {err_ref:.5f}")
+        assert err_gpu <= 1.05 * err_ref, f"GPU {err_gpu:.5f} vs model {err_ref:.5f}"
+
+
 # ---------------------------------------------------------------------------- untrusted plans
 
 

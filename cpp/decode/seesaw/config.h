@@ -120,8 +120,9 @@ struct TensorMaps {
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 
-// Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu).
-template <int kN, bool kTwoTerm = false>
+// Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
+// kPvDirect, N = 64 only: n64_direct.cu, kernel.cuh says what it changes).
+template <int kN, bool kTwoTerm = false, bool kPvDirect = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 
 }  // namespace seesaw

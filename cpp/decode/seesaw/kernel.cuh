@@ -151,19 +151,16 @@ constexpr int kTraceBlocks = 64;
 template <int kN>
 constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
                          (SNAPMLA_SEESAW_PV_DEEP >= 2 && kN == 16);
-// SNAPMLA_SEESAW_PV_DIRECT (experimental, off; bench/NOTES.md): at N = 64 a block's PV
-// accumulates into O^T itself (O^T = gamma O^T by the CUDA cores first, then every m-tile's
-// wgmmas with scale-d 1), instead of into fp32 temporaries promoted one half-N group at a time.
-// Every m-tile is in flight at once (the V^T fragments of all four: 32 registers, against 32 of
-// temporaries and 8 of fragments now). Session 12's timeline: a PV of 256 cycles of tensor work
-// takes 1,150-1,650 at N = 64, sixteen m64n32 wgmmas two deep. The price: the FP8 tensor
-// cores' limited accumulation precision applies to O^T across blocks, not only within one;
-// the contract's tensor-core tier and bench/qgmma_probe.cu say whether that is acceptable.
-#ifndef SNAPMLA_SEESAW_PV_DIRECT
-#define SNAPMLA_SEESAW_PV_DIRECT 0
-#endif
-template <int kN>
-constexpr bool kPvDirect = SNAPMLA_SEESAW_PV_DIRECT >= 1 && kN == 64;
+// kPvDirect (a template argument; N = 64 only; launch.cu picks it where a CTA's chain of blocks
+// is short enough, SNAPMLA_SEESAW_PV_DIRECT): a block's PV accumulates into O^T itself (O^T =
+// gamma O^T by the CUDA cores first, then every m-tile's wgmmas with scale-d 1), instead of into
+// fp32 temporaries promoted one half-N group at a time. Every m-tile is in flight at once (the
+// V^T fragments of all four: 32 registers, against 32 of temporaries and 8 of fragments
+// otherwise). Session 12's timeline: a PV of 256 cycles of tensor work took 1,150-1,650 at
+// N = 64, sixteen m64n32 wgmmas two deep; session 13 (H200, same call): 32x128x16384 kernel
+// 234.9 -> 201.4 us. The price: the FP8 tensor cores' accumulation (13 bits, products cut
+// toward zero: bench/qgmma_probe.cu) applies to O^T across a CTA's blocks, not within one
+// block: 8.7e-5 relative RMS over one block's 2 k-steps, 3.3e-3 over 512 (probe, session 13).
 // SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
 // partial O leaves through shared memory (the Q tile's, free once every QK is done): each
 // warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
@@ -238,10 +235,11 @@ static_assert(kBarStart < 16, "16 named barriers per CTA");
 // z = fmaf(rho, lo, hi) (rho = s2 / s1) in place, then the softmax runs on one row per thread
 // (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
 // epilogue index query rows as in the one-term kernel.
-template <int kN, bool kTwoTerm>
+template <int kN, bool kTwoTerm, bool kPvDirect>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
+  static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
   static_assert(!kTwoTerm || kN <= 32, "the two-term query: 8 query rows a warp, 32 a tile");
   // Query rows of a warp's S accumulator and of a thread's (rows g and g + 8 of the fragment:
   // two query rows, or one query row's high and low logits).
@@ -850,7 +848,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
-        if constexpr (kPvDirect<kN>) {  // into O^T itself, every m-tile in flight
+        if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
 #pragma unroll
@@ -1227,14 +1225,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   SEESAW_CTA_TRACE(1);  // thread 0: a consumer, past its last epilogue
 }
 
-template <int kN, bool kTwoTerm>
+template <int kN, bool kTwoTerm, bool kPvDirect>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
   const cudaError_t err =
-      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm>,
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm>, dim3(p.num_parts, p.row_tiles),
-                          dim3(kCtaThreadsAt<kN>), kSmemBytes, stream, p, maps);
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN>), kSmemBytes,
+                          stream, p, maps);
 }
 
 }  // namespace seesaw

@@ -2,6 +2,7 @@
 // choice of PV width from the query rows per request.
 #include <cudaTypedefs.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -117,6 +118,37 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   return cudaSuccess;
 }
 
+// SNAPMLA_SEESAW_PV_DIRECT: where N = 64 runs the kernel whose PV accumulates into O^T itself
+// (kernel.cuh, kPvDirect). 1 (the default): where no CTA's O^T can take more than
+// kPvDirectMaxBlocks blocks; 0: nowhere; 2: at every N = 64 call (experiments only: the error
+// then grows with the chain, see below).
+#ifndef SNAPMLA_SEESAW_PV_DIRECT
+#define SNAPMLA_SEESAW_PV_DIRECT 1
+#endif
+// The longest chain of blocks a CTA's O^T takes under kPvDirect. The FP8 tensor cores keep about
+// 13 bits in accumulation and cut the rest toward zero (bench/qgmma_probe.cu on the H200), so
+// the error over a chain grows with its length; in session 13's same-call benchmark on randn
+// data (bench/results/2026-12-01-s13), the decode's error against exact attention rose over the
+// per-block kernel's by 1.007x at chains of about 125 blocks, 1.015-1.018x at about 250 and
+// 1.053-1.056x at about 500 (the contract's randn limit is 1.05x the model's own error).
+constexpr int64_t kPvDirectMaxBlocks = 256;
+
+// The longest run of one request's blocks that one part of the plan can hold, from the launch's
+// shape alone (no host synchronization): a part covers at most T = max(ceil(total / num_parts),
+// min part cost) of cost, total <= batch x (max_pages + kFixedCost) (plan.cu), and a request has
+// at most max_pages blocks. A plan that does not match the launch gives NaN rows, not a longer
+// chain (plan_matches).
+int64_t longest_chain(const DecodeParams& p) {
+  const int64_t total = int64_t{p.batch} * (int64_t{p.max_pages} + kFixedCost);
+  const int64_t per_part = (total + p.num_parts - 1) / p.num_parts;
+  return std::min<int64_t>(std::max<int64_t>(per_part, kMinPartCost), p.max_pages);
+}
+
+bool use_pv_direct(const DecodeParams& p) {
+  if (SNAPMLA_SEESAW_PV_DIRECT >= 2) return true;
+  return SNAPMLA_SEESAW_PV_DIRECT == 1 && longest_chain(p) <= kPvDirectMaxBlocks;
+}
+
 }  // namespace
 
 cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
@@ -135,7 +167,8 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
   // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
   if (rows <= 16) return seesaw::run<16>(p, maps, stream);
   if (rows <= 32) return seesaw::run<32>(p, maps, stream);
-  return seesaw::run<64>(p, maps, stream);
+  return use_pv_direct(p) ? seesaw::run<64, false, true>(p, maps, stream)
+                          : seesaw::run<64>(p, maps, stream);
 }
 
 }  // namespace decode
