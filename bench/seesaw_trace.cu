@@ -6,6 +6,7 @@
 //        cpp/decode/seesaw/instantiations/n*.cu cpp/quantize/quantize_q.cu -o seesaw_trace
 //   ./seesaw_trace [batch] [heads] [seqlen] [q_len] [min_part_cost]
 //   SNAPMLA_TRACE_TWO_TERM=1 ./seesaw_trace ...   # the two-term query (q_len x heads <= 32)
+//   SNAPMLA_TRACE_PART_WAVES=2 ./seesaw_trace ... # twice the split count (two waves of CTAs)
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
@@ -69,7 +70,11 @@ int main(int argc, char** argv) {
   const int num_pages = batch * pages_per_req;
   int sms = 0;
   CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int parts = default_num_parts(sms, row_tiles);
+  // SNAPMLA_TRACE_PART_WAVES=k: k times the default split count, k waves of CTAs (shorter
+  // chains of blocks per CTA: the question whether PV into O^T pays at long contexts that way)
+  const char* waves_env = std::getenv("SNAPMLA_TRACE_PART_WAVES");
+  const int waves = waves_env != nullptr ? std::max(1, std::atoi(waves_env)) : 1;
+  const int parts = waves * default_num_parts(sms, row_tiles);
   std::printf("batch %d heads %d seqlen %d q_len %d: %d pages, %d parts x %d row tiles\n", batch,
               heads, seqlen, q_len, num_pages, parts, row_tiles);
 
