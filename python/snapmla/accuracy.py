@@ -552,10 +552,13 @@ class KernelRunner:
         max_context: int,
         kernel: str = "auto",
         two_term_kernel: str = "reference",
+        num_sm_parts: int = 0,
     ) -> None:
         """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages).
         ``two_term_kernel``: the kernel of the two-term query's runs ("reference", or "fast",
-        experimental, where q_len * heads <= 32)."""
+        experimental, where q_len * heads <= 32). ``num_sm_parts``: the plans' split count (0:
+        the device's default; 1: one CTA a row tile takes the whole context, the longest
+        chain of blocks a CTA's accumulators can see)."""
         import cupy
 
         import snapmla
@@ -564,6 +567,7 @@ class KernelRunner:
         self._cupy = cupy
         self.kernel = kernel
         self.two_term_kernel = two_term_kernel
+        self.num_sm_parts = num_sm_parts
         self.pages = -(-max_context // ref.PAGE_SIZE)
         self.cache = snapmla.KVCache(num_layers, self.pages)
         self.version = ".".join(str(v) for v in snapmla.version())
@@ -584,7 +588,8 @@ class KernelRunner:
         block_table = cupy.arange(pages, dtype=cupy.int32).reshape(1, pages)
         seqlens = cupy.full((1,), w.context, dtype=cupy.int32)
         plan = snapmla.DecodePlan(
-            seqlens, num_heads=w.num_heads, q_len=w.q_len, max_pages=pages, q_precision=q_precision
+            seqlens, num_heads=w.num_heads, q_len=w.q_len, max_pages=pages,
+            q_precision=q_precision, num_sm_parts=self.num_sm_parts,
         )
         out, lse = snapmla.decode(
             self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
@@ -1144,11 +1149,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--two-term-kernel", choices=("reference", "fast"), default="reference",
                    help="the decode kernel of 'ours-fp8x2' (fast: experimental, q_len x heads "
                    "<= 32; default reference)")
+    p.add_argument("--num-sm-parts", type=int, default=0,
+                   help="the kernel's split count (0: the device's default; 1: one CTA takes a "
+                   "whole context)")
     args = p.parse_args(argv)
     if not 1 <= args.heads <= 128:
         p.error("--heads must be in 1..128")
     if not 1 <= args.q_len <= 4:
         p.error("--q-len must be in 1..4")
+    if args.num_sm_parts < 0:
+        p.error("--num-sm-parts must be >= 0")
     return args
 
 
@@ -1216,7 +1226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             kernel = KernelRunner(
                 len(layers), max(contexts), kernel=args.kernel,
-                two_term_kernel=args.two_term_kernel,
+                two_term_kernel=args.two_term_kernel, num_sm_parts=args.num_sm_parts,
             )
         except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
             kernel_error = f"{type(exc).__name__}: {exc}"
@@ -1254,7 +1264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mode_line": mode_line,
         "device": device,
         "backend": ops.name,
-        "kernel": {"name": args.kernel, "two_term": args.two_term_kernel, "library": kernel.version}
+        "kernel": {"name": args.kernel, "two_term": args.two_term_kernel, "library": kernel.version,
+                   "num_sm_parts": args.num_sm_parts}
         if measured
         else None,
         "kernel_error": kernel_error,
