@@ -208,22 +208,14 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
     )
 
 
-def test_fast_kernel_pv_direct_sass() -> None:
-    """N = 64's second instantiation (kPvDirect, kernel.cuh; launch.cu runs it where no CTA's
-    chain of blocks exceeds 256): the same QK, and PV as whole-N QGMMA m64n64k32 from registers
-    straight into O^T, 4 m-tiles x 2 k-steps a block copy, nothing else on the tensor cores; no
-    local memory on the consumers' path and the producer's setmaxnreg split as in the other."""
-    sass = _seesaw(64, False, True)
-    gmma = _wgmma(sass)
-    pv = gmma.pop(("QGMMA.64x64x32", "reg"), 0)
-    assert pv > 0 and pv % 8 == 0, (pv, gmma)
-    assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
-    code = _consumer_code(sass, 64)
-    local = [line for line in code if re.search(r"\b(LDL|STL)\b", line)]
-    assert not local, f"{len(local)} local memory instructions"
-    alloc = [line for line in sass if "USETMAXREG" in line]
-    assert len(alloc) == 2 and _registers(_seesaw_name(64, False, True)) == 168, alloc
-    print(f"seesaw N=64 PV into O^T: {len(sass)} SASS instructions, {pv} PV wgmmas")
+def test_fast_kernel_pv_direct_is_not_built() -> None:
+    """N = 64's PV into O^T (kPvDirect, SNAPMLA_SEESAW_PV_DIRECT) is experimental and off: on
+    the workload layers its error against exact attention reached 8.6x the model's (the
+    contract allows 1.15x), so the default library must not contain it, and the N = 64 kernel
+    it ships is the promoted one (checked above)."""
+    kernels = _sass_by_kernel()
+    assert [k for k in kernels if _seesaw_name(64, False, False) in k]
+    assert not [k for k in kernels if _seesaw_name(64, False, True) in k]
 
 
 # The N = 64 instantiation's consumers spill a few scalars (O^T alone is 128 of their 240

@@ -120,8 +120,19 @@ struct TensorMaps {
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 
+// SNAPMLA_SEESAW_PV_DIRECT (experimental, off): N = 64's PV into O^T itself (kernel.cuh,
+// kPvDirect; instantiations/n64_direct.cu, compiled only under this switch). 1: where no CTA's
+// chain of blocks can pass 256 (launch.cu); 2: at every N = 64 call. 10-13% faster at N = 64 on
+// the H200, but the FP8 tensor cores' accumulation (13 bits, cut toward zero) then spans a
+// CTA's whole chain: on the workload layers at 128 heads its error against exact attention is
+// 1.10x the model's at the default split and 8.6x with one CTA a context (64-256 blocks), far
+// past the contract's 1.15x (bench/NOTES.md, session 13).
+#ifndef SNAPMLA_SEESAW_PV_DIRECT
+#define SNAPMLA_SEESAW_PV_DIRECT 0
+#endif
+
 // Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
-// kPvDirect, N = 64 only: n64_direct.cu, kernel.cuh says what it changes).
+// kPvDirect, N = 64 only, experimental: n64_direct.cu, kernel.cuh says what it changes).
 template <int kN, bool kTwoTerm = false, bool kPvDirect = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 

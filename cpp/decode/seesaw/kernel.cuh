@@ -151,16 +151,15 @@ constexpr int kTraceBlocks = 64;
 template <int kN>
 constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
                          (SNAPMLA_SEESAW_PV_DEEP >= 2 && kN == 16);
-// kPvDirect (a template argument; N = 64 only; launch.cu picks it where a CTA's chain of blocks
-// is short enough, SNAPMLA_SEESAW_PV_DIRECT): a block's PV accumulates into O^T itself (O^T =
-// gamma O^T by the CUDA cores first, then every m-tile's wgmmas with scale-d 1), instead of into
-// fp32 temporaries promoted one half-N group at a time. Every m-tile is in flight at once (the
-// V^T fragments of all four: 32 registers, against 32 of temporaries and 8 of fragments
-// otherwise). Session 12's timeline: a PV of 256 cycles of tensor work took 1,150-1,650 at
-// N = 64, sixteen m64n32 wgmmas two deep; session 13 (H200, same call): 32x128x16384 kernel
-// 234.9 -> 201.4 us. The price: the FP8 tensor cores' accumulation (13 bits, products cut
-// toward zero: bench/qgmma_probe.cu) applies to O^T across a CTA's blocks, not within one
-// block: 8.7e-5 relative RMS over one block's 2 k-steps, 3.3e-3 over 512 (probe, session 13).
+// kPvDirect (a template argument; N = 64 only; experimental, SNAPMLA_SEESAW_PV_DIRECT in
+// config.h): a block's PV accumulates into O^T itself (O^T = gamma O^T by the CUDA cores first,
+// then every m-tile's wgmmas with scale-d 1), instead of into fp32 temporaries promoted one
+// half-N group at a time. Every m-tile is in flight at once (the V^T fragments of all four: 32
+// registers, against 32 of temporaries and 8 of fragments otherwise). Session 13 (H200, same
+// call): 32x128x16384 kernel 234.9 -> 201.4 us. The price: the FP8 tensor cores' accumulation
+// (13 bits, products cut toward zero: bench/qgmma_probe.cu) applies to O^T across a CTA's
+// blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
+// small products after) that loses the later blocks' low bits: config.h has the figures.
 // SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
 // partial O leaves through shared memory (the Q tile's, free once every QK is done): each
 // warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
