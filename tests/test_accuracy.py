@@ -486,6 +486,11 @@ def test_the_kernels_two_term_query_is_reported_and_can_fail_alone() -> None:
     assert q2k is not None and q2e is not None and q2k["cases"] == 2
     # The stand-in runs the model; the emulation runs the same query through other code.
     assert q2k["vs_q_bf16"]["max"] == pytest.approx(q2e["vs_q_bf16"]["max"], rel=0.05)
+    # Against the diagnostic with the same BF16 output, the stand-in's ratio is the
+    # emulation's: the output's rounding is not the two-term query's cost.
+    assert q2k["vs_q_bf16_out"]["max"] == pytest.approx(q2e["vs_q_bf16"]["max"], rel=0.01)
+    assert q2k["vs_q_bf16"]["max"] > q2k["vs_q_bf16_out"]["max"]
+    assert q2e["vs_q_bf16_out"] is not None  # (the emulation's own, float64 against BF16)
     out = acc.evaluate(
         settings, acc.Backend("numpy"), _StandInKernel(two_term=False), log=lambda *a: None
     )
