@@ -14,6 +14,7 @@
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
+#   .carry/bin/seesaw_trace_fusedq8 1 128 1024        # the same, N = 64 loading all 8 rows at once
 #   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
@@ -66,6 +67,8 @@ builds=(
   "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
+  "seesaw_trace_fusedq8:-DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
+  "seesaw_timeline_fusedq8:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
 )
 pids=()
 for b in "${builds[@]}"; do

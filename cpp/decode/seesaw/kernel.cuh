@@ -160,6 +160,9 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // (13 bits, products cut toward zero: bench/qgmma_probe.cu) applies to O^T across a CTA's
 // blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
 // small products after) that loses the later blocks' low bits: config.h has the figures.
+#ifndef SNAPMLA_SEESAW_FUSED_Q_AHEAD64
+#define SNAPMLA_SEESAW_FUSED_Q_AHEAD64 2
+#endif
 // SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
 // partial O leaves through shared memory (the Q tile's, free once every QK is done): each
 // warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
@@ -373,8 +376,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       // One row at a time, the next rows' loads in flight: two at N = 32 and 64 (registers are
       // free here, O and S are not live yet), one at N = 16 (with two, ptxas serialized the
-      // kernel's wgmmas, C7520).
-      constexpr int kAhead = kN == 16 ? 1 : 2;
+      // kernel's wgmmas, C7520). SNAPMLA_SEESAW_FUSED_Q_AHEAD64 (experimental; only where N = 64
+      // fuses, SNAPMLA_SEESAW_FUSED_Q=2): rows in flight at N = 64, up to all 8 a warp
+      // quantizes; at 2, a batch-1 kernel took 7.5 us longer fused than with the TMA'd tile
+      // (session 13), about four L2 round trips of two rows each.
+      constexpr int kAhead = kN == 16 ? 1 : kN == 64 ? SNAPMLA_SEESAW_FUSED_Q_AHEAD64 : 2;
+      static_assert(kAhead >= 1 && kAhead <= kN / 8, "rows a warp quantizes, in flight");
       RowInputs ahead[kAhead];
 #pragma unroll
       for (int a = 0; a < kAhead; ++a) ahead[a] = load(a);
