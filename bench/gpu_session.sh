@@ -99,7 +99,8 @@ for stage in "$@"; do
       n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
       # seesaw_trace_base: another commit's (build_trace.sh's SNAPMLA_TRACE_BASE), when built
       for vc in "seesaw_trace:$all" "seesaw_trace_base:$all" \
-        "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" "seesaw_trace_fusedq8:1x128x1024 1x128x8192 8x128x4096 32x128x16384 128x16x16384x4" \
+        "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" \
+        "seesaw_trace_fusedq8:1x128x1024 1x128x8192 8x128x4096 32x128x16384 128x16x16384x4" \
         "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64" \
         "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short" \
         "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64"; do
@@ -122,8 +123,8 @@ for stage in "$@"; do
         done
       done
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
-        for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq seesaw_timeline_fusedq8 \
-          seesaw_timeline_nopvdirect; do
+        for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq \
+          seesaw_timeline_fusedq8 seesaw_timeline_nopvdirect; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v $c" >>"$OUT/ab.log"
           # every recorded event (a block line without events is left out)

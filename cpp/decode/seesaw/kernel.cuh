@@ -160,6 +160,9 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // (13 bits, products cut toward zero: bench/qgmma_probe.cu) applies to O^T across a CTA's
 // blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
 // small products after) that loses the later blocks' low bits: config.h has the figures.
+
+// SNAPMLA_SEESAW_FUSED_Q_AHEAD64 (experimental): the fused Q's rows in flight at N = 64; see
+// quantize_q_tile's kAhead.
 #ifndef SNAPMLA_SEESAW_FUSED_Q_AHEAD64
 #define SNAPMLA_SEESAW_FUSED_Q_AHEAD64 2
 #endif
