@@ -18,6 +18,9 @@
 #   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
+#   .carry/bin/seesaw_trace_qk1 32 128 16384         # SNAPMLA_SEESAW_QK_ONE_ACC=1
+#   .carry/bin/seesaw_trace_ilp4 32 128 16384        # SNAPMLA_SEESAW_SOFTMAX_ILP=4
+#   .carry/bin/seesaw_trace_pdl2 1 128 1024          # SNAPMLA_PDL=2 ("decode call")
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -69,7 +72,22 @@ builds=(
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
   "seesaw_trace_fusedq8:-DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
   "seesaw_timeline_fusedq8:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
+  # session 14: one QK accumulator, the softmax's reductions in four chains, PDL with the
+  # attention kernel's wait moved to its first read of the Q-quant kernel's output
+  "seesaw_trace_qk1:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
+  "seesaw_trace_ilp4:-DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
+  "seesaw_trace_qk1ilp4:-DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
+  "seesaw_timeline_qk1ilp4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
+  "seesaw_trace_pdl2:-DSNAPMLA_PDL=2"
 )
+# SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
+if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then
+  kept=()
+  for b in "${builds[@]}"; do
+    case " $SNAPMLA_TRACE_ONLY " in *" ${b%%:*} "*) kept+=("$b") ;; esac
+  done
+  builds=("${kept[@]}")
+fi
 pids=()
 for b in "${builds[@]}"; do
   name=${b%%:*} def=${b#*:}
@@ -78,9 +96,11 @@ for b in "${builds[@]}"; do
   pids+=($!)
 done
 # Issue 9's probe of the FP8 wgmma's QK accumulation (gpu_session.sh's probe stage).
-rm -f .carry/bin/qgmma_probe
-"$NVCC" "${flags[@]}" bench/qgmma_probe.cu -o .carry/bin/qgmma_probe &
-pids+=($!)
+if [ -z "${SNAPMLA_TRACE_ONLY:-}" ] || [[ " $SNAPMLA_TRACE_ONLY " == *" qgmma_probe "* ]]; then
+  rm -f .carry/bin/qgmma_probe
+  "$NVCC" "${flags[@]}" bench/qgmma_probe.cu -o .carry/bin/qgmma_probe &
+  pids+=($!)
+fi
 # SNAPMLA_TRACE_BASE: the timing binary of another commit (its own sources and source list),
 # built in the worktree above, as seesaw_trace_base.
 if [ -n "$base_tree" ]; then

@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-fast2]
-#                             [probe]
+#                             [probe] [accuracy-layers] [bench-cases]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -80,6 +80,18 @@ for stage in "$@"; do
       timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider tests/gpu/test_decode.py --tb=line \
         2>&1 | tee "$OUT/pytest-decode$TAG.log" | tail -40 || status=1
       ;;
+    accuracy-layers)  # the contract's point 3 on the workload layers (128 and 16 heads)
+      log "pytest tests/gpu/test_accuracy_layers_gpu.py"
+      timeout 300 python3 -m pytest -q -s -rfEs -p no:cacheprovider \
+        tests/gpu/test_accuracy_layers_gpu.py --tb=short 2>&1 \
+        | tee "$OUT/pytest-accuracy-layers$TAG.log" | tail -20 || status=1
+      ;;
+    bench-cases)  # BENCH_CASES (bench_decode.py --cases), short timing, next to FlashInfer
+      log "decode benchmark, cases ${BENCH_CASES:-}"
+      timeout 300 python3 bench/bench_decode.py --quick --cases "${BENCH_CASES:?BENCH_CASES}" \
+        --out "$OUT/decode-cases$TAG.json" 2>&1 | tee "$OUT/bench-cases$TAG.log" | tail -30 \
+        || status=1
+      ;;
     frag)
       log "seesaw fragment mapping (tests/cuda/seesaw_fragments.cu)"
       timeout 120 python3 -m pytest -q -s -rfE -p no:cacheprovider tests/gpu/test_seesaw_fragments.py \
@@ -97,13 +109,24 @@ for stage in "$@"; do
       n16="128x16x16384 1x16x8192 64x16x4096"
       short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
       n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
-      # seesaw_trace_base: another commit's (build_trace.sh's SNAPMLA_TRACE_BASE), when built
-      for vc in "seesaw_trace:$all" "seesaw_trace_base:$all" \
-        "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all" \
-        "seesaw_trace_fusedq8:1x128x1024 1x128x8192 8x128x4096 32x128x16384 128x16x16384x4" \
-        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64" \
-        "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short" \
-        "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64"; do
+      # seesaw_trace_base: another commit's (build_trace.sh's SNAPMLA_TRACE_BASE), when built.
+      # AB_VARIANTS="name:case,case name:case ..." (cases as below, "all", "n64" ...) replaces
+      # the list, and AB_TIMELINES="name:b h s[:b h s] ..." the timelines: a call's own A/B.
+      variants=("seesaw_trace:$all" "seesaw_trace_base:$all"
+        "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all"
+        "seesaw_trace_fusedq8:1x128x1024 1x128x8192 8x128x4096 32x128x16384 128x16x16384x4"
+        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64"
+        "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short"
+        "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64")
+      if [ -n "${AB_VARIANTS:-}" ]; then
+        variants=()
+        for vc in $AB_VARIANTS; do
+          cs=${vc#*:}; cs=${cs//,/ }
+          cs=${cs//all/$all}; cs=${cs//n16/$n16}; cs=${cs//short/$short}; cs=${cs//n64/$n64}
+          variants+=("${vc%%:*}:$cs")
+        done
+      fi
+      for vc in "${variants[@]}"; do
         v=${vc%%:*}
         [ -x ".carry/bin/$v" ] || continue
         for c in ${vc#*:}; do
@@ -122,14 +145,27 @@ for stage in "$@"; do
             | grep -E "^(kernel|batch|two-term)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
         done
       done
+      timelines=()
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
         for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq \
           seesaw_timeline_fusedq8 seesaw_timeline_nopvdirect; do
-          [ -x ".carry/bin/$v" ] || continue
-          echo "### $v $c" >>"$OUT/ab.log"
-          # every recorded event (a block line without events is left out)
-          timeout 60 ".carry/bin/$v" $c 2>&1 | grep -v ': *$' >>"$OUT/ab.log" || status=1
+          timelines+=("$v:$c")
         done
+      done
+      if [ -n "${AB_TIMELINES:-}" ]; then
+        timelines=()
+        for vc in $AB_TIMELINES; do  # name:b h s[:b h s], spaces within a shape as '_'
+          rest=${vc#*:}
+          IFS=':' read -ra shapes <<<"$rest"
+          for c in "${shapes[@]}"; do timelines+=("${vc%%:*}:${c//_/ }"); done
+        done
+      fi
+      for vc in "${timelines[@]}"; do
+        v=${vc%%:*} c=${vc#*:}
+        [ -x ".carry/bin/$v" ] || continue
+        echo "### $v $c" >>"$OUT/ab.log"
+        # every recorded event (a block line without events is left out)
+        timeout 60 ".carry/bin/$v" $c 2>&1 | grep -v ': *$' >>"$OUT/ab.log" || status=1
       done
       grep -A3 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -100
       ;;
@@ -218,7 +254,7 @@ for stage in "$@"; do
       ;;
     ncu)  # the wgmma kernel under Nsight Compute, one launch per case (publish picks the texts)
       per_block=()
-      for c in 32x1x128x16384 128x1x16x16384 64x2x16x16384; do  # N = 64, 16, 32
+      for c in ${NCU_CASES:-32x1x128x16384 128x1x16x16384 64x2x16x16384}; do  # N = 64, 16, 32
         log "ncu fast kernel $c"
         src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
         timeout 240 ncu --clock-control none --target-processes all -k regex:seesaw_decode \

@@ -43,6 +43,14 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 // attention kernel has read the Q workspace it overwrites). (Where the seesaw kernel quantizes
 // its own Q tile, decode.h's seesaw_fuses_q, the attention kernel is the call's first and reads
 // the BF16 query through L2, as the two-term tile load does.) Without the attribute both device instructions are no-ops.
+// SNAPMLA_PDL=2 (experimental, session 14): the same launches, but the seesaw kernel waits only
+// where it first reads what the Q-quant kernel writes (the Q tile, its scales), so that its
+// prologue (barriers, the plan, the block table, the first pages' TMA) overlaps the Q-quant
+// kernel; and it lets the combine launch at each CTA's end, not at its start. Reading the plan,
+// the block table, the lengths and the cache before the wait is sound because the Q-quant kernel
+// is launched without the attribute: it starts after everything before it in the stream has
+// completed, and the attention kernel starts after it. Where the seesaw kernel is the call's
+// first kernel (the fused Q) it waits at entry, as under 1.
 #ifndef SNAPMLA_PDL
 #define SNAPMLA_PDL 0
 #endif
@@ -51,13 +59,13 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 // Wait until the grids this one depends on programmatically have completed and their memory
 // is visible (griddepcontrol.wait).
 __device__ __forceinline__ void griddep_wait() {
-#if SNAPMLA_PDL
+#if SNAPMLA_PDL >= 1
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
 // Let the dependent grid launch once every CTA of this one has started or exited.
 __device__ __forceinline__ void griddep_launch_dependents() {
-#if SNAPMLA_PDL
+#if SNAPMLA_PDL >= 1
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
@@ -67,7 +75,7 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 template <typename... Params, typename... Args>
 inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, Args&&... args) {
-#if SNAPMLA_PDL
+#if SNAPMLA_PDL >= 1
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;

@@ -186,6 +186,40 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #endif
 static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4,
               "two or four QK accumulators");
+// SNAPMLA_SEESAW_SOFTMAX_ILP (experimental, 1 = today's kernel): partial accumulators per row
+// for the softmax's three reductions over a thread's 16 tokens of a row (the logits' max, the
+// sum of e and the max of P'), combined at the end: 1 keeps one dependent chain of 16 per row,
+// 4 gives four chains of 4. (The sum's order changes the fp32 rounding of l, within the tier.)
+#ifndef SNAPMLA_SEESAW_SOFTMAX_ILP
+#define SNAPMLA_SEESAW_SOFTMAX_ILP 1
+#endif
+static_assert(SNAPMLA_SEESAW_SOFTMAX_ILP == 1 || SNAPMLA_SEESAW_SOFTMAX_ILP == 2 ||
+                  SNAPMLA_SEESAW_SOFTMAX_ILP == 4,
+              "1, 2 or 4 partial accumulators a row");
+constexpr int kSoftmaxIlp = SNAPMLA_SEESAW_SOFTMAX_ILP;
+// The partial accumulator of fragment element 4 nn + c among kSoftmaxIlp (its row is c / 2).
+__device__ __forceinline__ constexpr int ilp_slot(int nn, int c) {
+  return kSoftmaxIlp == 1 ? 0 : kSoftmaxIlp == 2 ? (c & 1) : (c & 1) + 2 * (nn & 1);
+}
+template <class Op>
+__device__ __forceinline__ float ilp_reduce(const float (&v)[kSoftmaxIlp], Op op) {
+  if constexpr (kSoftmaxIlp == 1) {
+    return v[0];
+  } else if constexpr (kSoftmaxIlp == 2) {
+    return op(v[0], v[1]);
+  } else {
+    return op(op(v[0], v[1]), op(v[2], v[3]));
+  }
+}
+// SNAPMLA_SEESAW_QK_ONE_ACC (experimental, off; bench/NOTES.md, session 14): the one-term
+// kernels' QK in one fp32 accumulator (the 16 content QGMMA and the 4 RoPE HGMMA chained),
+// instead of two halves added by the CUDA cores. Saves 32 FADD a block on the softmax's path and
+// 32 registers while S is live (an early PV of one m-tile at N = 64 still spilled 772 bytes). The price
+// is a longer FP8 accumulation chain: on the H200 the probe measured 3.7e-4 relative RMS over 16
+// k-steps against 2.4e-4 over 8 (bench/qgmma_probe.cu, session 13).
+#ifndef SNAPMLA_SEESAW_QK_ONE_ACC
+#define SNAPMLA_SEESAW_QK_ONE_ACC 0
+#endif
 // SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
 // (where kPvDeep is false). The PV is wgmma-latency bound, ~1,000
 // cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
@@ -257,7 +291,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
-  constexpr int kEarlyMTiles = kTwoTerm ? 0 : kN == 16 ? kMTiles : kN == 32 ? kEarlyTiles32 : 0;
+  constexpr int kEarlyMTiles = kTwoTerm    ? 0
+                               : kN == 16  ? kMTiles
+                               : kN == 32  ? kEarlyTiles32
+                                           : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
   // block i - 1 (just read by the early PV) and, one iteration late, the content half and the
@@ -285,7 +322,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   SEESAW_TRACE(0, kTrEntry);  // (bench builds; under SNAPMLA_PDL it stamps before the wait)
   SEESAW_CTA_TRACE(0);
   SEESAW_CTA_TRACE(2);
-  griddep_launch_dependents();  // SNAPMLA_PDL: the combine may launch (it waits for this grid)
+  // SNAPMLA_PDL: the combine may launch (it waits for this grid); under 2 at the CTA's end.
+  if constexpr (SNAPMLA_PDL < 2) griddep_launch_dependents();
+  // SNAPMLA_PDL=2 (common/launch.h): where a Q-quant kernel ran before this one (the fused Q's
+  // launch has none), wait only before reading its output (q_wait below), not at entry.
+  const bool late_q_wait =
+      SNAPMLA_PDL >= 2 && (kTwoTerm || !(seesaw_fuses_q(kN) && p.q_in.q != nullptr));
+  auto q_wait = [&] {
+    if (late_q_wait) griddep_wait();  // (a no-op after the first)
+  };
 #if SNAPMLA_SEESAW_PREFETCH_MAPS
   if (tid == 0) {
     prefetch_tensor_map(&maps.k_content);
@@ -305,7 +350,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
-  griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and everything before it
+  if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
   // With a producer, the barriers at a request's edges are reached at different instructions
@@ -442,27 +487,33 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       if (tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
-        if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
-          mbar_arrive_expect_tx(&s.q_bar, kQTx);
+        auto load_q = [&] {
+          if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
+            q_wait();
+            mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
-                        static_cast<int32_t>(row0));
+            for (int c = 0; c < kChunks; ++c) {
+              tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                          static_cast<int32_t>(row0));
+            }
+            tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
           }
-          tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
-        }
+        };
+        if (!late_q_wait) load_q();
         for (int i = 0; i < min(kStages, n); ++i) {
           const int32_t page = pages[i];
           load_content_half(i, 0, page);
           load_content_half(i, 1, page);
           load_rope_scale(i, page);
         }
+        if (late_q_wait) load_q();  // the pages first: they do not wait for the Q-quant kernel
       }
       if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
         // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
         // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
         // only, zero past the request; 128B-swizzled as TMA writes it. One tile a request.
+        if (tid < kThreads) q_wait();
         if (tid < kThreads) {
           constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
           constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
@@ -514,6 +565,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           if (tid < kThreads) quantize_q_tile(b);
         }
       } else if (tid < kRowsM) {
+        q_wait();
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
@@ -559,6 +611,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       // SNAPMLA_SEESAW_TWO_TERM_QK_ACCS = 4 (two-term only): chunks 1 and 3 into sc and sd.
       constexpr bool kQk4 = kTwoTerm && SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4;
       float sc[kQk4 ? 32 : 1], sd[kQk4 ? 32 : 1];
+      // SNAPMLA_SEESAW_QK_ONE_ACC (one-term only): every QK wgmma into sa; sb unused.
+      constexpr bool kQk1 = !kTwoTerm && SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
         SharedStorage::Stage& st = stage_of(i);
@@ -584,8 +638,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               }
               continue;
             }
-            float (&acc)[32] = c < 2 ? sa : sb;
-            if (c % 2 == 0 && k == 0) {
+            float (&acc)[32] = c < 2 || kQk1 ? sa : sb;
+            if ((kQk1 ? c == 0 : c % 2 == 0) && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
             } else {
               wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
@@ -594,7 +648,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
-          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+          wgmma_m64n64k16_bf16_ss(kQk1 ? sa : sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
         }
         wgmma_commit();
       };
@@ -605,7 +659,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
-        fence_regs(sb);
+        if constexpr (!kQk1) fence_regs(sb);
         if constexpr (kQk4) {
           fence_regs(sc);
           fence_regs(sd);
@@ -627,6 +681,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         };
         constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
+        float mxp[2][kSoftmaxIlp];  // SNAPMLA_SEESAW_SOFTMAX_ILP's partial maxima
+#pragma unroll
+        for (int j = 0; j < kSoftmaxIlp; ++j) mxp[0][j] = mxp[1][j] = -INFINITY;
+        auto fmax_op = [](float a, float b) { return fmaxf(a, b); };
+        auto fadd_op = [](float a, float b) { return a + b; };
         float row_factor[2];
         float rho = 0.f;  // kTwoTerm: s2 / s1 of the thread's query row
         if (softmax_warp) {
@@ -658,6 +717,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                 auto s_of = [&](int x) {
                   if constexpr (kQk4) {
                     return (sa[x] + sc[x]) + (sb[x] + sd[x]);
+                  } else if constexpr (kQk1) {
+                    return sa[x];
                   } else {
                     return sa[x] + sb[x];
                   }
@@ -669,7 +730,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                 } else {
                   z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
                 }
-                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+                float& mxs = mxp[c / 2][ilp_slot(nn, c)];
+                mxs = fmaxf(mxs, z[e]);
               }
             }
           };
@@ -680,6 +742,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
+            mx[ri] = ilp_reduce(mxp[ri], fmax_op);
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
             mx[ri] *= row_factor[ri];
@@ -702,6 +765,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
         if (softmax_warp) {
           float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f}, inv_sig[2];
+          float e_sump[2][kSoftmaxIlp], p_maxp[2][kSoftmaxIlp];  // partial sums and maxima
+#pragma unroll
+          for (int j = 0; j < kSoftmaxIlp; ++j) {
+            e_sump[0][j] = e_sump[1][j] = 0.f;
+            p_maxp[0][j] = p_maxp[1][j] = 0.f;
+          }
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
@@ -721,11 +790,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c, ri = c / 2;
                 const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
-                e_sum[ri] += ex;
+                e_sump[ri][ilp_slot(nn, c)] += ex;
                 float pp = ex * ks[c & 1];
                 if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
                 z[e] = pp;
-                p_max[ri] = fmaxf(p_max[ri], pp);
+                float& pms = p_maxp[ri][ilp_slot(nn, c)];
+                pms = fmaxf(pms, pp);
               }
             }
           };
@@ -733,6 +803,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             p_prime(std::true_type{});
           } else {
             p_prime(std::false_type{});
+          }
+#pragma unroll
+          for (int ri = 0; ri < kRowsPerThread; ++ri) {
+            e_sum[ri] = ilp_reduce(e_sump[ri], fadd_op);
+            p_max[ri] = ilp_reduce(p_maxp[ri], fmax_op);
           }
           SEESAW_TRACE(i, kTrExp);
           e_sum[0] *= kExpUnshift;
@@ -1232,6 +1307,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     run_requests(std::false_type{});
   }
   SEESAW_CTA_TRACE(1);  // thread 0: a consumer, past its last epilogue
+  if constexpr (SNAPMLA_PDL >= 2) griddep_launch_dependents();
 }
 
 template <int kN, bool kTwoTerm, bool kPvDirect>
