@@ -79,6 +79,11 @@ builds=(
   "seesaw_trace_qk1ilp4:-DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
   "seesaw_timeline_qk1ilp4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
   "seesaw_trace_pdl2:-DSNAPMLA_PDL=2"
+  # the half-N PV with its shared-memory reads ahead of the wgmma waits
+  "seesaw_trace_pvpf:-DSNAPMLA_SEESAW_PV_PREFETCH=1"
+  "seesaw_timeline_pvpf:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PREFETCH=1"
+  "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
+  "seesaw_trace_pvpfpdl2:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_PDL=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

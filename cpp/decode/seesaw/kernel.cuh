@@ -227,6 +227,14 @@ __device__ __forceinline__ float ilp_reduce(const float (&v)[kSoftmaxIlp], Op op
 #ifndef SNAPMLA_SEESAW_PV_DEPTH
 #define SNAPMLA_SEESAW_PV_DEPTH 2
 #endif
+// SNAPMLA_SEESAW_PV_PREFETCH (experimental, off; session 14): the half-N PV (N = 64, and the own
+// block at N = 16) with its shared-memory reads ahead of the wgmma waits. ncu at 32x128x16384
+// (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
+// them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
+// and on the gamma loads of each promotion.
+#ifndef SNAPMLA_SEESAW_PV_PREFETCH
+#define SNAPMLA_SEESAW_PV_PREFETCH 0
+#endif
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -1029,6 +1037,61 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             wgmma_wait_upto3(r);
             promote_d(kGroups - 1 - r);
           }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
+        if constexpr (SNAPMLA_SEESAW_PV_PREFETCH != 0) {
+          // The same groups, two in flight, with the shared-memory reads issued ahead of the
+          // waits that would otherwise hold them (wgmma_wait and fence_regs clobber memory):
+          // group q - 1's gamma before its wait, and the next m-tile's V^T fragments right
+          // after the wait that retires the last group reading their registers, so that the
+          // ldmatrix latency runs under the promotion and the next group's issue.
+          constexpr int kGroups = 2 * (kMTiles - kM0);
+          float tmpp[2][kHalfN / 2];
+          uint32_t ap[2][2][4];  // V^T fragments of m-tiles of even and odd index (from kM0)
+          float2 gm[kHalfN / 8];
+          auto load_gamma = [&](int q) {
+#pragma unroll
+            for (int nn = 0; nn < kHalfN / 8; ++nn) {
+              const int col = (q % 2) * kHalfN / 8 + nn;
+              gm[nn] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+            }
+          };
+          auto promote_loaded = [&](int q) {
+            const int m = kM0 + q / 2, h = q % 2;
+            fence_regs(tmpp[q % 2]);
+#pragma unroll
+            for (int nn = 0; nn < kHalfN / 8; ++nn) {
+              const int col = h * kHalfN / 8 + nn;
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[m][4 * col + c] =
+                    fmaf(o[m][4 * col + c], c & 1 ? gm[nn].y : gm[nn].x, tmpp[q % 2][4 * nn + c]);
+              }
+            }
+          };
+          v_fragments(i, kM0, edge_tag, ap[0]);
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q) {
+            const int m = kM0 + q / 2, h = q % 2, buf = (q / 2) % 2;
+            const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
+            wgmma_fence();
+            wgmma_pv<kHalfN, true>(tmpp[q % 2], ap[buf][0], p_desc.at(rows));
+            wgmma_pv<kHalfN, false>(tmpp[q % 2], ap[buf][1], p_desc.at(rows + 32));
+            wgmma_commit();
+            // Group q - 1 (the last reader of ap[buf ^ 1] when h == 0) is retired below.
+            const bool next_frags = h == 0 && m + 1 < kMTiles;
+            if (q == 0 && next_frags) v_fragments(i, m + 1, edge_tag, ap[buf ^ 1]);
+            if (q > 0) {
+              load_gamma(q - 1);
+              wgmma_wait<1>();
+              if (next_frags) v_fragments(i, m + 1, edge_tag, ap[buf ^ 1]);
+              promote_loaded(q - 1);
+            }
+          }
+          load_gamma(kGroups - 1);
+          wgmma_wait<0>();
+          promote_loaded(kGroups - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
