@@ -11,7 +11,7 @@
 #   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
 #   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
 #   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
-#   .carry/bin/seesaw_trace_pdl 1 128 1024            # with SNAPMLA_PDL ("kernel + combine")
+#   .carry/bin/seesaw_trace_pdl 1 128 1024            # SNAPMLA_PDL=1, session 11's form
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
 #   .carry/bin/seesaw_trace_fusedq8 1 128 1024        # the same, N = 64 loading all 8 rows at once
@@ -19,8 +19,7 @@
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
 #   .carry/bin/seesaw_trace_qk1 32 128 16384         # SNAPMLA_SEESAW_QK_ONE_ACC=1
-#   .carry/bin/seesaw_trace_ilp4 32 128 16384        # SNAPMLA_SEESAW_SOFTMAX_ILP=4
-#   .carry/bin/seesaw_trace_pdl2 1 128 1024          # SNAPMLA_PDL=2 ("decode call")
+#   .carry/bin/seesaw_trace_nopdl 1 128 1024         # SNAPMLA_PDL=0 ("decode call")
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -72,18 +71,14 @@ builds=(
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
   "seesaw_trace_fusedq8:-DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
   "seesaw_timeline_fusedq8:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
-  # session 14: one QK accumulator, the softmax's reductions in four chains, PDL with the
-  # attention kernel's wait moved to its first read of the Q-quant kernel's output
+  # session 14: one QK accumulator; PDL off (the default is 2: the attention kernel waits at its
+  # first read of the Q-quant kernel's output)
   "seesaw_trace_qk1:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
-  "seesaw_trace_ilp4:-DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
-  "seesaw_trace_qk1ilp4:-DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
-  "seesaw_timeline_qk1ilp4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_SOFTMAX_ILP=4"
-  "seesaw_trace_pdl2:-DSNAPMLA_PDL=2"
+  "seesaw_trace_nopdl:-DSNAPMLA_PDL=0"
   # the half-N PV with its shared-memory reads ahead of the wgmma waits
   "seesaw_trace_pvpf:-DSNAPMLA_SEESAW_PV_PREFETCH=1"
   "seesaw_timeline_pvpf:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PREFETCH=1"
   "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
-  "seesaw_trace_pvpfpdl2:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_PDL=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

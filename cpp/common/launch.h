@@ -33,26 +33,26 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
          k_pe_stride % 8 == 0;
 }
 
-// SNAPMLA_PDL (experimental, off; bench/NOTES.md): programmatic dependent launch along a decode
-// call's kernels (Q-quant -> attention -> combine). The attention kernel and the combine are
-// launched with programmatic stream serialization: each may start once every CTA of the kernel
-// before it has started (each triggers at its start), runs its prologue (barriers, tensor-map
-// prefetch) and waits (griddep_wait) before its first read of global memory, so the launch
-// latency between the kernels overlaps the previous kernel instead of following it. The
-// Q-quant kernel itself is launched as before (it must not start before the previous call's
-// attention kernel has read the Q workspace it overwrites). (Where the seesaw kernel quantizes
-// its own Q tile, decode.h's seesaw_fuses_q, the attention kernel is the call's first and reads
-// the BF16 query through L2, as the two-term tile load does.) Without the attribute both device instructions are no-ops.
-// SNAPMLA_PDL=2 (experimental, session 14): the same launches, but the seesaw kernel waits only
-// where it first reads what the Q-quant kernel writes (the Q tile, its scales), so that its
-// prologue (barriers, the plan, the block table, the first pages' TMA) overlaps the Q-quant
-// kernel; and it lets the combine launch at each CTA's end, not at its start. Reading the plan,
-// the block table, the lengths and the cache before the wait is sound because the Q-quant kernel
-// is launched without the attribute: it starts after everything before it in the stream has
-// completed, and the attention kernel starts after it. Where the seesaw kernel is the call's
-// first kernel (the fused Q) it waits at entry, as under 1.
+// SNAPMLA_PDL: programmatic dependent launch along a decode call's kernels (Q-quant ->
+// attention -> combine). The attention kernel and the combine are launched with programmatic
+// stream serialization; the Q-quant kernel is launched as before, so it starts only after
+// everything before it in the stream has completed (it must not overwrite the Q workspace
+// before the previous call's attention kernel has read it).
+//   2 (the default since session 14): the Q-quant kernel lets the attention kernel launch at
+//     its start. The seesaw kernel runs its prologue (barriers, the plan, the block table, the
+//     first pages' TMA) without waiting, and waits (griddep_wait) only before its first read of
+//     the Q-quant kernel's output (the Q tile, its scales): everything else it reads was written
+//     before the Q-quant kernel started. It lets the combine launch at each CTA's end; the
+//     combine waits before reading the partials. Where the seesaw kernel is the call's first
+//     kernel (the fused Q: no Q-quant kernel before it) it waits at entry, as the reference
+//     kernel's launch (without the attribute) needs nothing. Graph replays on the H200, same
+//     call (bench/results/2026-12-02-s14/): 1x1x128x4096 19.6 -> 17.5 us, 1x1x128x8192 23.4 ->
+//     21.5, 1x1x16x8192 17.0 -> 15.6, 8x1x128x1024 22.2 -> 21.1.
+//   1 (session 11, slower): every kernel waits at entry and triggers at its start (the combine's
+//     CTAs then sat on SMs the attention kernel needed: 1x128x8192 kernel + combine 83 us).
+//   0: plain launches; both device instructions are no-ops.
 #ifndef SNAPMLA_PDL
-#define SNAPMLA_PDL 0
+#define SNAPMLA_PDL 2
 #endif
 
 #ifdef __CUDACC__

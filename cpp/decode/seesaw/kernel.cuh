@@ -186,31 +186,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #endif
 static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4,
               "two or four QK accumulators");
-// SNAPMLA_SEESAW_SOFTMAX_ILP (experimental, 1 = today's kernel): partial accumulators per row
-// for the softmax's three reductions over a thread's 16 tokens of a row (the logits' max, the
-// sum of e and the max of P'), combined at the end: 1 keeps one dependent chain of 16 per row,
-// 4 gives four chains of 4. (The sum's order changes the fp32 rounding of l, within the tier.)
-#ifndef SNAPMLA_SEESAW_SOFTMAX_ILP
-#define SNAPMLA_SEESAW_SOFTMAX_ILP 1
-#endif
-static_assert(SNAPMLA_SEESAW_SOFTMAX_ILP == 1 || SNAPMLA_SEESAW_SOFTMAX_ILP == 2 ||
-                  SNAPMLA_SEESAW_SOFTMAX_ILP == 4,
-              "1, 2 or 4 partial accumulators a row");
-constexpr int kSoftmaxIlp = SNAPMLA_SEESAW_SOFTMAX_ILP;
-// The partial accumulator of fragment element 4 nn + c among kSoftmaxIlp (its row is c / 2).
-__device__ __forceinline__ constexpr int ilp_slot(int nn, int c) {
-  return kSoftmaxIlp == 1 ? 0 : kSoftmaxIlp == 2 ? (c & 1) : (c & 1) + 2 * (nn & 1);
-}
-template <class Op>
-__device__ __forceinline__ float ilp_reduce(const float (&v)[kSoftmaxIlp], Op op) {
-  if constexpr (kSoftmaxIlp == 1) {
-    return v[0];
-  } else if constexpr (kSoftmaxIlp == 2) {
-    return op(v[0], v[1]);
-  } else {
-    return op(op(v[0], v[1]), op(v[2], v[3]));
-  }
-}
 // SNAPMLA_SEESAW_QK_ONE_ACC (experimental, off; bench/NOTES.md, session 14): the one-term
 // kernels' QK in one fp32 accumulator (the 16 content QGMMA and the 4 RoPE HGMMA chained),
 // instead of two halves added by the CUDA cores. Saves 32 FADD a block on the softmax's path and
@@ -689,11 +664,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         };
         constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
-        float mxp[2][kSoftmaxIlp];  // SNAPMLA_SEESAW_SOFTMAX_ILP's partial maxima
-#pragma unroll
-        for (int j = 0; j < kSoftmaxIlp; ++j) mxp[0][j] = mxp[1][j] = -INFINITY;
-        auto fmax_op = [](float a, float b) { return fmaxf(a, b); };
-        auto fadd_op = [](float a, float b) { return a + b; };
         float row_factor[2];
         float rho = 0.f;  // kTwoTerm: s2 / s1 of the thread's query row
         if (softmax_warp) {
@@ -738,8 +708,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                 } else {
                   z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
                 }
-                float& mxs = mxp[c / 2][ilp_slot(nn, c)];
-                mxs = fmaxf(mxs, z[e]);
+                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
               }
             }
           };
@@ -750,7 +719,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            mx[ri] = ilp_reduce(mxp[ri], fmax_op);
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
             mx[ri] *= row_factor[ri];
@@ -773,12 +741,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
         if (softmax_warp) {
           float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f}, inv_sig[2];
-          float e_sump[2][kSoftmaxIlp], p_maxp[2][kSoftmaxIlp];  // partial sums and maxima
-#pragma unroll
-          for (int j = 0; j < kSoftmaxIlp; ++j) {
-            e_sump[0][j] = e_sump[1][j] = 0.f;
-            p_maxp[0][j] = p_maxp[1][j] = 0.f;
-          }
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
@@ -798,12 +760,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c, ri = c / 2;
                 const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
-                e_sump[ri][ilp_slot(nn, c)] += ex;
+                e_sum[ri] += ex;
                 float pp = ex * ks[c & 1];
                 if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
                 z[e] = pp;
-                float& pms = p_maxp[ri][ilp_slot(nn, c)];
-                pms = fmaxf(pms, pp);
+                p_max[ri] = fmaxf(p_max[ri], pp);
               }
             }
           };
@@ -811,11 +772,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             p_prime(std::true_type{});
           } else {
             p_prime(std::false_type{});
-          }
-#pragma unroll
-          for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            e_sum[ri] = ilp_reduce(e_sump[ri], fadd_op);
-            p_max[ri] = ilp_reduce(p_maxp[ri], fmax_op);
           }
           SEESAW_TRACE(i, kTrExp);
           e_sum[0] *= kExpUnshift;
