@@ -38,6 +38,20 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
+// The same wait, suspending the thread between tries until the phase completes or about
+// `suspend_ns` have passed (try_wait's time hint), for a waiter that is usually early (the
+// producer warpgroup's thread, waiting for a stage to empty) and would otherwise spin.
+__device__ __forceinline__ void mbar_wait_suspend(uint64_t* bar, uint32_t phase,
+                                                  uint32_t suspend_ns) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(phase), "r"(suspend_ns)
+      : "memory");
+}
+
 // ------------------------------------------------------------------------------- TMA
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
                                             int32_t c0, int32_t c1) {

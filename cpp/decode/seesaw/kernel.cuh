@@ -207,6 +207,13 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 // (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
 // them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
 // and on the gamma loads of each promotion.
+// SNAPMLA_SEESAW_PRODUCER_SUSPEND (experimental, 0 = spin; session 14): the producer's wait for
+// an empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until
+// the stage empties instead of re-trying: ncu at 32x128x16384 counted ~3.2M tries a launch, 7%
+// of all instructions executed, on the scheduler that also issues two consumer warps.
+#ifndef SNAPMLA_SEESAW_PRODUCER_SUSPEND
+#define SNAPMLA_SEESAW_PRODUCER_SUSPEND 0
+#endif
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
@@ -558,7 +565,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
             const uint32_t st = (it0 + j) % kStages;
-            mbar_wait(&s.empty_bar[st], (empty_parity >> st) & 1u);
+            if constexpr (SNAPMLA_SEESAW_PRODUCER_SUSPEND > 0) {
+              mbar_wait_suspend(&s.empty_bar[st], (empty_parity >> st) & 1u,
+                                SNAPMLA_SEESAW_PRODUCER_SUSPEND);
+            } else {
+              mbar_wait(&s.empty_bar[st], (empty_parity >> st) & 1u);
+            }
             empty_parity ^= 1u << st;
             const int32_t page = pages[j];
             load_content_half(j, 0, page);
