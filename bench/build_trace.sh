@@ -79,8 +79,8 @@ builds=(
   "seesaw_trace_pvpf:-DSNAPMLA_SEESAW_PV_PREFETCH=1"
   "seesaw_timeline_pvpf:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PREFETCH=1"
   "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
-  # the producer's empty-stage wait suspending (try_wait's time hint) instead of spinning
-  "seesaw_trace_psleep:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=10000000"
+  # the producer's empty-stage wait spinning (the default suspends: try_wait's time hint)
+  "seesaw_trace_pspin:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -207,12 +207,14 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 // (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
 // them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
 // and on the gamma loads of each promotion.
-// SNAPMLA_SEESAW_PRODUCER_SUSPEND (experimental, 0 = spin; session 14): the producer's wait for
-// an empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until
-// the stage empties instead of re-trying: ncu at 32x128x16384 counted ~3.2M tries a launch, 7%
-// of all instructions executed, on the scheduler that also issues two consumer warps.
+// SNAPMLA_SEESAW_PRODUCER_SUSPEND (on since session 14; 0 = spin): the producer's wait for an
+// empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until the
+// stage empties instead of re-trying: ncu at 32x128x16384 counted ~3.2M tries a launch, 7% of
+// all instructions executed, on the scheduler that also issues two consumer warps. Same-call
+// A/B on the H200, kernel alone (bench/results/2026-12-02-s14/seesaw-ab-ab94e80.log): 0.5-1.0%
+// faster at all six shapes (32x128x16384 235.0 -> 233.8 us, 32x32x32768 191.7 -> 189.8).
 #ifndef SNAPMLA_SEESAW_PRODUCER_SUSPEND
-#define SNAPMLA_SEESAW_PRODUCER_SUSPEND 0
+#define SNAPMLA_SEESAW_PRODUCER_SUSPEND 10000000
 #endif
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
