@@ -44,10 +44,11 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 //     the Q-quant kernel's output (the Q tile, its scales): everything else it reads was written
 //     before the Q-quant kernel started. It lets the combine launch at each CTA's end; the
 //     combine waits before reading the partials. Where the seesaw kernel is the call's first
-//     kernel (the fused Q: no Q-quant kernel before it) it waits at entry, as the reference
-//     kernel's launch (without the attribute) needs nothing. Graph replays on the H200, same
-//     call (bench/results/2026-12-02-s14/): 1x1x128x4096 19.6 -> 17.5 us, 1x1x128x8192 23.4 ->
-//     21.5, 1x1x16x8192 17.0 -> 15.6, 8x1x128x1024 22.2 -> 21.1.
+//     kernel (the fused Q: no Q-quant kernel before it) it waits at entry. (The reference
+//     kernel is launched without the attribute.) Graph replays on the H200, a build with 0
+//     against 2 in one call (bench/results/2026-12-02-s14/decode-cases-9231717-nopdl.json,
+//     decode-auto-9231717.json): 1x1x128x4096 19.3 -> 17.3 us, 1x1x128x8192 23.4 -> 21.4,
+//     1x1x16x8192 17.0 -> 16.0, 8x1x128x1024 22.0 -> 21.0.
 //   1 (session 11, slower): every kernel waits at entry and triggers at its start (the combine's
 //     CTAs then sat on SMs the attention kernel needed: 1x128x8192 kernel + combine 83 us).
 //   0: plain launches; both device instructions are no-ops.

@@ -202,11 +202,6 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #ifndef SNAPMLA_SEESAW_PV_DEPTH
 #define SNAPMLA_SEESAW_PV_DEPTH 2
 #endif
-// SNAPMLA_SEESAW_PV_PREFETCH (experimental, off; session 14): the half-N PV (N = 64, and the own
-// block at N = 16) with its shared-memory reads ahead of the wgmma waits. ncu at 32x128x16384
-// (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
-// them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
-// and on the gamma loads of each promotion.
 // SNAPMLA_SEESAW_PRODUCER_SUSPEND (on since session 14; 0 = spin): the producer's wait for an
 // empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until the
 // stage empties instead of re-trying: ncu at 32x128x16384 counted ~3.2M tries a launch, 7% of
@@ -216,6 +211,11 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #ifndef SNAPMLA_SEESAW_PRODUCER_SUSPEND
 #define SNAPMLA_SEESAW_PRODUCER_SUSPEND 10000000
 #endif
+// SNAPMLA_SEESAW_PV_PREFETCH (experimental, off; session 14): the half-N PV (N = 64, and the own
+// block at N = 16) with its shared-memory reads ahead of the wgmma waits. ncu at 32x128x16384
+// (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
+// them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
+// and on the gamma loads of each promotion.
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
@@ -283,10 +283,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
-  constexpr int kEarlyMTiles = kTwoTerm    ? 0
-                               : kN == 16  ? kMTiles
-                               : kN == 32  ? kEarlyTiles32
-                                           : 0;
+  constexpr int kEarlyMTiles = kTwoTerm ? 0 : kN == 16 ? kMTiles : kN == 32 ? kEarlyTiles32 : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
   // block i - 1 (just read by the early PV) and, one iteration late, the content half and the
@@ -505,8 +502,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
         // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
         // only, zero past the request; 128B-swizzled as TMA writes it. One tile a request.
-        if (tid < kThreads) q_wait();
         if (tid < kThreads) {
+          q_wait();
           constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
           constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
           static_assert(kUnits % kThreads == 0, "whole rounds");
@@ -964,20 +961,27 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
         constexpr int kHalfN = kN / 2;
         const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2).
-        auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
+        // gamma of 8-column tile `col` of O^T (query rows 8 col + 2 t, + 1)
+        auto gamma_of = [&](int col) {
+          return *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+        };
+        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2):
+        // gamma read where it is used, or from `pre` where the caller loaded it ahead.
+        auto promote_half_with = [&](int q, float (&tmp_q)[kHalfN / 2], const float2* pre) {
           const int m = kM0 + q / 2, h = q % 2;
           fence_regs(tmp_q);
 #pragma unroll
           for (int nn = 0; nn < kHalfN / 8; ++nn) {
             const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
-            // gamma of the O^T columns (query rows 8 col + 2 t, + 1), read where it is used
-            const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+            const float2 gm = pre != nullptr ? pre[nn] : gamma_of(col);
 #pragma unroll
             for (int c = 0; c < 4; ++c) {
               o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp_q[4 * nn + c]);
             }
           }
+        };
+        auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
+          promote_half_with(q, tmp_q, nullptr);
         };
         if constexpr (SNAPMLA_SEESAW_PV_DEPTH > 2) {
           // kD groups in flight; the V^T fragments of the m-tiles they read, double-buffered.
@@ -1022,24 +1026,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           float2 gm[kHalfN / 8];
           auto load_gamma = [&](int q) {
 #pragma unroll
-            for (int nn = 0; nn < kHalfN / 8; ++nn) {
-              const int col = (q % 2) * kHalfN / 8 + nn;
-              gm[nn] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-            }
+            for (int nn = 0; nn < kHalfN / 8; ++nn) gm[nn] = gamma_of((q % 2) * kHalfN / 8 + nn);
           };
-          auto promote_loaded = [&](int q) {
-            const int m = kM0 + q / 2, h = q % 2;
-            fence_regs(tmpp[q % 2]);
-#pragma unroll
-            for (int nn = 0; nn < kHalfN / 8; ++nn) {
-              const int col = h * kHalfN / 8 + nn;
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[m][4 * col + c] =
-                    fmaf(o[m][4 * col + c], c & 1 ? gm[nn].y : gm[nn].x, tmpp[q % 2][4 * nn + c]);
-              }
-            }
-          };
+          auto promote_loaded = [&](int q) { promote_half_with(q, tmpp[q % 2], gm); };
           v_fragments(i, kM0, edge_tag, ap[0]);
 #pragma unroll
           for (int q = 0; q < kGroups; ++q) {
