@@ -20,6 +20,7 @@
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
 #   .carry/bin/seesaw_trace_qk1 32 128 16384         # SNAPMLA_SEESAW_QK_ONE_ACC=1
 #   .carry/bin/seesaw_trace_nopdl 1 128 1024         # SNAPMLA_PDL=0 ("decode call")
+#   .carry/bin/seesaw_trace_pvf16 32 128 16384       # SNAPMLA_SEESAW_PV_F16=1 (N = 64's PV in f16)
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -81,6 +82,10 @@ builds=(
   "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   # the producer's empty-stage wait spinning (the default suspends: try_wait's time hint)
   "seesaw_trace_pspin:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=0"
+  # session 15: N = 64's PV on the FP16 tensor cores, into O^T (SNAPMLA_SEESAW_PV_F16)
+  "seesaw_trace_pvf16:-DSNAPMLA_SEESAW_PV_F16=1"
+  "seesaw_timeline_pvf16:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_F16=1"
+  "seesaw_trace_pvf16s2:-DSNAPMLA_SEESAW_PV_F16=1 -DSNAPMLA_SEESAW_PV_F16_SLOTS=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

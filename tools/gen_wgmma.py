@@ -16,7 +16,8 @@ def wgmma(name: str, n: int, k_type: str, k: int, *, a_in_regs: bool, trans: boo
     """One wrapper: D (+)= A * B with B a shared-memory descriptor and A a descriptor or four
     registers. ``init``: D = A * B with D an output only, so the compiler does not keep the
     accumulator registers alive before the first product of a chain. ``trans`` adds the
-    transpose immediates that 16-bit types take."""
+    transpose immediates that 16-bit types take (A's and B's; B's alone where A is in
+    registers), both 0: K-major."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
     if a_in_regs:
@@ -39,7 +40,7 @@ def wgmma(name: str, n: int, k_type: str, k: int, *, a_in_regs: bool, trans: boo
         op, constraint = "(+)=", '"+f"'
         params += ", int accumulate"
         inputs.append('"r"(accumulate)')
-    extra = ", 0, 0" if trans else ""
+    extra = (", 0" if a_in_regs else ", 0, 0") if trans else ""
     signature = f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {params}) {{"
     lines = [
         f"// D[64 x {n}] {op} {a_text} * {b_text}",
@@ -90,6 +91,10 @@ def main() -> None:
         wgmma("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32, a_in_regs=True),
         "",
         wgmma("wgmma_m64n64k32_e4m3_rs_init", 64, "e4m3", 32, a_in_regs=True, init=True),
+        "",
+        # PV on the FP16 tensor cores (N = 64): the same E4M3 values, exact in f16, accumulated in
+        # fp32 (FP8 wgmma keeps ~13 bits when it accumulates; this one does not).
+        wgmma("wgmma_m64n64k16_f16_rs", 64, "f16", 16, a_in_regs=True, trans=True),
         "",
         "}  // namespace sm90",
         "}  // namespace snapmla",

@@ -84,6 +84,74 @@ __device__ __forceinline__ void store_p8(uint32_t addr, const uint32_t (&w)[2][4
   if constexpr (kRows == 2) sm90::stsm_x4(addr + 8 * 64, w[1][0], w[1][1], w[1][2], w[1][3]);
 }
 
+// ---- The FP16 PV (N = 64; kernel.cuh, kPvF16): the same E4M3 values on the FP16 tensor cores,
+// which accumulate in fp32 (the FP8 ones keep ~13 bits), so a block's product goes into O^T
+// itself. Every E4M3 value is exactly an f16 value: nothing is rounded by the conversions.
+//
+// V^T as f16 A fragments (m64 x k16): logical k = token within each 16-token half of a k32
+// step. An FP8 fragment word a0 holds M-row g's tokens {2t, 2t+1, 8+2t, 9+2t} (low to high
+// byte), so its low f16x2 is (g, k 2t..2t+1) and its high one (g, k 8+2t..9+2t): the f16
+// fragment of tokens 0-15 is {lo a0, lo a1, hi a0, hi a1}, of tokens 16-31 {lo a2, lo a3, hi a2,
+// hi a3}.
+__device__ __forceinline__ void e4m3x4_to_f16x2x2(uint32_t x, uint32_t& lo, uint32_t& hi) {
+  asm("{\n.reg .b16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.rn.f16x2.e4m3x2 %0, l;\n"
+      "cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
+      : "=r"(lo), "=r"(hi)
+      : "r"(x));
+}
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint16_t x) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(x));
+  return r;
+}
+// s0: the f16 fragment of tokens 0-15 of the FP8 fragment's k-step, s1: of tokens 16-31.
+__device__ __forceinline__ void vt_f16_fragments(const uint32_t (&a8)[4], uint32_t (&s0)[4],
+                                                 uint32_t (&s1)[4]) {
+  e4m3x4_to_f16x2x2(a8[0], s0[0], s0[2]);
+  e4m3x4_to_f16x2x2(a8[1], s0[1], s0[3]);
+  e4m3x4_to_f16x2x2(a8[2], s1[0], s1[2]);
+  e4m3x4_to_f16x2x2(a8[3], s1[1], s1[3]);
+}
+
+// P as the f16 B operand: [64 rows][64 tokens] f16 = [64][128 B], 128B swizzle, K-major: token k
+// of row r at sw128_offset(r, k / 8) + 2 (k % 8), the order the S accumulator holds (thread (g, t):
+// tokens 8 n + 2 t, + 1 of rows g and g + 8), so stmatrix stores it with no shuffles. k16 step s of
+// the PV reads bytes [32 s, 32 s + 32) of every row.
+// Words of a thread's rows g (ri = 0) and g + 8: w[ri][n] = f16x2 of e4m3(z[4 n + 2 ri + {0, 1}] *
+// inv[ri]), the contract's P8, widened exactly.
+__device__ __forceinline__ void p16_words(const float (&z)[32], const float (&inv)[2],
+                                          uint32_t (&w)[2][8]) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      const float* zz = z + 4 * n + 2 * ri;
+      w[ri][n] = e4m3x2_to_f16x2(__nv_cvt_float2_to_fp8x2(
+          make_float2(zz[0] * inv[ri], zz[1] * inv[ri]), __NV_SATFINITE, __NV_E4M3));
+    }
+  }
+}
+// stmatrix row address of `lane` in a P f16 tile for the rows of warp `warp` (16 warp + lane % 8)
+// and tokens 8 (lane / 8) ..: the 16-byte unit lane / 8; units + 4 are at offset ^ 64, rows + 8
+// at + 1024 (same swizzle phase).
+__device__ __forceinline__ uint32_t p16_lane_offset(uint32_t lane, uint32_t warp) {
+  return sw128_offset(16 * warp + (lane & 7), lane >> 3);
+}
+// Store them: `tile` = the P tile's shared address (1024-byte aligned), `off` =
+// p16_lane_offset(lane, warp).
+__device__ __forceinline__ void store_p16(uint32_t tile, uint32_t off, const uint32_t (&w)[2][8]) {
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const uint32_t addr = tile + ((off + 1024u * ri) ^ (64u * hh));
+      sm90::stsm_x4(addr, w[ri][4 * hh], w[ri][4 * hh + 1], w[ri][4 * hh + 2], w[ri][4 * hh + 3]);
+    }
+  }
+}
+
 }  // namespace seesaw
 }  // namespace decode
 }  // namespace snapmla

@@ -219,6 +219,31 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
+// SNAPMLA_SEESAW_PV_F16 (experimental, off until validated on the H200): N = 64's PV on the FP16
+// tensor cores (kPvF16 below). The half-N FP8 PV is latency-bound (session 14's timeline: 1,200-
+// 1,700 cycles a block for 256 of tensor work, 16 small wgmmas, each pair waited for and
+// promoted by the CUDA cores), because the FP8 tensor cores keep ~13 bits when they accumulate
+// (bench/qgmma_probe.cu) and so cannot carry O^T across blocks (PV into O^T: 8.6x the model's
+// error on the workload layers). P8 and V8 are exact f16 values and the FP16 tensor cores
+// accumulate in fp32, so the same products go straight into O^T, whole m-tiles in flight, and the
+// promotion's temporaries and FFMAs are gone; the price is twice the PV's tensor time (1,024
+// cycles a 64-row tile-block instead of 512) and P as f16 in shared memory (two tiles, not four).
+#ifndef SNAPMLA_SEESAW_PV_F16
+#define SNAPMLA_SEESAW_PV_F16 0
+#endif
+// SNAPMLA_SEESAW_PV_F16_SLOTS (experimental): the FP16 PV's m-tiles in flight within a block.
+#ifndef SNAPMLA_SEESAW_PV_F16_SLOTS
+#define SNAPMLA_SEESAW_PV_F16_SLOTS 4
+#endif
+static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
+              "1 to 4 m-tiles in flight");
+// One k16 step of the FP16 PV into O^T m-tile d (N = 64; nothing at other widths, which never
+// call it: a generic lambda's body may be checked at every width).
+template <int N>
+__device__ __forceinline__ void wgmma_pv_f16(float (&d)[N / 2], const uint32_t (&a)[4],
+                                             uint64_t desc) {
+  if constexpr (N == 64) wgmma_m64n64k16_f16_rs(d, a, desc, 1);
+}
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -280,6 +305,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kCtaThreads = kCtaThreadsAt<kN>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
+  // The FP16 PV (SNAPMLA_SEESAW_PV_F16): P in f16 tiles, two of them (kP16Tiles) instead of
+  // kPBuffers P8 buffers; the Pfree barriers count P tiles.
+  constexpr bool kPvF16 = SNAPMLA_SEESAW_PV_F16 != 0 && kN == 64 && !kTwoTerm && !kPvDirect;
+  constexpr int kPTiles = kPvF16 ? kP16Tiles : kPBuffers;
+  static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
@@ -364,7 +394,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
     // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-    const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
+    const uint32_t stsm_off =
+        kPvF16 ? p16_lane_offset(lane, warp) : p8_lane_offset_rows(lane, kRowsPerWarp * warp);
+    auto p_tile = [&](int i) -> uint8_t* {  // P of block i (P8, or the FP16 PV's f16 tile)
+      return kPvF16 ? s.p8[2 * (i % kP16Tiles)] : s.p8[i % kPBuffers];
+    };
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
     const RequestRange requests = part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
@@ -665,6 +699,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         float m_new[2], sig[2], l[2], gamma[2];
         if constexpr (kTwoTerm) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;  // one row a thread
         uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
+        uint32_t w16[kPvF16 ? 2 : 1][8];  // kPvF16: P8 as f16 of rows row_of(0), row_of(1)
         // u = S s_k in place: u[4 n + c] is row row_of(c / 2), token 8 n + 2 t + c % 2 (two-term:
         // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
@@ -811,14 +846,22 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           inv_sig[0] = __frcp_rn(sig[0]);
           if constexpr (!kTwoTerm) inv_sig[1] = __frcp_rn(sig[1]);
 #endif
-          p8_words<kRowsPerThread>(z, inv_sig, w);
+          if constexpr (kPvF16) {
+            p16_words(z, inv_sig, w16);
+          } else {
+            p8_words<kRowsPerThread>(z, inv_sig, w);
+          }
         }
         SEESAW_TRACE(i, kTrP8);
-        // PV(i - kPBuffers) by the other warpgroup read this buffer
-        if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kThreads);
+        // PV(i - kPTiles) by the other warpgroup read this P tile
+        if (i >= kPTiles) named_barrier(kBarPfree + i % kPTiles, kThreads);
         SEESAW_TRACE(i, kTrPfree);
         if (softmax_warp) {
-          store_p8<kRowsPerThread>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+          if constexpr (kPvF16) {
+            store_p16(smem_u32(p_tile(i)), stsm_off, w16);
+          } else {
+            store_p8<kRowsPerThread>(smem_u32(p_tile(i)) + stsm_off, w);
+          }
           if (t == 0) {
             RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
@@ -1129,6 +1172,91 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
       };
 
+      // ---- the FP16 PV (kPvF16): O^T = gamma_j O^T + P_j V_j on latent half wg, the product
+      // accumulated into O^T itself by m64n64k16 f16 wgmmas (4 k16 steps an m-tile), one commit
+      // group an m-tile, up to kF16Slots in flight: m-tile m waits only for m-tile m -
+      // kF16Slots, so the rescale and the V^T fragments of one run under the others' products.
+      // Each block ends with every group retired. (A stream across blocks, the other's then
+      // the own, made ptxas serialize every wgmma of the kernel, C7511/C7512, with every
+      // arrangement tried: compile-only experiments, bench/NOTES.md session 15.)
+      constexpr int kF16Slots = SNAPMLA_SEESAW_PV_F16_SLOTS;
+      auto pv_f16_block = [&](int j, auto edge_tag) {
+        mbar_wait(full_of(j), phase_of(j));
+        SEESAW_TRACE(j, kTrPvStart);
+        const RowStats& ps = s.stats[j % kPBuffers];
+        float2 gm[kNTiles];  // gamma of O^T columns (query rows) 8 col + 2 t, + 1
+#pragma unroll
+        for (int col = 0; col < kNTiles; ++col) {
+          gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+        }
+        const SmemDesc p_desc = make_desc_base(p_tile(j), Swizzle::k128B, kP16RowBytes);
+        uint32_t a[kMTiles][4][4];  // f16 V^T: m-tile, k16 step (tokens 16 k ..), register
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          uint32_t a8[2][4];  // FP8 V^T of the two k32 steps, read ahead of the wait
+          v_fragments(j, m, edge_tag, a8);
+          wgmma_wait<kF16Slots - 1>();
+          fence_regs(o[m]);
+#pragma unroll
+          for (int col = 0; col < kNTiles; ++col) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm[col].y : gm[col].x;
+          }
+          vt_f16_fragments(a8[0], a[m][0], a[m][1]);
+          vt_f16_fragments(a8[1], a[m][2], a[m][3]);
+          wgmma_fence();
+#pragma unroll
+          for (int k = 0; k < 4; ++k) wgmma_pv_f16<kN>(o[m], a[m][k], p_desc.at(32 * k));
+          wgmma_commit();
+        }
+        wgmma_wait<0>();
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) fence_regs(o[m]);
+        SEESAW_TRACE(j, kTrPvEnd);
+      };
+      auto pv_f16 = [&](int j) {
+        if (is_edge(j)) {
+          pv_f16_block(j, std::true_type{});
+        } else {
+          pv_f16_block(j, std::false_type{});
+        }
+      };
+      auto pv_f16_iteration = [&](int i) {
+        if (i > 0) {  // the other's block i - 1
+          pv_f16(i - 1);
+          if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
+          release(i - 1);
+        }
+        pv_f16(i);
+        release(i);
+      };
+
+      // The rest of a promoted-PV iteration after the softmax: the other's block i - 1, the own
+      // block i, the refills.
+      auto pv_seesaw_rest = [&](int i) {
+        if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
+        SEESAW_TRACE(i, kTrEarlyDone);
+        if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
+          if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
+          pv_late(i - 1);
+          if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
+          SEESAW_TRACE(i, kTrPfreeArrived);
+          if constexpr (kProducer) {
+            release(i - 1);
+          } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) {
+            refill_content(i - 1);
+          }
+        }
+        if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
+        SEESAW_TRACE(i, kTrRefill);
+        pv(i);
+        if constexpr (kProducer) {
+          release(i);
+        } else if constexpr (!kRefillInSoftmax) {
+          refill_content(i);
+        }
+      };
+
       // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
@@ -1160,31 +1288,19 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
         softmax_publish(i);
-        if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
-        SEESAW_TRACE(i, kTrEarlyDone);
-        if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
-          if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
-          pv_late(i - 1);
-          if (i - 1 + kPBuffers < n) named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
-          SEESAW_TRACE(i, kTrPfreeArrived);
-          if constexpr (kProducer) {
-            release(i - 1);
-          } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) {
-            refill_content(i - 1);
-          }
-        }
-        if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
-        SEESAW_TRACE(i, kTrRefill);
-        pv(i);
-        if constexpr (kProducer) {
-          release(i);
-        } else if constexpr (!kRefillInSoftmax) {
-          refill_content(i);
+        if constexpr (kPvF16) {
+          pv_f16_iteration(i);
+        } else {
+          pv_seesaw_rest(i);
         }
       }
       if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
         named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-        pv(n - 1);
+        if constexpr (kPvF16) {
+          pv_f16(n - 1);
+        } else {
+          pv(n - 1);
+        }
       }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
