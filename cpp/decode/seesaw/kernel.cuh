@@ -699,7 +699,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         float m_new[2], sig[2], l[2], gamma[2];
         if constexpr (kTwoTerm) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;  // one row a thread
         uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
-        uint32_t w16[kPvF16 ? 2 : 1][8];  // kPvF16: P8 as f16 of rows row_of(0), row_of(1)
+        [[maybe_unused]] uint32_t w16[kPvF16 ? 2 : 1][8];  // kPvF16: P8 as f16 of rows row_of(0), row_of(1)
         // u = S s_k in place: u[4 n + c] is row row_of(c / 2), token 8 n + 2 t + c % 2 (two-term:
         // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
