@@ -1,0 +1,292 @@
+// What one 64-token block's PV costs a warpgroup of the seesaw kernel, by the PV's structure
+// (session 15, issue 7): the kernel's timeline puts a block's PV at 1,100-1,900 cycles against
+// 256 (FP8) or 512 (FP16) of tensor work, and the FP16 PV into O^T (SNAPMLA_SEESAW_PV_F16) was no
+// faster than the promoted FP8 one. This measures the PV alone, on resident shared memory, with
+// the kernel's own fragment helpers and wgmma wrappers, one or both warpgroups of a CTA running
+// it at once (the kernel's other warpgroup runs its softmax or its own PV meanwhile):
+//
+//   0 fp8-halfN-promoted  the default: 8 groups (m-tile, half the rows) of 2 m64n32k32 into a
+//                         zeroed temporary, two in flight, each added into O = gamma O + T
+//   1 fp8-wholeN-promoted 4 groups (m-tile) of 2 m64n64k32, two in flight, promoted the same way
+//   2 f16-direct          SNAPMLA_SEESAW_PV_F16: O *= gamma, then 4 m64n64k16 f16 an m-tile into O
+//   3 fp8-n32-raw         the 16 m64n32k32 of variant 0 back to back, one wait (no promotion)
+//   4 fp8-n64-raw         the 8 m64n64k32 of variant 1 back to back, one wait
+//   5 f16-raw             the 16 m64n64k16 of variant 2 back to back, one wait
+//   6 fp8-n64-ss-raw      8 m64n64k32 with both operands in shared memory (the QK's form)
+//
+// Every CTA of a full grid (one per SM) runs `reps` blocks; CTA 0's warpgroups time them with
+// clock64 (cycles per block and warpgroup, median of the CTA's warpgroups). The numbers are what
+// matters, not the values (random E4M3 codes, small P).
+//
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp -Iinclude \
+//        bench/pv_rate.cu -o pv_rate && ./pv_rate [reps]
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "decode/seesaw/fragments.cuh"
+#include "decode/wgmma_ops.cuh"
+
+using namespace snapmla;
+using namespace snapmla::decode::seesaw;
+
+#define CHECK(x)                                                                          \
+  do {                                                                                    \
+    cudaError_t e_ = (x);                                                                 \
+    if (e_ != cudaSuccess) {                                                              \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+constexpr int kVariants = 7;
+const char* const kNames[kVariants] = {"fp8-halfN-promoted", "fp8-wholeN-promoted", "f16-direct",
+                                       "fp8-n32-raw",        "fp8-n64-raw",         "f16-raw",
+                                       "fp8-n64-ss-raw"};
+// Tensor cycles of one block's PV for one warpgroup (256 latent x 64 rows x 64 tokens).
+const int kTensorCycles[kVariants] = {256, 256, 512, 256, 256, 512, 256};
+
+struct Smem {
+  uint8_t content[2][2][64 * 128];  // [warpgroup][chunk][64 tokens x 128 B], 128B swizzle
+  uint8_t p8[64 * 64];              // [64 rows][64 B], 64B swizzle
+  uint8_t p16[64 * 128];            // [64 rows][64 f16], 128B swizzle
+  float gamma[64];
+};
+
+template <int kVariant>
+__global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, float* sink,
+                                                         long long* cycles) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  Smem& s = *reinterpret_cast<Smem*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
+  // Finite E4M3 codes (no NaN), small P, gamma near 1.
+  for (int i = tid; i < int(sizeof(s.content)); i += 256) {
+    reinterpret_cast<uint8_t*>(s.content)[i] = uint8_t((i * 2654435761u >> 13) & 0xbf);
+  }
+  for (int i = tid; i < int(sizeof(s.p8)); i += 256) s.p8[i] = uint8_t((i * 40503u >> 7) & 0x3f);
+  for (int i = tid; i < int(sizeof(s.p16)) / 2; i += 256) {
+    reinterpret_cast<uint16_t*>(s.p16)[i] = uint16_t(0x3000 + ((i * 40503u >> 5) & 0x3ff));
+  }
+  if (tid < 64) s.gamma[tid] = 0.999f;
+  sm90::fence_proxy_async();
+  __syncthreads();
+  if (wg >= wgs) return;
+
+  float o[4][32];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
+  }
+  const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+  auto frags = [&](int m, uint32_t (&a)[2][4]) {
+    const uint32_t chunk = sm90::smem_u32(s.content[wg][m / 2]) + ldsm_off[m & 1];
+    vt_fragment(chunk, a[0]);
+    vt_fragment(chunk + 32 * 128, a[1]);
+  };
+  const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8, sm90::Swizzle::k64B, 64);
+  const sm90::SmemDesc p16_desc = sm90::make_desc_base(s.p16, sm90::Swizzle::k128B, 128);
+  auto gamma_of = [&](int col) {
+    return *reinterpret_cast<const float2*>(&s.gamma[8 * col + 2 * t]);
+  };
+
+  asm volatile("bar.sync 1, %0;\n" ::"r"(128 * wgs));
+  const long long t0 = clock64();
+#pragma unroll 1
+  for (int r = 0; r < reps; ++r) {
+    if constexpr (kVariant == 0) {
+      float tmp[2][16];
+      auto promote = [&](int q) {
+        const int m = q / 2, h = q % 2;
+        sm90::fence_regs(tmp[q % 2]);
+#pragma unroll
+        for (int nn = 0; nn < 4; ++nn) {
+          const int col = 4 * h + nn;
+          const float2 gm = gamma_of(col);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[q % 2][4 * nn + c]);
+          }
+        }
+      };
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t a[2][4];
+        frags(m, a);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int q = 2 * m + h;
+          const uint32_t rows = h * 32 * 64;
+          sm90::wgmma_fence();
+          sm90::wgmma_m64n32k32_e4m3_rs_init(tmp[q % 2], a[0], p8_desc.at(rows));
+          sm90::wgmma_m64n32k32_e4m3_rs(tmp[q % 2], a[1], p8_desc.at(rows + 32), 1);
+          sm90::wgmma_commit();
+          if (q > 0) {
+            sm90::wgmma_wait<1>();
+            promote(q - 1);
+          }
+        }
+      }
+      sm90::wgmma_wait<0>();
+      promote(7);
+    } else if constexpr (kVariant == 1) {
+      float tmp[2][32];
+      uint32_t a[2][2][4];
+      auto promote = [&](int m) {
+        sm90::fence_regs(tmp[m % 2]);
+#pragma unroll
+        for (int col = 0; col < 8; ++col) {
+          const float2 gm = gamma_of(col);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) {
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[m % 2][4 * col + c]);
+          }
+        }
+      };
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        frags(m, a[m % 2]);
+        sm90::wgmma_fence();
+        sm90::wgmma_m64n64k32_e4m3_rs_init(tmp[m % 2], a[m % 2][0], p8_desc.at(0));
+        sm90::wgmma_m64n64k32_e4m3_rs(tmp[m % 2], a[m % 2][1], p8_desc.at(32), 1);
+        sm90::wgmma_commit();
+        if (m > 0) {
+          sm90::wgmma_wait<1>();
+          promote(m - 1);
+        }
+      }
+      sm90::wgmma_wait<0>();
+      promote(3);
+    } else if constexpr (kVariant == 2) {
+      float2 gm[8];
+#pragma unroll
+      for (int col = 0; col < 8; ++col) gm[col] = gamma_of(col);
+      uint32_t a[4][4][4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        uint32_t a8[2][4];
+        frags(m, a8);
+        sm90::wgmma_wait<3>();  // as the kernel (a no-op: 3 groups at most are in flight)
+        sm90::fence_regs(o[m]);
+#pragma unroll
+        for (int col = 0; col < 8; ++col) {
+#pragma unroll
+          for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm[col].y : gm[col].x;
+        }
+        vt_f16_fragments(a8[0], a[m][0], a[m][1]);
+        vt_f16_fragments(a8[1], a[m][2], a[m][3]);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 4; ++k) sm90::wgmma_m64n64k16_f16_rs(o[m], a[m][k], p16_desc.at(32 * k), 1);
+        sm90::wgmma_commit();
+      }
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
+    } else if constexpr (kVariant == 3 || kVariant == 4 || kVariant == 5) {
+      uint32_t a[4][2][4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) frags(m, a[m]);
+      uint32_t a16[4][4][4];
+      if constexpr (kVariant == 5) {
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          vt_f16_fragments(a[m][0], a16[m][0], a16[m][1]);
+          vt_f16_fragments(a[m][1], a16[m][2], a16[m][3]);
+        }
+      }
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        if constexpr (kVariant == 3) {
+          float(&lo)[16] = *reinterpret_cast<float(*)[16]>(&o[m][0]);
+          float(&hi)[16] = *reinterpret_cast<float(*)[16]>(&o[m][16]);
+          sm90::wgmma_m64n32k32_e4m3_rs(lo, a[m][0], p8_desc.at(0), 1);
+          sm90::wgmma_m64n32k32_e4m3_rs(lo, a[m][1], p8_desc.at(32), 1);
+          sm90::wgmma_m64n32k32_e4m3_rs(hi, a[m][0], p8_desc.at(2048), 1);
+          sm90::wgmma_m64n32k32_e4m3_rs(hi, a[m][1], p8_desc.at(2048 + 32), 1);
+        } else if constexpr (kVariant == 4) {
+          sm90::wgmma_m64n64k32_e4m3_rs(o[m], a[m][0], p8_desc.at(0), 1);
+          sm90::wgmma_m64n64k32_e4m3_rs(o[m], a[m][1], p8_desc.at(32), 1);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) sm90::wgmma_m64n64k16_f16_rs(o[m], a16[m][k], p16_desc.at(32 * k), 1);
+        }
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
+    } else {  // 6: both operands in shared memory (the content tile as a K-major A, P8's rows as B)
+      const sm90::SmemDesc a_desc = sm90::make_desc_base(s.content[wg][0], sm90::Swizzle::k128B, 128);
+      const sm90::SmemDesc b_desc = sm90::make_desc_base(s.content[wg][1], sm90::Swizzle::k128B, 128);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        sm90::wgmma_m64n64k32_e4m3_ss(o[m], a_desc.at(32 * m), b_desc.at(32 * m), 1);
+        sm90::wgmma_m64n64k32_e4m3_ss(o[m], a_desc.at(32 * ((m + 1) % 4)), b_desc.at(32 * m), 1);
+      }
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+#pragma unroll
+      for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
+    }
+  }
+  const long long t1 = clock64();
+  float acc = 0.f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc += o[m][e];
+  }
+  if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
+  if (blockIdx.x == 0 && tid % 128 == 0) cycles[wg] = t1 - t0;
+}
+
+template <int kVariant>
+void run(int reps, int sms, float* sink, long long* d_cycles) {
+  const size_t smem = sizeof(Smem) + 1024;
+  CHECK(cudaFuncSetAttribute(pv_rate_kernel<kVariant>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             int(smem)));
+  for (int wgs = 1; wgs <= 2; ++wgs) {
+    long long best[2] = {-1, -1};
+    for (int trial = 0; trial < 3; ++trial) {  // the least of three launches
+      CHECK(cudaMemset(d_cycles, 0, 2 * sizeof(long long)));
+      pv_rate_kernel<kVariant><<<sms, 256, smem>>>(reps, wgs, sink, d_cycles);
+      CHECK(cudaGetLastError());
+      CHECK(cudaDeviceSynchronize());
+      long long c[2];
+      CHECK(cudaMemcpy(c, d_cycles, sizeof(c), cudaMemcpyDeviceToHost));
+      for (int w = 0; w < wgs; ++w) {
+        if (best[w] < 0 || c[w] < best[w]) best[w] = c[w];
+      }
+    }
+    const double per = double(wgs == 2 ? (best[0] > best[1] ? best[0] : best[1]) : best[0]) / reps;
+    std::printf("%-20s  warpgroups %d  %7.0f cycles per block per warpgroup  (tensor %d: %4.0f%%;"
+                " SM tensor busy %4.0f%%)\n",
+                kNames[kVariant], wgs, per, kTensorCycles[kVariant],
+                100.0 * kTensorCycles[kVariant] / per, 100.0 * wgs * kTensorCycles[kVariant] / per);
+  }
+}
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* sink;
+  long long* d_cycles;
+  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
+  CHECK(cudaMalloc(&d_cycles, 2 * sizeof(long long)));
+  std::printf("PV of one 64-token block (256 latent x 64 rows a warpgroup), %d reps, %d CTAs\n",
+              reps, sms);
+  run<0>(reps, sms, sink, d_cycles);
+  run<1>(reps, sms, sink, d_cycles);
+  run<2>(reps, sms, sink, d_cycles);
+  run<3>(reps, sms, sink, d_cycles);
+  run<4>(reps, sms, sink, d_cycles);
+  run<5>(reps, sms, sink, d_cycles);
+  run<6>(reps, sms, sink, d_cycles);
+  return 0;
+}
