@@ -86,6 +86,10 @@ builds=(
   "seesaw_trace_pvf16:-DSNAPMLA_SEESAW_PV_F16=1"
   "seesaw_timeline_pvf16:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_F16=1"
   "seesaw_trace_pvf16s2:-DSNAPMLA_SEESAW_PV_F16=1 -DSNAPMLA_SEESAW_PV_F16_SLOTS=2"
+  # session 15: N = 64's promoted FP8 PV with V^T rewritten in shared memory (SS wgmma)
+  "seesaw_trace_pvss:-DSNAPMLA_SEESAW_PV_SS=1"
+  "seesaw_trace_pvss2:-DSNAPMLA_SEESAW_PV_SS=2"
+  "seesaw_timeline_pvss:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_SS=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

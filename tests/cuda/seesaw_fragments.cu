@@ -8,7 +8,9 @@
 // its low logits in c = 2, 3, stored by p8_words<1> / store_p8<1> at rows 8 w ..), N = 16, 32;
 // and the FP16 PV's bindings (kF16, N = 64: P8 widened to f16 by p16_words and stored with
 // store_p16 in the 128B-swizzled f16 tile, V^T widened by vt_f16_fragments, four m64n64k16 f16
-// wgmmas a k32 step), there on V drawn from every E4M3 value of magnitude 2^-9 .. 8 as well.
+// wgmmas a k32 step), there on V drawn from every E4M3 value of magnitude 2^-9 .. 8 as well;
+// and V^T in shared memory (kSs, N = 64: the fragments stored by stmatrix at
+// vt_smem_lane_offset, then m64n64k32 with both operands in shared memory).
 // Values are small integers (or few-bit E4M3 values times small integers on the FP16 path, whose
 // fp32 accumulation holds their sums exactly), so the result must equal P V on the host bit for
 // bit. Exit status 0 on success.
@@ -48,10 +50,11 @@ __device__ void pv_kstep(float (&acc)[N / 2], const uint32_t (&a)[4], uint64_t d
 
 // v: e4m3 [64 tokens][512]; p: fp32 [64 rows][64 tokens] (exact E4M3 values);
 // out: fp32 [64 rows][512] = p v for rows < N.
-template <int N, bool kOneRow, bool kF16>
+template <int N, bool kOneRow, bool kF16, bool kSs = false>
 __global__ void __launch_bounds__(256, 1)
     fragments_kernel(const uint8_t* v, const float* p, float* out) {
   static_assert(!kF16 || (N == 64 && !kOneRow), "the FP16 PV: N = 64, one-term");
+  static_assert(!kSs || (N == 64 && !kOneRow && !kF16), "the SS PV: N = 64, one-term, FP8");
   __shared__ __align__(1024) uint8_t content[4][kTokens * 128];
   __shared__ __align__(1024) uint8_t p8[kRows * 64];
   __shared__ __align__(1024) uint8_t p16[kRows * 128];
@@ -98,7 +101,22 @@ __global__ void __launch_bounds__(256, 1)
     vt_fragment(chunk, a[0]);
     vt_fragment(chunk + 4096, a[1]);
     float acc[N / 2];
-    if constexpr (kF16) {  // into a zeroed accumulator, as the kernel's O^T starts
+    if constexpr (kSs) {  // V^T through shared memory (its own buffer here; in place in the kernel)
+      __shared__ __align__(1024) uint8_t vts[2][64 * 64];  // [warpgroup][64 latent][64 tokens]
+      const uint32_t off = vt_smem_lane_offset(lane, warp);
+      sm90::stsm_x4(sm90::smem_u32(vts[wg]) + off, a[0][0], a[0][1], a[0][2], a[0][3]);
+      sm90::stsm_x4(sm90::smem_u32(vts[wg]) + (off ^ 32), a[1][0], a[1][1], a[1][2], a[1][3]);
+      sm90::fence_proxy_async();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));
+      const sm90::SmemDesc dv = sm90::make_desc_base(vts[wg], sm90::Swizzle::k64B, 64);
+      sm90::wgmma_fence();
+      sm90::wgmma_m64n64k32_e4m3_ss_init(acc, dv.at(0), desc[0]);
+      sm90::wgmma_m64n64k32_e4m3_ss(acc, dv.at(32), desc[1], 1);
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(acc);
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg));  // vts reused by the next m-tile
+    } else if constexpr (kF16) {  // into a zeroed accumulator, as the kernel's O^T starts
       uint32_t a16[4][4];
       vt_f16_fragments(a[0], a16[0], a16[1]);
       vt_f16_fragments(a[1], a16[2], a16[3]);
@@ -111,9 +129,11 @@ __global__ void __launch_bounds__(256, 1)
       pv_kstep<N>(acc, a[0], desc[0], true);
       pv_kstep<N>(acc, a[1], desc[1], false);
     }
-    sm90::wgmma_commit();
-    sm90::wgmma_wait<0>();
-    sm90::fence_regs(acc);
+    if constexpr (!kSs) {
+      sm90::wgmma_commit();
+      sm90::wgmma_wait<0>();
+      sm90::fence_regs(acc);
+    }
     for (int e = 0; e < N / 2; ++e) {
       const int d = 256 * wg + 64 * m + 16 * warp + 2 * g + (e % 4) / 2;
       const int row = 8 * (e / 4) + 2 * t + (e % 2);
@@ -143,7 +163,7 @@ static std::vector<float> e4m3_values() {
   return vals;
 }
 
-template <int N, bool kOneRow = false, bool kF16 = false>
+template <int N, bool kOneRow = false, bool kF16 = false, bool kSs = false>
 static int run(std::mt19937& rng, bool wide = false) {
   std::uniform_int_distribution<int> vd(-3, 3), pd(0, 4);
   static const std::vector<float> wide_values = e4m3_values();
@@ -163,7 +183,7 @@ static int run(std::mt19937& rng, bool wide = false) {
   check(cudaMemcpy(dv, v8.data(), v8.size(), cudaMemcpyHostToDevice), "copy");
   check(cudaMemcpy(dp, pf.data(), pf.size() * 4, cudaMemcpyHostToDevice), "copy");
   check(cudaMemset(dout, 0xff, kRows * kDim * 4), "poison");  // NaN: unwritten stays NaN
-  fragments_kernel<N, kOneRow, kF16><<<1, 256>>>(dv, dp, dout);
+  fragments_kernel<N, kOneRow, kF16, kSs><<<1, 256>>>(dv, dp, dout);
   check(cudaGetLastError(), "launch");
   check(cudaDeviceSynchronize(), "kernel");
   std::vector<float> out(kRows * kDim);
@@ -177,14 +197,14 @@ static int run(std::mt19937& rng, bool wide = false) {
       if (!(got == static_cast<float>(want))) {
         if (bad < 8) {
           std::printf("N=%d%s row %d latent %d: got %g want %g\n", N,
-                      kF16 ? " f16" : kOneRow ? " one-row" : "", r, d, got, want);
+                      kSs ? " ss" : kF16 ? " f16" : kOneRow ? " one-row" : "", r, d, got, want);
         }
         ++bad;
       }
     }
   }
   std::printf("N=%d%s%s: %d of %d elements differ\n", N,
-              kF16 ? " f16" : kOneRow ? " one-row" : "", wide ? " (wide E4M3 V)" : "", bad,
+              kSs ? " ss" : kF16 ? " f16" : kOneRow ? " one-row" : "", wide ? " (wide E4M3 V)" : "", bad,
               N * kDim);
   cudaFree(dv);
   cudaFree(dp);
@@ -199,6 +219,7 @@ int main() {
     bad += run<16>(rng) + run<32>(rng) + run<64>(rng);
     bad += run<16, true>(rng) + run<32, true>(rng);  // the two-term query's P8 (kOneRow)
     bad += run<64, false, true>(rng) + run<64, false, true>(rng, true);  // the FP16 PV
+    bad += run<64, false, false, true>(rng);                             // V^T from shared memory
   }
   std::printf(bad == 0 ? "PASS\n" : "FAIL\n");
   return bad == 0 ? 0 : 1;

@@ -84,6 +84,18 @@ __device__ __forceinline__ void store_p8(uint32_t addr, const uint32_t (&w)[2][4
   if constexpr (kRows == 2) sm90::stsm_x4(addr + 8 * 64, w[1][0], w[1][1], w[1][2], w[1][3]);
 }
 
+// ---- V^T in shared memory (N = 64; kernel.cuh, kPvSs): the K-major A operand of an FP8 wgmma,
+// [latent rows][64 tokens], 64B swizzle (unit u of row r at r * 64 + ((u ^ ((r >> 1) & 3)) << 4)),
+// an m-tile every 4 KB, k-step ks at byte 32 ks of each row. The FP8 fragment a0..a3 of warp v
+// (vt_fragment) is stored as it is by one stmatrix x4: matrix i holds M-rows 16 v + 8 (i % 2) ..
+// + 7, bytes 16 (i / 2) .. + 15 of the k-step, and thread (g, t) supplies bytes 4 t .. 4 t + 3 of
+// row g, which is a_i. The latent of M-row 16 v + g (+ 8) is that of the register form.
+// stmatrix row address of `lane` for k-step 0 (k-step 1: ^ 32) of an m-tile.
+__device__ __forceinline__ uint32_t vt_smem_lane_offset(uint32_t lane, uint32_t warp) {
+  const uint32_t i = lane >> 3, row = 16 * warp + 8 * (i & 1) + (lane & 7);
+  return row * 64 + (((i >> 1) ^ ((row >> 1) & 3)) << 4);
+}
+
 // ---- The FP16 PV (N = 64; kernel.cuh, kPvF16): the same E4M3 values on the FP16 tensor cores,
 // which accumulate in fp32 (the FP8 ones keep ~13 bits), so a block's product goes into O^T
 // itself. Every E4M3 value is exactly an f16 value: nothing is rounded by the conversions.

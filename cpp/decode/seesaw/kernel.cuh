@@ -237,6 +237,16 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #endif
 static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
               "1 to 4 m-tiles in flight");
+// SNAPMLA_SEESAW_PV_SS (experimental, off; 1: half-N groups as today, 2: whole-N groups): N = 64's
+// promoted FP8 PV with V^T from shared memory
+// (each warpgroup rewrites its half of a block's content tile in place as [latent][tokens], the
+// FP8 fragments it builds today stored by stmatrix) instead of from registers: bench/pv_rate.cu
+// (session 15) measured the FP8 wgmma at 53% of the tensor rate with A in registers, 80% with
+// both operands in shared memory (one warpgroup; 75% against 100% with two), and no A registers
+// in flight leaves room for whole-N temporaries two deep (half the waits and promotion rounds).
+#ifndef SNAPMLA_SEESAW_PV_SS
+#define SNAPMLA_SEESAW_PV_SS 0
+#endif
 // One k16 step of the FP16 PV into O^T m-tile d (N = 64; nothing at other widths, which never
 // call it: a generic lambda's body may be checked at every width).
 template <int N>
@@ -309,6 +319,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // kPBuffers P8 buffers; the Pfree barriers count P tiles.
   constexpr bool kPvF16 = SNAPMLA_SEESAW_PV_F16 != 0 && kN == 64 && !kTwoTerm && !kPvDirect;
   constexpr int kPTiles = kPvF16 ? kP16Tiles : kPBuffers;
+  // The SS PV (SNAPMLA_SEESAW_PV_SS, N = 64): V^T written to shared memory in place, both PV
+  // operands from shared memory.
+  constexpr bool kPvSs = SNAPMLA_SEESAW_PV_SS != 0 && kN == 64 && !kTwoTerm && !kPvDirect &&
+                         !kPvF16;
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
@@ -396,6 +410,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
     const uint32_t stsm_off =
         kPvF16 ? p16_lane_offset(lane, warp) : p8_lane_offset_rows(lane, kRowsPerWarp * warp);
+    // kPvSs: stmatrix row address of `lane` in an m-tile of the shared-memory V^T
+    const uint32_t vts_off = vt_smem_lane_offset(lane, warp);
     auto p_tile = [&](int i) -> uint8_t* {  // P of block i (P8, or the FP16 PV's f16 tile)
       return kPvF16 ? s.p8[2 * (i % kP16Tiles)] : s.p8[i % kPBuffers];
     };
@@ -950,6 +966,94 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
+        if constexpr (kPvSs) {
+          // V^T to shared memory, in place: this warpgroup's half of the content (chunks 2 wg,
+          // 2 wg + 1: [64 tokens][256 latent]) becomes [256 latent][64 tokens], 64B swizzle, the
+          // K-major A operand of an FP8 wgmma; then the PV with both operands in shared memory.
+          // Every read of the half is done before any write (the warpgroup's barrier); QK of this
+          // block (the owner's) is done (its softmax waited for it, and Pready orders the other).
+          static_assert(kM0 == 0 && kN == 64, "the SS PV: N = 64, every m-tile");
+          uint32_t a8[kMTiles][2][4];
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) v_fragments(i, m, edge_tag, a8[m]);
+          named_barrier(kBarWg + wg, kWgThreads);  // every read of the half done
+          const uint32_t half = smem_u32(stage_of(i).content[2 * wg]);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+              const uint32_t a = half + 4096u * m + (vts_off ^ (32u * ks));
+              stsm_x4(a, a8[m][ks][0], a8[m][ks][1], a8[m][ks][2], a8[m][ks][3]);
+            }
+          }
+          fence_proxy_async();  // read next by wgmma; written next by TMA (after the release)
+          named_barrier(kBarWg + wg, kWgThreads);
+          const SmemDesc v_desc = make_desc_base(stage_of(i).content[2 * wg], Swizzle::k64B, 64);
+          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+          if constexpr (SNAPMLA_SEESAW_PV_SS >= 2) {  // whole-N groups (spills: bench/NOTES.md)
+            float tmps[2][kNRegs];
+            auto promote_whole = [&](int m) {
+              fence_regs(tmps[m % 2]);
+#pragma unroll
+              for (int col = 0; col < kNTiles; ++col) {
+                const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  o[m][4 * col + c] =
+                      fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmps[m % 2][4 * col + c]);
+                }
+              }
+            };
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              wgmma_fence();
+              wgmma_m64n64k32_e4m3_ss_init(tmps[m % 2], v_desc.at(4096 * m), p_desc.at(0));
+              wgmma_m64n64k32_e4m3_ss(tmps[m % 2], v_desc.at(4096 * m + 32), p_desc.at(32), 1);
+              wgmma_commit();
+              if (m > 0) {
+                wgmma_wait<1>();
+                promote_whole(m - 1);
+              }
+            }
+            wgmma_wait<0>();
+            promote_whole(kMTiles - 1);
+          } else {
+            // Half-N groups (m-tile, half the rows), two in flight, as the RS form.
+            constexpr int kHalfN = kN / 2;
+            float tmps[2][kHalfN / 2];
+            auto promote_half_ss = [&](int q) {
+              const int m = q / 2, h = q % 2;
+              fence_regs(tmps[q % 2]);
+#pragma unroll
+              for (int nn = 0; nn < kHalfN / 8; ++nn) {
+                const int col = h * kHalfN / 8 + nn;
+                const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  o[m][4 * col + c] =
+                      fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmps[q % 2][4 * nn + c]);
+                }
+              }
+            };
+#pragma unroll
+            for (int q = 0; q < 2 * kMTiles; ++q) {
+              const int m = q / 2, h = q % 2;
+              const uint32_t rows = h * kHalfN * kPRowBytes;
+              wgmma_fence();
+              wgmma_m64n32k32_e4m3_ss_init(tmps[q % 2], v_desc.at(4096 * m), p_desc.at(rows));
+              wgmma_m64n32k32_e4m3_ss(tmps[q % 2], v_desc.at(4096 * m + 32), p_desc.at(rows + 32), 1);
+              wgmma_commit();
+              if (q > 0) {
+                wgmma_wait<1>();
+                promote_half_ss(q - 1);
+              }
+            }
+            wgmma_wait<0>();
+            promote_half_ss(2 * kMTiles - 1);
+          }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
