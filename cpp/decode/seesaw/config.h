@@ -112,6 +112,10 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
+  // The SS PV (kernel.cuh, kPvSs): the owner's QK of a stage's block is done (its four warps
+  // arrive), and the producer has rewritten the stage's content as V^T.
+  uint64_t qk_done_bar[kStages];
+  uint64_t vt_ready_bar[kStages];
 };
 
 struct TensorMaps {

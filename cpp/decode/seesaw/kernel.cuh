@@ -238,12 +238,14 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
               "1 to 4 m-tiles in flight");
 // SNAPMLA_SEESAW_PV_SS (experimental, off; 1: half-N groups as today, 2: whole-N groups): N = 64's
-// promoted FP8 PV with V^T from shared memory
-// (each warpgroup rewrites its half of a block's content tile in place as [latent][tokens], the
-// FP8 fragments it builds today stored by stmatrix) instead of from registers: bench/pv_rate.cu
-// (session 15) measured the FP8 wgmma at 53% of the tensor rate with A in registers, 80% with
-// both operands in shared memory (one warpgroup; 75% against 100% with two), and no A registers
-// in flight leaves room for whole-N temporaries two deep (half the waits and promotion rounds).
+// promoted FP8 PV with V^T from shared memory instead of registers. The producer warpgroup (32
+// registers instead of 24, which the consumers' 240 leave) rewrites each stage's content in
+// place as [latent][tokens] once the owner's QK of the block is done (qk_done_bar), with the
+// FP8 fragments the consumers build today stored by stmatrix, and signals vt_ready_bar; the
+// consumers' PV reads both operands from shared memory. bench/pv_rate.cu (session 15) measured
+// the FP8 wgmma at 53% of the tensor rate with A in registers and 80% with both operands in
+// shared memory (one warpgroup; 75% against 100% with two). Each warpgroup rewriting its own
+// half in place before its PV (65899d9) was 17% slower: the rewrite sat on the warpgroup's path.
 #ifndef SNAPMLA_SEESAW_PV_SS
 #define SNAPMLA_SEESAW_PV_SS 0
 #endif
@@ -291,7 +293,10 @@ constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
 constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
-static_assert(kBarStart < 16, "16 named barriers per CTA");
+constexpr int kBarProducer = kBarWg + 5;  // the producer warpgroup (SNAPMLA_SEESAW_PV_SS)
+static_assert(kBarProducer < 16, "16 named barriers per CTA");
+template <int kN>
+constexpr bool kPvSsAt = SNAPMLA_SEESAW_PV_SS != 0 && kN == 64 && kProducerAt<kN>;
 
 // kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
 // validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
@@ -321,8 +326,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kPTiles = kPvF16 ? kP16Tiles : kPBuffers;
   // The SS PV (SNAPMLA_SEESAW_PV_SS, N = 64): V^T written to shared memory in place, both PV
   // operands from shared memory.
-  constexpr bool kPvSs = SNAPMLA_SEESAW_PV_SS != 0 && kN == 64 && !kTwoTerm && !kPvDirect &&
-                         !kPvF16;
+  constexpr bool kPvSs = kPvSsAt<kN> && !kTwoTerm && !kPvDirect && !kPvF16;
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
@@ -378,6 +382,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
+      if constexpr (kPvSs) {
+        for (int i = 0; i < kStages; ++i) {
+          mbar_init(&s.qk_done_bar[i], 4);  // lane 0 of each of the owner's warps
+          mbar_init(&s.vt_ready_bar[i], 1);
+        }
+      }
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, 1);
@@ -611,16 +621,89 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
         // The first loads issued (their bad_page writes): the consumers' start barrier, one way.
         named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
-        if (wtid == 0) {
-          for (int j = kStages; j < n; ++j) {
-            const uint32_t st = (it0 + j) % kStages;
-            if constexpr (SNAPMLA_SEESAW_PRODUCER_SUSPEND > 0) {
-              mbar_wait_suspend(&s.empty_bar[st], (empty_parity >> st) & 1u,
-                                SNAPMLA_SEESAW_PRODUCER_SUSPEND);
-            } else {
-              mbar_wait(&s.empty_bar[st], (empty_parity >> st) & 1u);
+        auto wait_empty = [&](uint32_t st) {
+          if constexpr (SNAPMLA_SEESAW_PRODUCER_SUSPEND > 0) {
+            mbar_wait_suspend(&s.empty_bar[st], (empty_parity >> st) & 1u,
+                              SNAPMLA_SEESAW_PRODUCER_SUSPEND);
+          } else {
+            mbar_wait(&s.empty_bar[st], (empty_parity >> st) & 1u);
+          }
+          empty_parity ^= 1u << st;
+        };
+        if constexpr (kPvSs) {
+          // Every producer thread: block j's V^T once its QK is done, then the refill of the
+          // stage block j - 1 left (both PVs of block j - 1 need V^T(j - 1), rewritten a step
+          // earlier). Producer warp v plays consumer warp v's part in every m-tile.
+          const uint32_t ldsm_p[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+          const uint32_t vts_p = vt_smem_lane_offset(lane, warp);
+          const int t4 = lane % 4;
+          auto rewrite = [&](int j, auto edge_tag) {
+            constexpr bool kEdge = decltype(edge_tag)::value;
+            uint32_t vmask[2][2];
+            if constexpr (kEdge) {
+              const int valid = min(max(seqlen - (seg.blk_lo + j) * kBlockN, 0), kBlockN);
+#pragma unroll
+              for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                  vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t4, valid);
+                }
+              }
             }
-            empty_parity ^= 1u << st;
+#pragma unroll 1
+            for (int c = 0; c < kChunks; ++c) {  // [64 tokens][128 latent] -> [128][64], in place
+              const uint32_t chunk = smem_u32(stage_of(j).content[c]);
+              uint32_t a[2][2][4];  // the chunk's two m-tiles, two k-steps each
+#pragma unroll
+              for (int mm = 0; mm < 2; ++mm) {
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                  vt_fragment(chunk + ldsm_p[mm] + 32 * kChunkBytes * ks, a[mm][ks]);
+                  if constexpr (kEdge) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                      a[mm][ks][r] = zero_nan_bytes(a[mm][ks][r] & vmask[ks][r / 2]);
+                    }
+                  }
+                }
+              }
+              named_barrier(kBarProducer, kWgThreads);  // every read of the chunk done
+#pragma unroll
+              for (int mm = 0; mm < 2; ++mm) {
+#pragma unroll
+                for (int ks = 0; ks < 2; ++ks) {
+                  stsm_x4(chunk + 4096u * mm + (vts_p ^ (32u * ks)), a[mm][ks][0], a[mm][ks][1],
+                          a[mm][ks][2], a[mm][ks][3]);
+                }
+              }
+            }
+          };
+#pragma unroll 1
+          for (int j = 0; j < n; ++j) {
+            const uint32_t st = (it0 + j) % kStages;
+            mbar_wait_suspend(&s.qk_done_bar[st], phase_of(j), 20000);
+            mbar_wait(full_of(j), phase_of(j));  // (long complete: the TMA's bytes, ordered)
+            if ((seg.blk_lo + j + 1) * kBlockN > min_limit) {
+              rewrite(j, std::true_type{});
+            } else {
+              rewrite(j, std::false_type{});
+            }
+            fence_proxy_async();  // read next by wgmma; written later by TMA
+            named_barrier(kBarProducer, kWgThreads);
+            if (wtid == 0) {
+              mbar_arrive(&s.vt_ready_bar[st]);
+              if (j >= 1 && j - 1 + kStages < n) {
+                wait_empty((it0 + j - 1) % kStages);
+                const int32_t page = pages[j - 1 + kStages];
+                load_content_half(j - 1 + kStages, 0, page);
+                load_content_half(j - 1 + kStages, 1, page);
+                load_rope_scale(j - 1 + kStages, page);
+              }
+            }
+          }
+        } else if (wtid == 0) {
+          for (int j = kStages; j < n; ++j) {
+            wait_empty((it0 + j) % kStages);
             const int32_t page = pages[j];
             load_content_half(j, 0, page);
             load_content_half(j, 1, page);
@@ -703,6 +786,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
+        if constexpr (kPvSs) {  // the stage's content may be rewritten as V^T now
+          if (lane == 0) mbar_arrive(&s.qk_done_bar[(it0 + i) % kStages]);
+        }
         if constexpr (!kQk1) fence_regs(sb);
         if constexpr (kQk4) {
           fence_regs(sc);
@@ -967,27 +1053,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvSs) {
-          // V^T to shared memory, in place: this warpgroup's half of the content (chunks 2 wg,
-          // 2 wg + 1: [64 tokens][256 latent]) becomes [256 latent][64 tokens], 64B swizzle, the
-          // K-major A operand of an FP8 wgmma; then the PV with both operands in shared memory.
-          // Every read of the half is done before any write (the warpgroup's barrier); QK of this
-          // block (the owner's) is done (its softmax waited for it, and Pready orders the other).
+          // V^T from shared memory: the producer rewrote the stage's content (vt_ready_bar).
           static_assert(kM0 == 0 && kN == 64, "the SS PV: N = 64, every m-tile");
-          uint32_t a8[kMTiles][2][4];
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) v_fragments(i, m, edge_tag, a8[m]);
-          named_barrier(kBarWg + wg, kWgThreads);  // every read of the half done
-          const uint32_t half = smem_u32(stage_of(i).content[2 * wg]);
-#pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-              const uint32_t a = half + 4096u * m + (vts_off ^ (32u * ks));
-              stsm_x4(a, a8[m][ks][0], a8[m][ks][1], a8[m][ks][2], a8[m][ks][3]);
-            }
-          }
-          fence_proxy_async();  // read next by wgmma; written next by TMA (after the release)
-          named_barrier(kBarWg + wg, kWgThreads);
+          mbar_wait(&s.vt_ready_bar[(it0 + i) % kStages], phase_of(i));
           const SmemDesc v_desc = make_desc_base(stage_of(i).content[2 * wg], Swizzle::k64B, 64);
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           if constexpr (SNAPMLA_SEESAW_PV_SS >= 2) {  // whole-N groups (spills: bench/NOTES.md)
@@ -1539,7 +1607,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   };
   if constexpr (kProducer) {
     if (wg == 2) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      if constexpr (kPvSsAt<kN>) {  // the V^T rewrite: 32 (the consumers' 240 leave it)
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
+      } else {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+      }
       run_requests(std::true_type{});
     } else {
       asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
