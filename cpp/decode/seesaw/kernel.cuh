@@ -238,9 +238,10 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
               "1 to 4 m-tiles in flight");
 // SNAPMLA_SEESAW_PV_SS (experimental, off; 1: half-N groups as today, 2: whole-N groups): N = 64's
-// promoted FP8 PV with V^T from shared memory instead of registers. The producer warpgroup (32
-// registers instead of 24, which the consumers' 240 leave) rewrites each stage's content in
-// place as [latent][tokens] once the owner's QK of the block is done (qk_done_bar), with the
+// promoted FP8 PV with V^T from shared memory instead of registers. The producer warpgroup (40
+// registers instead of 24, the consumers 232 instead of 240: kProducerRegsAt) rewrites each
+// stage's content in place as [latent][tokens] once the owner's QK of the block is done
+// (qk_done_bar), with the
 // FP8 fragments the consumers build today stored by stmatrix, and signals vt_ready_bar; the
 // consumers' PV reads both operands from shared memory. bench/pv_rate.cu (session 15) measured
 // the FP8 wgmma at 53% of the tensor rate with A in registers and 80% with both operands in
@@ -297,6 +298,19 @@ constexpr int kBarProducer = kBarWg + 5;  // the producer warpgroup (SNAPMLA_SEE
 static_assert(kBarProducer < 16, "16 named barriers per CTA");
 template <int kN>
 constexpr bool kPvSsAt = SNAPMLA_SEESAW_PV_SS != 0 && kN == 64 && kProducerAt<kN>;
+// setmaxnreg's split of the CTA's registers between the producer and the consumers. The launch
+// gives each of the 384 threads kLaunchRegs (__launch_bounds__(384, 1): 65,536 / 384 rounded
+// down to 8), and the consumers' setmaxnreg.inc takes only what the producer's .dec returned to
+// the CTA's pool: producer x 128 + consumers x 256 may not pass kLaunchRegs x 384, or the
+// consumers wait forever (32 / 240 hung every launch on the H200, session 15).
+constexpr int kLaunchRegs = 65536 / (kThreads + kWgThreads) / 8 * 8;
+template <int kN>
+constexpr int kProducerRegsAt = kPvSsAt<kN> ? 40 : 24;  // the SS PV's V^T rewrite: 40
+template <int kN>
+constexpr int kConsumerRegsAt = kPvSsAt<kN> ? 232 : 240;
+template <int kN>
+constexpr bool kRegSplitFits = kProducerRegsAt<kN> * kWgThreads + kConsumerRegsAt<kN> * kThreads <=
+                               kLaunchRegs * (kThreads + kWgThreads);
 
 // kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
 // validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
@@ -1606,15 +1620,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     }
   };
   if constexpr (kProducer) {
+    static_assert(kRegSplitFits<kN>, "the consumers' registers come from the producer's");
     if (wg == 2) {
-      if constexpr (kPvSsAt<kN>) {  // the V^T rewrite: 32 (the consumers' 240 leave it)
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n" ::: "memory");
-      } else {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-      }
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegsAt<kN>) : "memory");
       run_requests(std::true_type{});
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsAt<kN>) : "memory");
       run_requests(std::false_type{});
     }
   } else {
