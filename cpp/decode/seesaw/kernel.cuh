@@ -250,6 +250,12 @@ static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <=
 #ifndef SNAPMLA_SEESAW_PV_SS
 #define SNAPMLA_SEESAW_PV_SS 0
 #endif
+// SNAPMLA_SEESAW_PV_WHOLE (experimental, off, never run): N = 64's promoted PV in whole-N groups
+// in the blocks every row sees whole. bench/pv_rate.cu (session 15): a block's PV alone 745
+// cycles against 957 for the half-N groups (one warpgroup; 1,235 against 1,497 with two).
+#ifndef SNAPMLA_SEESAW_PV_WHOLE
+#define SNAPMLA_SEESAW_PV_WHOLE 0
+#endif
 // One k16 step of the FP16 PV into O^T m-tile d (N = 64; nothing at other widths, which never
 // call it: a generic lambda's body may be checked at every width).
 template <int N>
@@ -1240,6 +1246,43 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             wgmma_wait_upto3(r);
             promote_d(kGroups - 1 - r);
           }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        }
+        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
+          // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
+          // waits and promotion rounds a block instead of 8. Blocks that some row does not see
+          // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
+          // 1 KB (session 15), without them ptxas spills what the default does.
+          float tmpw[2][kNRegs];
+          uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
+          auto promote_whole = [&](int q) {
+            const int m = kM0 + q;
+            fence_regs(tmpw[q % 2]);
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 gm = gamma_of(col);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[m][4 * col + c] =
+                    fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmpw[q % 2][4 * col + c]);
+              }
+            }
+          };
+#pragma unroll
+          for (int q = 0; q < kMTiles - kM0; ++q) {
+            v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
+            wgmma_fence();
+            wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
+            wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+            wgmma_commit();
+            if (q > 0) {
+              wgmma_wait<1>();
+              promote_whole(q - 1);
+            }
+          }
+          wgmma_wait<0>();
+          promote_whole(kMTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
