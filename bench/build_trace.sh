@@ -8,13 +8,10 @@
 #   .carry/bin/seesaw_trace_slowrowmath 32 128 16384  # SNAPMLA_SEESAW_FAST_ROWMATH=0 (the IEEE form)
 #   .carry/bin/seesaw_trace_narrowcombine 1 128 8192  # the one-warp-per-row combine everywhere
 #                                                     # ("kernel + combine" is the line to compare)
-#   .carry/bin/seesaw_trace_prefetch 1 128 1024       # with SNAPMLA_SEESAW_PREFETCH_MAPS
 #   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
-#   .carry/bin/seesaw_trace_pvdepth3 32 128 16384     # with SNAPMLA_SEESAW_PV_DEPTH=3
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # SNAPMLA_PDL=1, session 11's form
 #   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
-#   .carry/bin/seesaw_trace_fusedq8 1 128 1024        # the same, N = 64 loading all 8 rows at once
 #   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
@@ -57,8 +54,6 @@ builds=(
   "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
   # staged switches (off by default)
-  "seesaw_trace_prefetch:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
-  "seesaw_trace_pvdepth3:-DSNAPMLA_SEESAW_PV_DEPTH=3"
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
@@ -70,8 +65,6 @@ builds=(
   "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
-  "seesaw_trace_fusedq8:-DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
-  "seesaw_timeline_fusedq8:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2 -DSNAPMLA_SEESAW_FUSED_Q_AHEAD64=8"
   # session 14: one QK accumulator; PDL off (the default is 2: the attention kernel waits at its
   # first read of the Q-quant kernel's output)
   "seesaw_trace_qk1:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"

@@ -114,9 +114,8 @@ for stage in "$@"; do
       # the list, and AB_TIMELINES="name:b h s[:b h s] ..." the timelines: a call's own A/B.
       variants=("seesaw_trace:$all" "seesaw_trace_base:$all"
         "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all"
-        "seesaw_trace_fusedq8:1x128x1024 1x128x8192 8x128x4096 32x128x16384 128x16x16384x4"
-        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvdepth3:$n64"
-        "seesaw_trace_narrowcombine:$short" "seesaw_trace_prefetch:$short"
+        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvwhole:$n64"
+        "seesaw_trace_narrowcombine:$short"
         "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64")
       if [ -n "${AB_VARIANTS:-}" ]; then
         variants=()
@@ -148,7 +147,7 @@ for stage in "$@"; do
       timelines=()
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
         for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq \
-          seesaw_timeline_fusedq8 seesaw_timeline_nopvdirect; do
+          seesaw_timeline_nopvdirect; do
           timelines+=("$v:$c")
         done
       done

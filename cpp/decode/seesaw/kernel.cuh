@@ -63,16 +63,6 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
 }
 constexpr float kInvFp8Max = 1.f / 448.f;
 
-// SNAPMLA_SEESAW_PREFETCH_MAPS (experimental, off; bench/NOTES.md): thread 0 prefetches the five
-// tensor maps at entry, so that the TMA unit's descriptor fetches overlap the barrier setup
-// instead of delaying the first Q and page loads (the short-context fixed cost).
-#ifndef SNAPMLA_SEESAW_PREFETCH_MAPS
-#define SNAPMLA_SEESAW_PREFETCH_MAPS 0
-#endif
-__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-
 // 16 bytes to shared memory at a 32-bit shared address.
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
@@ -161,20 +151,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
 // small products after) that loses the later blocks' low bits: config.h has the figures.
 
-// SNAPMLA_SEESAW_FUSED_Q_AHEAD64 (experimental): the fused Q's rows in flight at N = 64; see
-// quantize_q_tile's kAhead.
-#ifndef SNAPMLA_SEESAW_FUSED_Q_AHEAD64
-#define SNAPMLA_SEESAW_FUSED_Q_AHEAD64 2
-#endif
-// SNAPMLA_SEESAW_STAGED_EPILOGUE (experimental, off; bench/NOTES.md): a split request's fp32
-// partial O leaves through shared memory (the Q tile's, free once every QK is done): each
-// warpgroup writes 16 rows of its 256 columns there, then each warp stores whole 512-byte runs
-// of a row (float4 per lane: four full 128-byte lines an instruction) instead of 64-byte pieces
-// of four rows. The stores were 2.4-4.4 us of the kernel at 1k-4k contexts (session 11's
-// stores-off timeline).
-#ifndef SNAPMLA_SEESAW_STAGED_EPILOGUE
-#define SNAPMLA_SEESAW_STAGED_EPILOGUE 0
-#endif
 // SNAPMLA_SEESAW_TWO_TERM_QK_ACCS (experimental, 2; bench/NOTES.md, issue 9): fp32
 // accumulators of the two-term query's content QK. 2: chunks 0-1 and 2-3 (eight QGMMA chained
 // in each, as the one-term kernel); 4: one per 128-channel chunk (four chained), summed in fp32.
@@ -194,13 +170,6 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 // k-steps against 2.4e-4 over 8 (bench/qgmma_probe.cu, session 13).
 #ifndef SNAPMLA_SEESAW_QK_ONE_ACC
 #define SNAPMLA_SEESAW_QK_ONE_ACC 0
-#endif
-// SNAPMLA_SEESAW_PV_DEPTH (experimental; 2 is the default kernel): half-N PV groups in flight
-// (where kPvDeep is false). The PV is wgmma-latency bound, ~1,000
-// cycles a block for 256 of tensor work with two groups of two m64n32k32 in flight; QK's 64
-// accumulator registers are dead during the PV, room for 3-4 (bench/NOTES.md).
-#ifndef SNAPMLA_SEESAW_PV_DEPTH
-#define SNAPMLA_SEESAW_PV_DEPTH 2
 #endif
 // SNAPMLA_SEESAW_PRODUCER_SUSPEND (on since session 14; 0 = spin): the producer's wait for an
 // empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until the
@@ -388,15 +357,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   auto q_wait = [&] {
     if (late_q_wait) griddep_wait();  // (a no-op after the first)
   };
-#if SNAPMLA_SEESAW_PREFETCH_MAPS
-  if (tid == 0) {
-    prefetch_tensor_map(&maps.k_content);
-    prefetch_tensor_map(&maps.k_rope);
-    prefetch_tensor_map(&maps.k_scale);
-    prefetch_tensor_map(&maps.q_content);
-    prefetch_tensor_map(&maps.q_rope);
-  }
-#endif
 
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
@@ -493,11 +453,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       // One row at a time, the next rows' loads in flight: two at N = 32 and 64 (registers are
       // free here, O and S are not live yet), one at N = 16 (with two, ptxas serialized the
-      // kernel's wgmmas, C7520). SNAPMLA_SEESAW_FUSED_Q_AHEAD64 (experimental; only where N = 64
-      // fuses, SNAPMLA_SEESAW_FUSED_Q=2): rows in flight at N = 64, up to all 8 a warp
-      // quantizes; at 2, a batch-1 kernel took 7.5 us longer fused than with the TMA'd tile
-      // (session 13), about four L2 round trips of two rows each.
-      constexpr int kAhead = kN == 16 ? 1 : kN == 64 ? SNAPMLA_SEESAW_FUSED_Q_AHEAD64 : 2;
+      // kernel's wgmmas, C7520). (All 8 rows a warp quantizes in flight at N = 64, where only
+      // SNAPMLA_SEESAW_FUSED_Q=2 fuses: the kernel 9-19 us slower, session 14.)
+      constexpr int kAhead = kN == 16 ? 1 : 2;
       static_assert(kAhead >= 1 && kAhead <= kN / 8, "rows a warp quantizes, in flight");
       RowInputs ahead[kAhead];
 #pragma unroll
@@ -1218,37 +1176,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_half_with(q, tmp_q, nullptr);
         };
-        if constexpr (SNAPMLA_SEESAW_PV_DEPTH > 2) {
-          // kD groups in flight; the V^T fragments of the m-tiles they read, double-buffered.
-          constexpr int kD = SNAPMLA_SEESAW_PV_DEPTH, kGroups = 2 * (kMTiles - kM0);
-          // Two A buffers are enough for 3 groups in flight (m-tile m's buffer was last read by
-          // groups 2m - 4 and 2m - 3, retired before group 2m issues); 4 would need a third.
-          static_assert(kD <= 3 && kD <= kGroups, "two V^T fragment buffers");
-          float tmpd[kD][kHalfN / 2];
-          uint32_t a[2][2][4];
-          auto promote_d = [&](int q) { promote_half(q, tmpd[q % kD]); };
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q) {
-            const int m = kM0 + q / 2, h = q % 2;
-            if (h == 0) v_fragments(i, m, edge_tag, a[(q / 2) % 2]);
-            const uint32_t rows = h * kHalfN * kPRowBytes;
-            wgmma_fence();
-            wgmma_pv<kHalfN, true>(tmpd[q % kD], a[(q / 2) % 2][0], p_desc.at(rows));
-            wgmma_pv<kHalfN, false>(tmpd[q % kD], a[(q / 2) % 2][1], p_desc.at(rows + 32));
-            wgmma_commit();
-            if (q >= kD - 1) {
-              wgmma_wait_upto3(kD - 1);
-              promote_d(q - (kD - 1));
-            }
-          }
-#pragma unroll
-          for (int r = kD - 2; r >= 0; --r) {
-            wgmma_wait_upto3(r);
-            promote_d(kGroups - 1 - r);
-          }
-          SEESAW_TRACE(i, kTrPvEnd);
-          return;
-        }
         if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
@@ -1561,88 +1488,33 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-#if SNAPMLA_SEESAW_STAGED_EPILOGUE && !defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES)
-      if (seg.split) {
-        // Rounds of 16 rows (two n-tiles): [16 rows][256 fp32] in this warpgroup's half of the
-        // Q tile, the 64-byte unit of a column XORed with bit 1 of the row, so that a warp's
-        // float2 writes (rows 2t + c1 of four t) fall on all 32 banks.
-        float* stage = reinterpret_cast<float*>(s.q_content[2 * wg]);
-        constexpr int kRoundRows = 16, kRounds = kN / kRoundRows;
-        static_assert(kN % kRoundRows == 0 && kRoundRows * kHalfDim * 4 <= 2 * kTileBytes,
-                      "a round fits half the Q tile");
-        float* part_rows = p.partial_o + int64_t{seg.slot} * p.row_tiles * kTileRows * kContentDim;
 #pragma unroll
-        for (int r = 0; r < kRounds; ++r) {
+      for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
-          for (int nh = 0; nh < 2; ++nh) {
-            const int nn = 2 * r + nh;
-#pragma unroll
-            for (int c1 = 0; c1 < 2; ++c1) {
-              const int lr = 8 * nh + 2 * t + c1;  // the row within the round
-              const float inv_l = inv_l_of[kRoundRows * r + lr];
-#pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                const int col = (64 * m + 16 * warp + 2 * g) ^ (((lr >> 1) & 1) * 16);
-                *reinterpret_cast<float2*>(stage + lr * kHalfDim + col) =
-                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-              }
-            }
-          }
-          named_barrier_unaligned(kBarWg + wg, kWgThreads);
-          // Warp w stores rows w, w + 4, w + 8, w + 12 of the round: two 512-byte runs each.
-#pragma unroll
-          for (int j = 0; j < kRoundRows / 4; ++j) {
-            const int lr = warp + 4 * j, fr = tile * kRowsM + kRoundRows * r + lr;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int col = 128 * h + 4 * lane;
-              const float4 v = *reinterpret_cast<const float4*>(
-                  stage + lr * kHalfDim + (col ^ (((lr >> 1) & 1) * 16)));
-              if (fr < rows_total) {
-                *reinterpret_cast<float4*>(part_rows + int64_t{fr} * kContentDim + kHalfDim * wg +
-                                           col) = v;
-              }
-            }
-          }
-          named_barrier_unaligned(kBarWg + wg, kWgThreads);  // the round's reads before reuse
-        }
-        // The Q tile is written next by TMA or wgmma-read past generic stores (the fused Q):
-        // order these generic accesses before the async proxy's.
-        fence_proxy_async();
-      }
-      const bool staged = seg.split;
-#else
-      constexpr bool staged = false;
-#endif
-      if (!staged) {
-#pragma unroll
-        for (int nn = 0; nn < kNTiles; ++nn) {
-#pragma unroll
-          for (int c1 = 0; c1 < 2; ++c1) {
-            const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-            if (fr >= rows_total) continue;
-            const float inv_l = inv_l_of[row];
-            const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
+        for (int c1 = 0; c1 < 2; ++c1) {
+          const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+          if (fr >= rows_total) continue;
+          const float inv_l = inv_l_of[row];
+          const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
 #ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-            const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
+          const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
 #else
-            const bool to_partial = seg.split, to_out = !seg.split;
+          const bool to_partial = seg.split, to_out = !seg.split;
 #endif
-            if (to_partial) {
-              float* dst = p.partial_o +
-                           (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+          if (to_partial) {
+            float* dst = p.partial_o +
+                         (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                *reinterpret_cast<float2*>(dst + 64 * m) =
-                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-              }
-            } else if (to_out) {
-              uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+            for (int m = 0; m < kMTiles; ++m) {
+              *reinterpret_cast<float2*>(dst + 64 * m) =
+                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+            }
+          } else if (to_out) {
+            uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
 #pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                *reinterpret_cast<uint32_t*>(dst + 64 * m) =
-                    pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-              }
+            for (int m = 0; m < kMTiles; ++m) {
+              *reinterpret_cast<uint32_t*>(dst + 64 * m) =
+                  pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           }
         }
