@@ -188,8 +188,10 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
-// SNAPMLA_SEESAW_PV_F16 (experimental, off until validated on the H200): N = 64's PV on the FP16
-// tensor cores (kPvF16 below). The half-N FP8 PV is latency-bound (session 14's timeline: 1,200-
+// SNAPMLA_SEESAW_PV_F16 (experimental, off): N = 64's PV on the FP16 tensor cores (kPvF16 below).
+// Correct on the H200 (session 15: decode tests, fragment test, workload layers 1.014x the
+// model's error with one CTA a context) but 4-5% slower at long contexts, level at short ones:
+// bench/pv_rate.cu puts its PV alone at the promoted FP8 one's cost (923 against 957 cycles). The half-N FP8 PV is latency-bound (session 14's timeline: 1,200-
 // 1,700 cycles a block for 256 of tensor work, 16 small wgmmas, each pair waited for and
 // promoted by the CUDA cores), because the FP8 tensor cores keep ~13 bits when they accumulate
 // (bench/qgmma_probe.cu) and so cannot carry O^T across blocks (PV into O^T: 8.6x the model's
@@ -206,13 +208,13 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #endif
 static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
               "1 to 4 m-tiles in flight");
-// SNAPMLA_SEESAW_PV_SS (experimental, off; 1: half-N groups as today, 2: whole-N groups): N = 64's
-// promoted FP8 PV with V^T from shared memory instead of registers. The producer warpgroup (40
-// registers instead of 24, the consumers 232 instead of 240: kProducerRegsAt) rewrites each
-// stage's content in place as [latent][tokens] once the owner's QK of the block is done
-// (qk_done_bar), with the
-// FP8 fragments the consumers build today stored by stmatrix, and signals vt_ready_bar; the
-// consumers' PV reads both operands from shared memory. bench/pv_rate.cu (session 15) measured
+// SNAPMLA_SEESAW_PV_SS (experimental, off, not yet run in this form; 1: half-N groups as today,
+// 2: whole-N groups): N = 64's promoted FP8 PV with V^T from shared memory instead of registers.
+// The producer warpgroup (40 registers instead of 24, the consumers 232 instead of 240:
+// kProducerRegsAt) rewrites each stage's content in place as [latent][tokens] once the owner's
+// QK of the block is done (qk_done_bar), with the FP8 fragments the consumers build today
+// stored by stmatrix, and signals vt_ready_bar; the consumers' PV reads both operands from
+// shared memory. bench/pv_rate.cu (session 15) measured
 // the FP8 wgmma at 53% of the tensor rate with A in registers and 80% with both operands in
 // shared memory (one warpgroup; 75% against 100% with two). Each warpgroup rewriting its own
 // half in place before its PV (65899d9) was 17% slower: the rewrite sat on the warpgroup's path.
@@ -313,8 +315,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // kPBuffers P8 buffers; the Pfree barriers count P tiles.
   constexpr bool kPvF16 = SNAPMLA_SEESAW_PV_F16 != 0 && kN == 64 && !kTwoTerm && !kPvDirect;
   constexpr int kPTiles = kPvF16 ? kP16Tiles : kPBuffers;
-  // The SS PV (SNAPMLA_SEESAW_PV_SS, N = 64): V^T written to shared memory in place, both PV
-  // operands from shared memory.
+  // The SS PV (SNAPMLA_SEESAW_PV_SS, N = 64): V^T rewritten in shared memory by the producer,
+  // both PV operands from shared memory.
   constexpr bool kPvSs = kPvSsAt<kN> && !kTwoTerm && !kPvDirect && !kPvF16;
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
