@@ -1007,23 +1007,30 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           wgmma_pv<kN, false>(early[m], early_a[m][1], p_desc.at(32));
         }
       };
-      // O^T m-tile m = gamma O^T + T for a whole-N temporary T (gamma per O^T column: query rows
-      // 8 col + 2 t, + 1).
-      auto promote_tile = [&](int m, float (&tile_t)[kNRegs], const RowStats& ps) {
-        fence_regs(tile_t);
+      // The promotion: O^T m-tile m = gamma O^T + T over the 8-column tiles [col0, col0 + kCols)
+      // of O^T (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read
+      // from the block's statistics where it is used, or from `pre` (kCols of them) where the
+      // caller loaded it ahead.
+      auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps,
+                              const float2* pre = nullptr) {
+        constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
+        fence_regs(tmp);
 #pragma unroll
-        for (int col = 0; col < kNTiles; ++col) {
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+        for (int nn = 0; nn < kCols; ++nn) {
+          const int col = col0 + nn;
+          const float2 gm = pre != nullptr
+                                ? pre[nn]
+                                : *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
-            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tile_t[4 * col + c]);
+            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
           }
         }
       };
       auto pv_promote_early = [&](int i) {
         const RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
-        for (int m = 0; m < kEarlyMTiles; ++m) promote_tile(m, early[m], ps);
+        for (int m = 0; m < kEarlyMTiles; ++m) promote_cols(m, 0, early[m], ps);
       };
 
       // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
@@ -1040,18 +1047,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           if constexpr (SNAPMLA_SEESAW_PV_SS >= 2) {  // whole-N groups (spills: bench/NOTES.md)
             float tmps[2][kNRegs];
-            auto promote_whole = [&](int m) {
-              fence_regs(tmps[m % 2]);
-#pragma unroll
-              for (int col = 0; col < kNTiles; ++col) {
-                const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                  o[m][4 * col + c] =
-                      fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmps[m % 2][4 * col + c]);
-                }
-              }
-            };
+            auto promote_whole = [&](int m) { promote_cols(m, 0, tmps[m % 2], ps); };
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
               wgmma_fence();
@@ -1070,18 +1066,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             constexpr int kHalfN = kN / 2;
             float tmps[2][kHalfN / 2];
             auto promote_half_ss = [&](int q) {
-              const int m = q / 2, h = q % 2;
-              fence_regs(tmps[q % 2]);
-#pragma unroll
-              for (int nn = 0; nn < kHalfN / 8; ++nn) {
-                const int col = h * kHalfN / 8 + nn;
-                const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                  o[m][4 * col + c] =
-                      fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmps[q % 2][4 * nn + c]);
-                }
-              }
+              promote_cols(q / 2, (q % 2) * kHalfN / 8, tmps[q % 2], ps);
             };
 #pragma unroll
             for (int q = 0; q < 2 * kMTiles; ++q) {
@@ -1146,7 +1131,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
           for (int q = 0; q < kTiles; ++q) {
             wgmma_wait_upto3(kTiles - 1 - q);
-            promote_tile(kM0 + q, tmp[q], ps);
+            promote_cols(kM0 + q, 0, tmp[q], ps);
           }
           SEESAW_TRACE(i, kTrPvEnd);
           return;
@@ -1160,20 +1145,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         auto gamma_of = [&](int col) {
           return *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
         };
-        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2):
-        // gamma read where it is used, or from `pre` where the caller loaded it ahead.
+        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2).
         auto promote_half_with = [&](int q, float (&tmp_q)[kHalfN / 2], const float2* pre) {
-          const int m = kM0 + q / 2, h = q % 2;
-          fence_regs(tmp_q);
-#pragma unroll
-          for (int nn = 0; nn < kHalfN / 8; ++nn) {
-            const int col = h * kHalfN / 8 + nn;  // 8-column tile of O^T
-            const float2 gm = pre != nullptr ? pre[nn] : gamma_of(col);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp_q[4 * nn + c]);
-            }
-          }
+          promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps, pre);
         };
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_half_with(q, tmp_q, nullptr);
@@ -1185,19 +1159,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
-          auto promote_whole = [&](int q) {
-            const int m = kM0 + q;
-            fence_regs(tmpw[q % 2]);
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              const float2 gm = gamma_of(col);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[m][4 * col + c] =
-                    fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmpw[q % 2][4 * col + c]);
-              }
-            }
-          };
+          auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
             v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
