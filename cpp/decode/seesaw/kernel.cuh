@@ -488,6 +488,36 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
       auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
       auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
+      // V^T A fragments (both k-steps) of the 64 latent of block i's content chunk `chunk` that
+      // start at its 16-byte unit 4 `half`: warp v takes units v (+ 4), M-rows 16 v .. 16 v + 15.
+      // Past-context tokens and NaN codes are zeroed in blocks some row does not see whole (a NaN
+      // there must not reach rows whose P8 is 0); elsewhere a NaN in V reaches every row through
+      // its logit anyway. The consumers' m-tile m of their half is chunk 2 wg + m / 2, half m % 2
+      // (v_fragments); the SS PV's producer rewrites every chunk with the same fragments.
+      auto vt_chunk_fragments = [&](int i, int chunk, int half, auto edge_tag,
+                                    uint32_t (&a)[2][4]) {
+        const uint32_t addr = smem_u32(stage_of(i).content[chunk]) + ldsm_off[half];
+        uint32_t vmask[2][2];
+        if constexpr (decltype(edge_tag)::value) {
+          const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+          }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
+          if constexpr (decltype(edge_tag)::value) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+          }
+        }
+      };
+      // A block some row does not see whole (kEdge variants: branching inside would stall the
+      // wgmma pipeline, so callers pick the variant).
+      auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
 
       // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
       // come out NaN.
@@ -614,45 +644,19 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           // Every producer thread: block j's V^T once its QK is done, then the refill of the
           // stage block j - 1 left (both PVs of block j - 1 need V^T(j - 1), rewritten a step
           // earlier). Producer warp v plays consumer warp v's part in every m-tile.
-          const uint32_t ldsm_p[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-          const uint32_t vts_p = vt_smem_lane_offset(lane, warp);
-          const int t4 = lane % 4;
           auto rewrite = [&](int j, auto edge_tag) {
-            constexpr bool kEdge = decltype(edge_tag)::value;
-            uint32_t vmask[2][2];
-            if constexpr (kEdge) {
-              const int valid = min(max(seqlen - (seg.blk_lo + j) * kBlockN, 0), kBlockN);
-#pragma unroll
-              for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                  vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t4, valid);
-                }
-              }
-            }
 #pragma unroll 1
             for (int c = 0; c < kChunks; ++c) {  // [64 tokens][128 latent] -> [128][64], in place
               const uint32_t chunk = smem_u32(stage_of(j).content[c]);
               uint32_t a[2][2][4];  // the chunk's two m-tiles, two k-steps each
 #pragma unroll
-              for (int mm = 0; mm < 2; ++mm) {
-#pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                  vt_fragment(chunk + ldsm_p[mm] + 32 * kChunkBytes * ks, a[mm][ks]);
-                  if constexpr (kEdge) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                      a[mm][ks][r] = zero_nan_bytes(a[mm][ks][r] & vmask[ks][r / 2]);
-                    }
-                  }
-                }
-              }
+              for (int mm = 0; mm < 2; ++mm) vt_chunk_fragments(j, c, mm, edge_tag, a[mm]);
               named_barrier(kBarProducer, kWgThreads);  // every read of the chunk done
 #pragma unroll
               for (int mm = 0; mm < 2; ++mm) {
 #pragma unroll
                 for (int ks = 0; ks < 2; ++ks) {
-                  stsm_x4(chunk + 4096u * mm + (vts_p ^ (32u * ks)), a[mm][ks][0], a[mm][ks][1],
+                  stsm_x4(chunk + 4096u * mm + (vts_off ^ (32u * ks)), a[mm][ks][0], a[mm][ks][1],
                           a[mm][ks][2], a[mm][ks][3]);
                 }
               }
@@ -663,7 +667,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             const uint32_t st = (it0 + j) % kStages;
             mbar_wait_suspend(&s.qk_done_bar[st], phase_of(j), 20000);
             mbar_wait(full_of(j), phase_of(j));  // (long complete: the TMA's bytes, ordered)
-            if ((seg.blk_lo + j + 1) * kBlockN > min_limit) {
+            if (is_edge(j)) {
               rewrite(j, std::true_type{});
             } else {
               rewrite(j, std::false_type{});
@@ -963,32 +967,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
 
       // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
-      // kEdge: a block some row does not see whole (branching inside would stall the wgmma
-      // pipeline, so the caller picks the variant).
-      // V^T A fragments of m-tile m (both k-steps) of block i's stage. Past-context tokens and NaN
-      // codes are zeroed in blocks some row does not see whole (a NaN there must not reach rows
-      // whose P8 is 0); elsewhere a NaN in V reaches every row through its logit anyway.
+      // V^T A fragments of m-tile m (both k-steps) of this warpgroup's half of block i's stage.
       auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
-        const uint32_t chunk = smem_u32(stage_of(i).content[2 * wg + m / 2]) + ldsm_off[m & 1];
-        uint32_t vmask[2][2];
-        if constexpr (decltype(edge_tag)::value) {
-          const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
-#pragma unroll
-          for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-          }
-        }
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          vt_fragment(chunk + 32 * kChunkBytes * ks, a[ks]);
-          if constexpr (decltype(edge_tag)::value) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-          }
-        }
+        vt_chunk_fragments(i, 2 * wg + m / 2, m & 1, edge_tag, a);
       };
-      auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
 
       // ---- the early PV (kEarlyMTiles > 0): m-tiles [0, kEarlyMTiles) of the other warpgroup's
       // block i - 1, issued right after QK(i) into whole-N temporaries and left in flight under
