@@ -84,8 +84,8 @@ builds=(
   "seesaw_trace_pvss2:-DSNAPMLA_SEESAW_PV_SS=2"
   "seesaw_timeline_pvss:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_SS=1"
   # N = 64's promoted PV in whole-N groups where every row sees the block whole
-  "seesaw_trace_pvwhole:-DSNAPMLA_SEESAW_PV_WHOLE=1"
-  "seesaw_timeline_pvwhole:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_WHOLE=1"
+  "seesaw_trace_halfn:-DSNAPMLA_SEESAW_PV_WHOLE=0"
+  "seesaw_timeline_halfn:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_WHOLE=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -114,7 +114,7 @@ for stage in "$@"; do
       # the list, and AB_TIMELINES="name:b h s[:b h s] ..." the timelines: a call's own A/B.
       variants=("seesaw_trace:$all" "seesaw_trace_base:$all"
         "seesaw_trace_fusedq:$all" "seesaw_trace_nofusedq:$all"
-        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_pvwhole:$n64"
+        "seesaw_trace_pvdeep2:$n16" "seesaw_trace_halfn:$n64"
         "seesaw_trace_narrowcombine:$short"
         "seesaw_trace_pdl:$short" "seesaw_trace_nopvdirect:$n64" "seesaw_trace_pvdirect2:$n64")
       if [ -n "${AB_VARIANTS:-}" ]; then

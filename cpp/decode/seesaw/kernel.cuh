@@ -221,11 +221,13 @@ static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <=
 #ifndef SNAPMLA_SEESAW_PV_SS
 #define SNAPMLA_SEESAW_PV_SS 0
 #endif
-// SNAPMLA_SEESAW_PV_WHOLE (experimental, off, never run): N = 64's promoted PV in whole-N groups
-// in the blocks every row sees whole. bench/pv_rate.cu (session 15): a block's PV alone 745
-// cycles against 957 for the half-N groups (one warpgroup; 1,235 against 1,497 with two).
+// SNAPMLA_SEESAW_PV_WHOLE (default 1 since session 16; 0 for the half-N groups everywhere):
+// N = 64's promoted PV in whole-N groups in the blocks every row sees whole. bench/pv_rate.cu
+// (session 15): a block's PV alone 745 cycles against 957 for the half-N groups (one warpgroup;
+// 1,235 against 1,497 with two). Kernel alone (session 16, same call): 32x128x16384 233.8 ->
+// 227.8 us, 64x128x4096 128.1 -> 124.7, 128x16x16384 q_len 4 452.1 -> 439.3.
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
-#define SNAPMLA_SEESAW_PV_WHOLE 0
+#define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
 // One k16 step of the FP16 PV into O^T m-tile d (N = 64; nothing at other widths, which never
 // call it: a generic lambda's body may be checked at every width).
