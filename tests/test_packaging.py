@@ -146,6 +146,9 @@ SEESAW_EARLY_MTILES = {16: 4, 32: 0, 64: 0}
 SEESAW_VARIANTS = [(n, False) for n in SEESAW_WIDTHS] + [(n, True) for n in SEESAW_TWO_TERM_WIDTHS]
 # Widths whose PV issues a block's m-tiles as whole-N wgmmas all at once (kPvDeep, kernel.cuh)
 SEESAW_PV_DEEP = {16: False, 32: True, 64: False}
+# Widths whose PV runs whole-N groups (an m-tile's two k-steps into one temporary) in the blocks
+# every row sees whole, half-N groups in edge blocks (SNAPMLA_SEESAW_PV_WHOLE, kernel.cuh)
+SEESAW_PV_WHOLE = {16: False, 32: False, 64: True}
 
 
 def _seesaw_name(n: int, two_term: bool = False, direct: bool = False) -> str:
@@ -175,7 +178,8 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
     query rows, a whole block being 4 m-tiles x 2 halves x 2 k-steps (each copy the compiler
     inlines is a whole block), and the early PV (the other warpgroup's block, its first m-tiles
     issued before the softmax) as whole-N QGMMA m64nNk32 (at N = 32 every m-tile of a block is
-    whole-N: SEESAW_PV_DEEP); nothing else on the tensor cores. ptxas has silently dropped a
+    whole-N: SEESAW_PV_DEEP; at N = 64 the blocks every row sees whole run whole-N groups and
+    the edge blocks half-N ones: SEESAW_PV_WHOLE); nothing else on the tensor cores. ptxas has silently dropped a
     whole QK round before (a rewrite that never reached main): this catches that without a
     GPU. Prints the kernel's size in instructions (the per-block count is ncu's, NOTES.md)."""
     sass = _seesaw(n, two_term)
@@ -192,7 +196,11 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
         return
     pv = gmma.pop((f"QGMMA.64x{n // 2}x32", "reg"), 0)
     early_tiles = 0 if two_term else SEESAW_EARLY_MTILES[n]
+    assert not (early_tiles and SEESAW_PV_WHOLE[n])  # both would be whole-N wgmmas
     early = gmma.pop((f"QGMMA.64x{n}x32", "reg"), 0) if early_tiles else 0
+    whole = gmma.pop((f"QGMMA.64x{n}x32", "reg"), 0) if SEESAW_PV_WHOLE[n] else 0
+    # Whole-N groups: 4 m-tiles x 2 k-steps in each copy of a whole (non-edge) block.
+    assert whole % 8 == 0 and (whole > 0) == SEESAW_PV_WHOLE[n], (whole, gmma)
     # The early PV: whole-N wgmmas, 2 k-steps per early m-tile, in edge and full variants.
     assert early % (2 * early_tiles or 1) == 0 and (early > 0) == (early_tiles > 0), (early, gmma)
     # Half-N groups: whole blocks (16) and the other's block past its early m-tiles.
@@ -204,7 +212,7 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
     assert gmma == {("QGMMA.64x64x32", "smem"): 16, ("HGMMA.64x64x16", "smem"): 4}, gmma
     print(
         f"seesaw N={n}{' two-term' if two_term else ''}: {len(sass)} SASS instructions, "
-        f"{pv} half-N and {early} early PV wgmmas"
+        f"{pv} half-N, {whole} whole-N and {early} early PV wgmmas"
     )
 
 
