@@ -46,13 +46,11 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
 // The plan's header against the launch's own shape: a plan built for another config or another
 // GPU's SM count, or never built, does not match, and the launch writes NaN rows instead of
 // following it (its words would index requests and partial slots out of bounds).
-// Every field compared without short-circuit: the eight loads go out together, one L2 round
-// trip instead of eight in series (the header always lies inside the plan buffer).
 __device__ __forceinline__ bool plan_matches(const DecodeParams& p) {
   const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  return (h.magic == kPlanMagic) & (h.batch == p.batch) & (h.num_parts == p.num_parts) &
-         (h.row_tiles == p.row_tiles) & (h.q_len == p.q_len) & (h.num_heads == p.num_heads) &
-         (h.max_pages == p.max_pages) & (h.part_cost > 0);
+  return h.magic == kPlanMagic && h.batch == p.batch && h.num_parts == p.num_parts &&
+         h.row_tiles == p.row_tiles && h.q_len == p.q_len && h.num_heads == p.num_heads &&
+         h.max_pages == p.max_pages && h.part_cost > 0;
 }
 
 // Every row of tile `tile` of requests part, part + num_parts, ...: NaN out and lse (a launch of
