@@ -52,8 +52,6 @@ builds=(
   # the defaults' alternatives (settled on the H200 in session 11; kept to re-check)
   "seesaw_trace_slowrowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=0"
   "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
-  # session 16: the narrow combine one part at a time (before its look-ahead of four parts)
-  "seesaw_trace_comb1:-DSNAPMLA_COMBINE_AHEAD=1"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its

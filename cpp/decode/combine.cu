@@ -5,8 +5,6 @@
 #include "decode/decode.h"
 #include "decode/segment.cuh"
 
-#include <type_traits>
-
 namespace snapmla {
 namespace decode {
 namespace {
@@ -31,36 +29,22 @@ __device__ __forceinline__ int64_t partial_slot(int part, int first) {
   return 2 * part + (part == first ? 1 : 0);
 }
 
-// The lane's 16 columns of row fr in partial slot `slot`.
-__device__ __forceinline__ void load_partial(const DecodeParams& p, int64_t slot, int rows_pad,
-                                             int fr, int lane, float4 (&x)[kColsPerLane / 4]) {
-  const float4* src = reinterpret_cast<const float4*>(
-      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
-#pragma unroll
-  for (int v = 0; v < kColsPerLane / 4; ++v) x[v] = src[v];
-}
-
-// acc += w x
-__device__ __forceinline__ void add_weighted(float w, const float4 (&x)[kColsPerLane / 4],
-                                             float (&acc)[kColsPerLane]) {
-#pragma unroll
-  for (int v = 0; v < kColsPerLane / 4; ++v) {
-    acc[4 * v] += w * x[v].x;
-    acc[4 * v + 1] += w * x[v].y;
-    acc[4 * v + 2] += w * x[v].z;
-    acc[4 * v + 3] += w * x[v].w;
-  }
-}
-
 // acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
 // returns w.
 __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot, int rows_pad,
                                              int fr, int lane, float m,
                                              float (&acc)[kColsPerLane]) {
   const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-  float4 x[kColsPerLane / 4];
-  load_partial(p, slot, rows_pad, fr, lane, x);
-  add_weighted(w, x, acc);
+  const float4* src = reinterpret_cast<const float4*>(
+      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
+#pragma unroll
+  for (int v = 0; v < kColsPerLane / 4; ++v) {
+    const float4 x = src[v];
+    acc[4 * v] += w * x.x;
+    acc[4 * v + 1] += w * x.y;
+    acc[4 * v + 2] += w * x.z;
+    acc[4 * v + 3] += w * x.w;
+  }
   return w;
 }
 
@@ -80,15 +64,6 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int rows
   }
 }
 
-// SNAPMLA_COMBINE_AHEAD: partials whose loads the narrow combine issues before it adds any of
-// them (1: one part at a time, a dependent L2 round trip per part, as before session 16). The
-// sums run in part order either way, so the output is the same bit for bit.
-#ifndef SNAPMLA_COMBINE_AHEAD
-#define SNAPMLA_COMBINE_AHEAD 4
-#endif
-constexpr int kAhead = SNAPMLA_COMBINE_AHEAD;
-static_assert(kAhead >= 1 && kAhead <= 8, "SNAPMLA_COMBINE_AHEAD: 1..8 partials in flight");
-
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
   griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x;
@@ -99,23 +74,15 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   int first, last;
   if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
-  auto lse_of = [&](int part) {
-    return p.partial_lse[partial_slot(part, first) * rows_pad + fr];
-  };
 
-  // Pass 1: the largest partial LSE, lane j reading parts first + j, first + j + 32, ...; NaN
-  // anywhere poisons the row.
+  // Pass 1: the largest partial LSE; NaN anywhere poisons the row.
   float m = -INFINITY;
-  bool nan_seen = false;
-  for (int part = first + lane; part <= last; part += 32) {
-    const float v = lse_of(part);
-    nan_seen |= (v != v);
+  bool has_nan = false;
+  for (int part = first; part <= last; ++part) {
+    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
+    has_nan |= (v != v);
     m = fmaxf(m, v);
   }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  const bool has_nan = __any_sync(0xffffffffu, nan_seen);
-
   float acc[kColsPerLane] = {};
   float lse;
   if (has_nan) {
@@ -125,30 +92,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   } else if (m == -INFINITY) {  // no visible token in any segment
     lse = INFINITY;
   } else {
-    // Pass 2: out = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - m), in part order. Lane j
-    // computes the weight of part base + j; the partials' loads go kAhead parts at a time.
+    // Pass 2: out = sum_s w_s O_s / sum_s w_s, w_s = exp(lse_s - m).
     float w_sum = 0.f;
-    for (int base = first; base <= last; base += 32) {
-      const int count = min(32, last - base + 1);
-      const float w_lane = lane < count ? expf(lse_of(base + lane) - m) : 0.f;
-      // parts base + k .. base + k + n - 1: every load issued, then the sums in order
-      auto take = [&](int k, auto n_tag) {
-        constexpr int n = decltype(n_tag)::value;
-        float4 x[n][kColsPerLane / 4];
-#pragma unroll
-        for (int a = 0; a < n; ++a) {
-          load_partial(p, partial_slot(base + k + a, first), rows_pad, fr, lane, x[a]);
-        }
-#pragma unroll
-        for (int a = 0; a < n; ++a) {
-          const float w = __shfl_sync(0xffffffffu, w_lane, k + a);
-          w_sum += w;
-          add_weighted(w, x[a], acc);
-        }
-      };
-      int k = 0;
-      for (; k + kAhead <= count; k += kAhead) take(k, std::integral_constant<int, kAhead>{});
-      for (; k < count; ++k) take(k, std::integral_constant<int, 1>{});
+    for (int part = first; part <= last; ++part) {
+      w_sum += add_partial(p, partial_slot(part, first), rows_pad, fr, lane, m, acc);
     }
     const float inv = 1.f / w_sum;
 #pragma unroll
