@@ -23,6 +23,34 @@ __device__ int last_le(const int32_t* prefix, int n, int32_t value) {
   return lo;
 }
 
+// SNAPMLA_PLAN_ALIGN (1: on; 0: the plain cost line): a batch whose requests each fit in k
+// parts of cost T_k = ceil(max cost / k), with batch x k parts at most num_parts and T_k at most
+// 9/8 of the balanced part cost T, gets k parts of its own per request (the cost line padded to
+// request b at b k T_k) instead of parts cut at multiples of T across requests. A part then runs
+// one segment of one request, and each request is split in k partials (none at k = 1), where
+// the plain line gives a request's blocks to k or k + 1 parts, each part's segment paying a
+// request's fixed costs (its Q tile, its epilogue) again. For example 64 x 128 heads x 4k
+// (cost 66 a request, T = 64 over 66 parts): one part per request, no combine.
+#ifndef SNAPMLA_PLAN_ALIGN
+#define SNAPMLA_PLAN_ALIGN 1
+#endif
+
+// The aligned cost line's stride k T_k per request (and T = T_k), or 0 to keep the plain line.
+__device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, int32_t max_cost,
+                                  int32_t* T) {
+  if (!SNAPMLA_PLAN_ALIGN || max_cost <= 0) return 0;
+  const int32_t k0 = (max_cost + *T - 1) / *T;  // T_k0 <= T
+  for (int32_t k = k0; k >= 1 && k >= k0 - 1; --k) {
+    const int32_t t_k = max((max_cost + k - 1) / k, min_part_cost);
+    const int64_t parts = int64_t{batch} * k, line = parts * t_k;
+    if (parts <= num_parts && int64_t{t_k} * 8 <= int64_t{*T} * 9 && line < INT32_MAX) {
+      *T = t_k;
+      return k * t_k;
+    }
+  }
+  return 0;
+}
+
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
                 int max_pages, int num_parts, int min_part_cost, int32_t* __restrict__ plan) {
@@ -31,7 +59,8 @@ __global__ void __launch_bounds__(kPlanThreads)
   int32_t* nblocks = plan + L.nblocks;
   __shared__ int32_t warp_sums[kPlanThreads / 32];
   __shared__ int32_t carry;
-  if (threadIdx.x == 0) carry = 0;
+  __shared__ int32_t max_cost;  // of any request
+  if (threadIdx.x == 0) carry = max_cost = 0;
   __syncthreads();
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -45,6 +74,7 @@ __global__ void __launch_bounds__(kPlanThreads)
       const int32_t nb = (len < 0 || len > max_len) ? -1 : (len + kBlockN - 1) / kBlockN;
       nblocks[b] = nb;
       cost = (nb > 0 ? nb : 0) + kFixedCost;
+      atomicMax(&max_cost, cost);
     }
     int32_t incl = cost;
 #pragma unroll
@@ -70,8 +100,13 @@ __global__ void __launch_bounds__(kPlanThreads)
     if (threadIdx.x == kPlanThreads - 1) carry = before + cost;
     __syncthreads();
   }
-  const int32_t total = carry;
-  const int32_t T = max((total + num_parts - 1) / num_parts, min_part_cost);
+  int32_t total = carry;
+  int32_t T = max((total + num_parts - 1) / num_parts, min_part_cost);
+  const int32_t stride = aligned_stride(batch, num_parts, min_part_cost, max_cost, &T);
+  if (stride > 0) {  // request b at cost b * stride: k whole parts of its own
+    for (int b = threadIdx.x; b < batch; b += kPlanThreads) prefix[b] = b * stride;
+    total = batch * stride;
+  }
   if (threadIdx.x == 0) {
     prefix[batch] = total;
     PlanHeader& h = *reinterpret_cast<PlanHeader*>(plan);
