@@ -6,7 +6,10 @@
 // fall into several parts is split: each part writes a partial (O / l, lse) into the
 // workspace and the combine merges them by log-sum-exp. Partial slot of (part p, request b):
 // 2 * p + (p == first_part[b] ? 1 : 0): at most one request starts a split in a part (its
-// last), and at most one continues one (its first), so slots never collide.
+// last), and at most one continues one (its first), so slots never collide. Where every request
+// fits in k parts of at most 9/8 T and batch x k parts fit, the plan pads the line instead
+// (SNAPMLA_PLAN_ALIGN, plan.cu): request b starts at b k T_k, so it has k parts of its own. The
+// kernels read the line only through prefix[], T, first_part[] and last_part[], padded or not.
 #pragma once
 
 #include <cuda_runtime.h>
