@@ -1,0 +1,226 @@
+"""The split-KV plan, word for word against a model of cpp/decode/plan.cu, and decodes in the
+regime where the plan aligns requests to parts (SNAPMLA_PLAN_ALIGN, session 16).
+
+The plan is int32 words (cpp/decode/decode.h, PlanHeader and PlanLayout): the header, the cost
+line's prefix [b + 1], blocks per request [b], each request's first and last part [b], and
+each part's first and last request [num_parts]. The kernels read it only through these words,
+so a plan equal to the model's is the schedule the model describes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+
+import numpy as np
+import pytest
+from _util import (
+    FAST_LSE_ATOL,
+    FAST_OUT_RTOL,
+    REF_LSE_ATOL,
+    REF_OUT_RTOL,
+    check_decode,
+    make_cache,
+    make_case,
+    run_decode,
+    synchronize,
+    to_torch,
+    torch_module,
+)
+
+MAGIC = 0x4D4C4131
+FIXED_COST = 2  # decode::kFixedCost
+MIN_PART_COST = 2  # decode::kMinPartCost, with the default split count
+BLOCK_N = 64
+TILE_ROWS = 64
+KERNELS = ("fast", "reference")
+
+pytestmark = pytest.mark.gpu
+
+
+def aligned_stride(batch: int, num_parts: int, min_part_cost: int, max_cost: int, t: int):
+    """(stride, T) of the aligned cost line, or (0, t) for the plain one (plan.cu)."""
+    if max_cost <= 0:
+        return 0, t
+    k0 = -(-max_cost // t)
+    for k in range(k0, max(k0 - 2, 0), -1):
+        t_k = max(-(-max_cost // k), min_part_cost)
+        if batch * k <= num_parts and t_k * 8 <= t * 9 and batch * k * t_k < 2**31 - 1:
+            return k * t_k, t_k
+    return 0, t
+
+
+def plan_model(seqlens, q_len: int, num_heads: int, max_pages: int, num_parts: int,
+               min_part_cost: int) -> np.ndarray:
+    """The plan's int32 words for these sequence lengths."""
+    batch = len(seqlens)
+    nblocks = [
+        -1 if n < 0 or n > max_pages * BLOCK_N else -(-n // BLOCK_N) for n in map(int, seqlens)
+    ]
+    costs = [max(nb, 0) + FIXED_COST for nb in nblocks]
+    prefix = [0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    total = prefix[-1]
+    t = max(-(-total // num_parts), min_part_cost)
+    stride, t = aligned_stride(batch, num_parts, min_part_cost, max(costs, default=0), t)
+    if stride:
+        prefix = [b * stride for b in range(batch + 1)]
+        total = prefix[-1]
+    header = [MAGIC, batch, num_parts, math.ceil(q_len * num_heads / TILE_ROWS), q_len,
+              num_heads, max_pages, t]
+
+    def last_le(value: int) -> int:  # the last index of prefix[0..batch] <= value
+        return bisect.bisect_right(prefix, value) - 1
+
+    part_begin, part_end = [], []
+    for p in range(num_parts):
+        c0 = p * t
+        if c0 >= total:
+            part_begin.append(batch)
+            part_end.append(batch - 1)
+        else:
+            part_begin.append(last_le(c0))
+            part_end.append(last_le(min(c0 + t, total) - 1))
+    first, last = [], []
+    for b, nb in enumerate(nblocks):
+        first.append((prefix[b] + FIXED_COST if nb > 0 else prefix[b]) // t)
+        last.append((prefix[b] + FIXED_COST + nb - 1 if nb > 0 else prefix[b]) // t)
+    return np.array(header + prefix + nblocks + first + last + part_begin + part_end, np.int32)
+
+
+def device_plan(seqlens, q_len: int, num_heads: int, max_pages: int, num_sm_parts: int):
+    """(the plan's words as snapmla_decode_plan writes them, the part count it used)."""
+    from snapmla import _lib
+
+    torch = torch_module()
+    lib, ffi = _lib.lib(), _lib.ffi
+    config = ffi.new(
+        "snapmla_decode_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_decode_config_t"),
+            "batch_size": len(seqlens),
+            "q_len": q_len,
+            "num_heads": num_heads,
+            "max_pages": max_pages,
+            "num_sm_parts": num_sm_parts,
+        },
+    )
+    plan_bytes, ws_bytes = ffi.new("size_t*"), ffi.new("size_t*")
+    assert lib.snapmla_decode_buffer_sizes(config, plan_bytes, ws_bytes) == 0
+    plan = torch.full((plan_bytes[0] // 4,), -7, dtype=torch.int32, device="cuda")
+    sl = to_torch(np.asarray(seqlens, np.int32))
+    assert (
+        lib.snapmla_decode_plan(
+            config,
+            ffi.cast("const int32_t*", sl.data_ptr()),
+            ffi.cast("void*", plan.data_ptr()),
+            ffi.NULL,
+        )
+        == 0
+    ), ffi.string(lib.snapmla_last_error()).decode()
+    synchronize()
+    words = plan.cpu().numpy()
+    return words, int(words[2])
+
+
+def _sm_count() -> int:
+    return torch_module().cuda.get_device_properties(0).multi_processor_count
+
+
+# (lengths, q_len, heads, max_pages, num_sm_parts): uniform batches the aligned line takes
+# (k = 1 and k > 1), mixed ones it leaves plain, empty and invalid lengths, explicit part counts.
+CASES = [
+    ([4096] * 64, 1, 128, 64, 0),  # cost 66 > T = 64: one part a request, no splits
+    ([16384] * 32, 1, 128, 256, 0),  # two parts a request
+    ([4096] * 8, 1, 128, 64, 0),  # eight parts a request
+    ([16384] * 128, 1, 16, 256, 0),
+    ([8192] * 128, 4, 16, 128, 0),
+    ([1024] * 64, 1, 128, 16, 0),  # already aligned: the same line either way
+    ([1024], 1, 128, 16, 0),
+    ([0] * 5, 1, 16, 4, 0),
+    ([5000, 100, 20000, 7, 0, 64, 65, 63], 1, 128, 400, 0),  # mixed: plain
+    ([256, 192, 256, 128], 1, 16, 4, 4),  # padded with explicit parts (T = 6, k = 1)
+    ([300, -1, 300, 99999], 2, 64, 8, 0),  # invalid lengths cost their fixed cost
+    ([700] * 40, 1, 16, 16, 7),
+    ([700] * 40, 1, 16, 16, 264),
+]
+
+
+@pytest.mark.parametrize("lens, q_len, h, max_pages, parts", CASES)
+def test_plan_words_match_the_model(lens, q_len: int, h: int, max_pages: int, parts: int) -> None:
+    words, num_parts = device_plan(lens, q_len, h, max_pages, parts)
+    row_tiles = math.ceil(q_len * h / TILE_ROWS)
+    assert num_parts == (parts or max(_sm_count() // row_tiles, 1))
+    want = plan_model(lens, q_len, h, max_pages, num_parts, 1 if parts else MIN_PART_COST)
+    n = len(want)
+    assert (words[:n] == want).all(), (
+        f"plan words differ at {np.flatnonzero(words[:n] != want)[:10].tolist()}: "
+        f"got {words[:n][:16].tolist()}..., want {want[:16].tolist()}..."
+    )
+
+
+def test_plan_random_batches_match_the_model(rng: np.random.Generator) -> None:
+    for _ in range(40):
+        batch = int(rng.integers(1, 300))
+        max_pages = int(rng.integers(1, 600))
+        if rng.random() < 0.5:  # near-uniform batches, where the aligned line applies
+            base = int(rng.integers(0, max_pages * BLOCK_N + 1))
+            lens = np.clip(base - rng.integers(0, 200, batch), 0, None)
+        else:
+            lens = rng.integers(0, max_pages * BLOCK_N + 1, batch)
+        h = int(rng.choice([16, 32, 64, 128]))
+        q_len = int(rng.choice([1, 2]))
+        parts = int(rng.choice([0, 0, 1, 5, 300]))
+        words, num_parts = device_plan(lens.tolist(), q_len, h, max_pages, parts)
+        want = plan_model(lens.tolist(), q_len, h, max_pages, num_parts,
+                          1 if parts else MIN_PART_COST)
+        assert (words[: len(want)] == want).all(), (batch, max_pages, h, q_len, parts)
+
+
+def test_uniform_batch_is_not_split() -> None:
+    """64 requests of 4k at 128 heads: each request in a part of its own (no partials)."""
+    lens = [4096] * 64
+    words, num_parts = device_plan(lens, 1, 128, 64, 0)
+    if num_parts < 64:
+        pytest.skip(f"{num_parts} parts: fewer than the batch")
+    b = len(lens)
+    first = words[8 + 2 * b + 1 : 8 + 3 * b + 1]
+    last = words[8 + 3 * b + 1 : 8 + 4 * b + 1]
+    assert (first == last).all() and len(set(first.tolist())) == b
+
+
+@pytest.mark.parametrize(
+    "lens, h, parts",
+    [
+        # each padded (the aligned line differs from the plain one), on a 132-SM H200
+        ([256, 192, 256, 128], 16, 4),  # one part a request (k = 1), explicit part count
+        ([1000, 960, 1024, 900] * 32, 16, 0),  # 128 requests, one part each (T 17 -> 18)
+        ([130] * 16, 16, 0),  # three parts a request, the first holding only the fixed cost
+        ([2000, 1990, 1900, 2048], 128, 0),  # 16 parts a request, two row tiles
+        ([900, 1000, 1024, 960] * 8, 64, 0),
+    ],
+)
+def test_decode_on_aligned_plans(rng: np.random.Generator, lens, h: int, parts: int) -> None:
+    case = make_case(rng, lens, num_heads=h, q_len=1)
+    cache = make_cache(case)
+    want = case.reference()
+    for kernel in KERNELS:
+        out, lse = run_decode(cache, case, kernel=kernel, num_sm_parts=parts)
+        tol = (
+            {"rtol": FAST_OUT_RTOL, "lse_atol": FAST_LSE_ATOL}
+            if kernel == "fast"
+            else {"rtol": REF_OUT_RTOL, "lse_atol": REF_LSE_ATOL}
+        )
+        check_decode(out, lse, *want, **tol, label=f"lens={lens[:4]} h={h} parts={parts} {kernel}")
+
+
+def test_aligned_and_plain_lines_agree_on_the_example() -> None:
+    """The model's own check of the rule (CPU arithmetic): 64 x 4k at 128 heads over 66 parts
+    takes one part a request at T = 66; a mixed batch keeps the plain line."""
+    words = plan_model([4096] * 64, 1, 128, 64, 66, MIN_PART_COST)
+    assert words[7] == 66 and words[8:8 + 65].tolist() == [66 * b for b in range(65)]
+    mixed = [5000, 100, 20000, 7]
+    words = plan_model(mixed, 1, 128, 400, 66, MIN_PART_COST)
+    costs = [-(-n // 64) + 2 for n in mixed]
+    assert words[8:13].tolist() == [0] + np.cumsum(costs).tolist()
