@@ -129,13 +129,15 @@ constexpr int64_t kPvDirectMaxBlocks = 256;
 
 // The longest run of one request's blocks that one part of the plan can hold, from the launch's
 // shape alone (no host synchronization): a part covers at most T = max(ceil(total / num_parts),
-// min part cost) of cost, total <= batch x (max_pages + kFixedCost) (plan.cu), and a request has
-// at most max_pages blocks. A plan that does not match the launch gives NaN rows, not a longer
-// chain (plan_matches).
+// min part cost) of cost, or at most 9/8 of that on an aligned line (SNAPMLA_PLAN_ALIGN),
+// total <= batch x (max_pages + kFixedCost) (plan.cu), and a request has at most max_pages
+// blocks. A plan that does not match the launch gives NaN rows, not a longer chain
+// (plan_matches).
 int64_t longest_chain(const DecodeParams& p) {
   const int64_t total = int64_t{p.batch} * (int64_t{p.max_pages} + kFixedCost);
   const int64_t per_part = (total + p.num_parts - 1) / p.num_parts;
-  return std::min<int64_t>(std::max<int64_t>(per_part, kMinPartCost), p.max_pages);
+  const int64_t t = std::max<int64_t>(per_part, kMinPartCost);
+  return std::min<int64_t>(t * 9 / 8 + 1, p.max_pages);
 }
 
 bool use_pv_direct(const DecodeParams& p) {
