@@ -216,6 +216,24 @@ def test_fast_kernel_sass_is_the_kernel_we_think_it_is(n: int, two_term: bool) -
     )
 
 
+@pytest.mark.parametrize(("n", "two_term"), SEESAW_VARIANTS)
+def test_fast_kernel_wgmmas_are_not_serialized(n: int, two_term: bool) -> None:
+    """ptxas serializes every wgmma of a kernel when it cannot prove the accumulator registers
+    safe (its C7510-C7520 warnings: a wgmma in flight across a spin loop, a divergent path, a
+    join of paths with different groups in flight): each wgmma then gets its own
+    WARPGROUP.ARRIVE and a WARPGROUP.DEPBAR that waits for it. Session 16's one-line change in
+    plan_matches (compare the plan header without short-circuit) did this to the N = 16 kernel
+    and cost 23% at 128x1x16x16384 with every test passing; the default kernels wait on about a
+    third of their wgmmas (N = 16: 35 DEPBAR for 101 wgmmas; serialized: 101)."""
+    sass = _seesaw(n, two_term)
+    gmma = sum(_wgmma(sass).values())
+    depbar = sum("WARPGROUP.DEPBAR" in line for line in sass)
+    assert gmma > 0 and depbar <= gmma // 2, (
+        f"seesaw N={n}{' two-term' if two_term else ''}: {depbar} WARPGROUP.DEPBAR for {gmma} "
+        "wgmmas: ptxas serialized them (look for C75xx in the build log)"
+    )
+
+
 def test_fast_kernel_pv_direct_is_not_built() -> None:
     """N = 64's PV into O^T (kPvDirect, SNAPMLA_SEESAW_PV_DIRECT) is experimental and off: on
     the workload layers its error against exact attention reached 8.6x the model's (the
