@@ -10,14 +10,12 @@
 #                                                     # ("kernel + combine" is the line to compare)
 #   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # SNAPMLA_PDL=1, session 11's form
-#   SNAPMLA_TRACE_TWO_TERM=1 .carry/bin/seesaw_trace_tt4 128 16 16384  # two-term QK, 4 accumulators
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
 #   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
 #   .carry/bin/seesaw_trace_qk1 32 128 16384         # SNAPMLA_SEESAW_QK_ONE_ACC=1
 #   .carry/bin/seesaw_trace_nopdl 1 128 1024         # SNAPMLA_PDL=0 ("decode call")
-#   .carry/bin/seesaw_trace_pvf16 32 128 16384       # SNAPMLA_SEESAW_PV_F16=1 (N = 64's PV in f16)
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -57,7 +55,6 @@ builds=(
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only
   "seesaw_trace_pdl:-DSNAPMLA_PDL=1"
-  "seesaw_trace_tt4:-DSNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4"
   "seesaw_trace_nopvdirect:-DSNAPMLA_SEESAW_PV_DIRECT=0"
   "seesaw_trace_pvdirect2:-DSNAPMLA_SEESAW_PV_DIRECT=2"
   "seesaw_timeline_nopvdirect:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_DIRECT=0"
@@ -75,14 +72,6 @@ builds=(
   "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   # the producer's empty-stage wait spinning (the default suspends: try_wait's time hint)
   "seesaw_trace_pspin:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=0"
-  # session 15: N = 64's PV on the FP16 tensor cores, into O^T (SNAPMLA_SEESAW_PV_F16)
-  "seesaw_trace_pvf16:-DSNAPMLA_SEESAW_PV_F16=1"
-  "seesaw_timeline_pvf16:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_F16=1"
-  "seesaw_trace_pvf16s2:-DSNAPMLA_SEESAW_PV_F16=1 -DSNAPMLA_SEESAW_PV_F16_SLOTS=2"
-  # session 15: N = 64's promoted FP8 PV with V^T rewritten in shared memory (SS wgmma)
-  "seesaw_trace_pvss:-DSNAPMLA_SEESAW_PV_SS=1"
-  "seesaw_trace_pvss2:-DSNAPMLA_SEESAW_PV_SS=2"
-  "seesaw_timeline_pvss:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_SS=1"
   # N = 64's promoted PV in whole-N groups where every row sees the block whole
   "seesaw_trace_halfn:-DSNAPMLA_SEESAW_PV_WHOLE=0"
   "seesaw_timeline_halfn:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_WHOLE=0"

@@ -1,14 +1,15 @@
 // What one 64-token block's PV costs a warpgroup of the seesaw kernel, by the PV's structure
-// (session 15, issue 7): the kernel's timeline puts a block's PV at 1,100-1,900 cycles against
-// 256 (FP8) or 512 (FP16) of tensor work, and the FP16 PV into O^T (SNAPMLA_SEESAW_PV_F16) was no
-// faster than the promoted FP8 one. This measures the PV alone, on resident shared memory, with
-// the kernel's own fragment helpers and wgmma wrappers, one or both warpgroups of a CTA running
-// it at once (the kernel's other warpgroup runs its softmax or its own PV meanwhile):
+// (session 15, issue 7): the kernel's timeline puts a block's PV at 1,100-1,900 cycles against 256
+// (FP8) or 512 (FP16) of tensor work, and the FP16 PV into O^T (session 15's
+// SNAPMLA_SEESAW_PV_F16, removed in session 16) was no faster than the promoted FP8 one. This
+// measures the PV alone, on resident shared memory, with the kernel's own fragment helpers and
+// wgmma wrappers, one or both warpgroups of a CTA running it at once (the kernel's other warpgroup
+// runs its softmax or its own PV meanwhile):
 //
 //   0 fp8-halfN-promoted  the default: 8 groups (m-tile, half the rows) of 2 m64n32k32 into a
 //                         zeroed temporary, two in flight, each added into O = gamma O + T
 //   1 fp8-wholeN-promoted 4 groups (m-tile) of 2 m64n64k32, two in flight, promoted the same way
-//   2 f16-direct          SNAPMLA_SEESAW_PV_F16: O *= gamma, then 4 m64n64k16 f16 an m-tile into O
+//   2 f16-direct          the FP16 PV: O *= gamma, then 4 m64n64k16 f16 an m-tile into O
 //   3 fp8-n32-raw         the 16 m64n32k32 of variant 0 back to back, one wait (no promotion)
 //   4 fp8-n64-raw         the 8 m64n64k32 of variant 1 back to back, one wait
 //   5 f16-raw             the 16 m64n64k16 of variant 2 back to back, one wait

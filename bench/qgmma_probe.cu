@@ -9,7 +9,7 @@
 // fp32 (chain = kdim / 32: everything in one accumulator).
 //
 //   qk: kdim 512 (Q rows against K tokens), chains 16, 8 (the seesaw kernel's QK today), 4
-//       (SNAPMLA_SEESAW_TWO_TERM_QK_ACCS=4), 2 and 1
+//       (the two-term kernel's four accumulators, tried in session 16: no gain), 2 and 1
 //   pv: kdim 16384 tokens (V^T rows = latent channels against P rows = query rows, P in
 //       (0, 1]), chains 512 (SNAPMLA_SEESAW_PV_DIRECT: O^T takes every block), 2 (today: one
 //       64-token block into a temporary, promoted in fp32), 16 and 64

@@ -60,11 +60,6 @@ constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byt
 // i - kPBuffers, so it waits for the other warpgroup's PV of that block only when that PV is
 // kPBuffers blocks behind (with 2 the wait sat on the critical path: bench/NOTES.md).
 constexpr int kPBuffers = 4;
-// The FP16 PV (N = 64, kernel.cuh's kPvF16) keeps P as f16 (exact E4M3 values): [64 rows][64
-// tokens] f16 = 128-byte rows, 128B swizzle, two tiles in the bytes of the four P8 buffers (P8
-// and f16 tiles are never both in use). The row statistics stay kPBuffers deep.
-constexpr int kP16RowBytes = 2 * kBlockN;
-constexpr int kP16Tiles = 2;
 constexpr int kQkChunkSteps = kChunkBytes / 32;     // k32 FP8 steps per content chunk
 constexpr int kRopeSteps = kRopeDim / 16;           // k16 BF16 steps over the RoPE
 constexpr uint32_t kContentHalfTx = 2 * kTileBytes;  // one warpgroup's refill
@@ -104,7 +99,7 @@ struct alignas(1024) SharedStorage {
     uint8_t rope[kTileBytes];              // [64 tokens][64 bf16], 128B swizzle
     float scale[kBlockN];
   } stage[kStages];
-  // block i % kPBuffers: [rows][64 B]; the FP16 PV's tile of block i at p8[2 (i % 2)]
+  // block i % kPBuffers: [rows][64 B]
   alignas(1024) uint8_t p8[kPBuffers][kRowsM * kPRowBytes];
   RowStats stats[kPBuffers];                                // block i % kPBuffers
   float q_scale[kRowsM];
@@ -112,10 +107,6 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
-  // The SS PV (kernel.cuh, kPvSs): the owner's QK of a stage's block is done (its four warps
-  // arrive), and the producer has rewritten the stage's content as V^T.
-  uint64_t qk_done_bar[kStages];
-  uint64_t vt_ready_bar[kStages];
 };
 
 struct TensorMaps {
@@ -125,12 +116,6 @@ struct TensorMaps {
   CUtensorMap q_content;  // uint8  {512, rows}:      box {128, 64}, 128B swizzle
   CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
 };
-
-static_assert(kP16Tiles * kRowsM * kP16RowBytes == sizeof(SharedStorage::p8),
-              "the FP16 PV's P tiles fill the P8 buffers");
-static_assert(sizeof(SharedStorage::p8[0]) * 2 == kRowsM * kP16RowBytes &&
-                  kRowsM * kP16RowBytes % 1024 == 0,
-              "an f16 P tile is two P8 buffers, 1024-byte aligned (128B swizzle)");
 
 // Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;

@@ -84,7 +84,8 @@ __device__ __forceinline__ void store_p8(uint32_t addr, const uint32_t (&w)[2][4
   if constexpr (kRows == 2) sm90::stsm_x4(addr + 8 * 64, w[1][0], w[1][1], w[1][2], w[1][3]);
 }
 
-// ---- V^T in shared memory (N = 64; kernel.cuh, kPvSs): the K-major A operand of an FP8 wgmma,
+// ---- V^T in shared memory (N = 64; the SS PV, 13-17% slower in the kernel and removed in
+// session 16, bench/NOTES.md; kept with its unit test): the K-major A operand of an FP8 wgmma,
 // [latent rows][64 tokens], 64B swizzle (unit u of row r at r * 64 + ((u ^ ((r >> 1) & 3)) << 4)),
 // an m-tile every 4 KB, k-step ks at byte 32 ks of each row. The FP8 fragment a0..a3 of warp v
 // (vt_fragment) is stored as it is by one stmatrix x4: matrix i holds M-rows 16 v + 8 (i % 2) ..
@@ -96,9 +97,9 @@ __device__ __forceinline__ uint32_t vt_smem_lane_offset(uint32_t lane, uint32_t 
   return row * 64 + (((i >> 1) ^ ((row >> 1) & 3)) << 4);
 }
 
-// ---- The FP16 PV (N = 64; kernel.cuh, kPvF16): the same E4M3 values on the FP16 tensor cores,
-// which accumulate in fp32 (the FP8 ones keep ~13 bits), so a block's product goes into O^T
-// itself. Every E4M3 value is exactly an f16 value: nothing is rounded by the conversions.
+// ---- The FP16 PV (N = 64; 5% slower in the kernel and removed in session 16, bench/NOTES.md;
+// kept with its unit test): the same E4M3 values on the FP16 tensor cores, which accumulate in
+// fp32 (the FP8 ones keep ~13 bits), so a block's product goes into O^T itself. Every E4M3 value is exactly an f16 value: nothing is rounded by the conversions.
 //
 // V^T as f16 A fragments (m64 x k16): logical k = token within each 16-token half of a k32
 // step. An FP8 fragment word a0 holds M-row g's tokens {2t, 2t+1, 8+2t, 9+2t} (low to high

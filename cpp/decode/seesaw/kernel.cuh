@@ -151,17 +151,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
 // small products after) that loses the later blocks' low bits: config.h has the figures.
 
-// SNAPMLA_SEESAW_TWO_TERM_QK_ACCS (experimental, 2; bench/NOTES.md, issue 9): fp32
-// accumulators of the two-term query's content QK. 2: chunks 0-1 and 2-3 (eight QGMMA chained
-// in each, as the one-term kernel); 4: one per 128-channel chunk (four chained), summed in fp32.
-// The FP8 wgmma keeps ~13-14 bits per k = 32 step; by emulation (bench/qgmma_precision.py
-// --two-term) the chains of eight cost the two-term query 1.06-1.27x the BF16-query error
-// (14-bit model), chains of four 1.01-1.08x.
-#ifndef SNAPMLA_SEESAW_TWO_TERM_QK_ACCS
-#define SNAPMLA_SEESAW_TWO_TERM_QK_ACCS 2
-#endif
-static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4,
-              "two or four QK accumulators");
 // SNAPMLA_SEESAW_QK_ONE_ACC (experimental, off; bench/NOTES.md, session 14): the one-term
 // kernels' QK in one fp32 accumulator (the 16 content QGMMA and the 4 RoPE HGMMA chained),
 // instead of two halves added by the CUDA cores. Saves 32 FADD a block on the softmax's path and
@@ -188,39 +177,6 @@ static_assert(SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 2 || SNAPMLA_SEESAW_TWO_TERM_QK
 #ifndef SNAPMLA_SEESAW_PV_PREFETCH
 #define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
-// SNAPMLA_SEESAW_PV_F16 (experimental, off): N = 64's PV on the FP16 tensor cores (kPvF16 below).
-// Correct on the H200 (session 15: decode tests, fragment test, workload layers 1.014x the
-// model's error with one CTA a context) but 4-5% slower at long contexts, level at short ones:
-// bench/pv_rate.cu puts its PV alone at the promoted FP8 one's cost (923 against 957 cycles). The half-N FP8 PV is latency-bound (session 14's timeline: 1,200-
-// 1,700 cycles a block for 256 of tensor work, 16 small wgmmas, each pair waited for and
-// promoted by the CUDA cores), because the FP8 tensor cores keep ~13 bits when they accumulate
-// (bench/qgmma_probe.cu) and so cannot carry O^T across blocks (PV into O^T: 8.6x the model's
-// error on the workload layers). P8 and V8 are exact f16 values and the FP16 tensor cores
-// accumulate in fp32, so the same products go straight into O^T, whole m-tiles in flight, and the
-// promotion's temporaries and FFMAs are gone; the price is twice the PV's tensor time (1,024
-// cycles a 64-row tile-block instead of 512) and P as f16 in shared memory (two tiles, not four).
-#ifndef SNAPMLA_SEESAW_PV_F16
-#define SNAPMLA_SEESAW_PV_F16 0
-#endif
-// SNAPMLA_SEESAW_PV_F16_SLOTS (experimental): the FP16 PV's m-tiles in flight within a block.
-#ifndef SNAPMLA_SEESAW_PV_F16_SLOTS
-#define SNAPMLA_SEESAW_PV_F16_SLOTS 4
-#endif
-static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <= 4,
-              "1 to 4 m-tiles in flight");
-// SNAPMLA_SEESAW_PV_SS (experimental, off, not yet run in this form; 1: half-N groups as today,
-// 2: whole-N groups): N = 64's promoted FP8 PV with V^T from shared memory instead of registers.
-// The producer warpgroup (40 registers instead of 24, the consumers 232 instead of 240:
-// kProducerRegsAt) rewrites each stage's content in place as [latent][tokens] once the owner's
-// QK of the block is done (qk_done_bar), with the FP8 fragments the consumers build today
-// stored by stmatrix, and signals vt_ready_bar; the consumers' PV reads both operands from
-// shared memory. bench/pv_rate.cu (session 15) measured
-// the FP8 wgmma at 53% of the tensor rate with A in registers and 80% with both operands in
-// shared memory (one warpgroup; 75% against 100% with two). Each warpgroup rewriting its own
-// half in place before its PV (65899d9) was 17% slower: the rewrite sat on the warpgroup's path.
-#ifndef SNAPMLA_SEESAW_PV_SS
-#define SNAPMLA_SEESAW_PV_SS 0
-#endif
 // SNAPMLA_SEESAW_PV_WHOLE (default 1 since session 16; 0 for the half-N groups everywhere):
 // N = 64's promoted PV in whole-N groups in the blocks every row sees whole. bench/pv_rate.cu
 // (session 15): a block's PV alone 745 cycles against 957 for the half-N groups (one warpgroup;
@@ -229,13 +185,6 @@ static_assert(SNAPMLA_SEESAW_PV_F16_SLOTS >= 1 && SNAPMLA_SEESAW_PV_F16_SLOTS <=
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
 #define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
-// One k16 step of the FP16 PV into O^T m-tile d (N = 64; nothing at other widths, which never
-// call it: a generic lambda's body may be checked at every width).
-template <int N>
-__device__ __forceinline__ void wgmma_pv_f16(float (&d)[N / 2], const uint32_t (&a)[4],
-                                             uint64_t desc) {
-  if constexpr (N == 64) wgmma_m64n64k16_f16_rs(d, a, desc, 1);
-}
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -273,23 +222,17 @@ constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
 constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
-constexpr int kBarProducer = kBarWg + 5;  // the producer warpgroup (SNAPMLA_SEESAW_PV_SS)
-static_assert(kBarProducer < 16, "16 named barriers per CTA");
-template <int kN>
-constexpr bool kPvSsAt = SNAPMLA_SEESAW_PV_SS != 0 && kN == 64 && kProducerAt<kN>;
 // setmaxnreg's split of the CTA's registers between the producer and the consumers. The launch
 // gives each of the 384 threads kLaunchRegs (__launch_bounds__(384, 1): 65,536 / 384 rounded
 // down to 8), and the consumers' setmaxnreg.inc takes only what the producer's .dec returned to
 // the CTA's pool: producer x 128 + consumers x 256 may not pass kLaunchRegs x 384, or the
 // consumers wait forever (32 / 240 hung every launch on the H200, session 15).
 constexpr int kLaunchRegs = 65536 / (kThreads + kWgThreads) / 8 * 8;
-template <int kN>
-constexpr int kProducerRegsAt = kPvSsAt<kN> ? 40 : 24;  // the SS PV's V^T rewrite: 40
-template <int kN>
-constexpr int kConsumerRegsAt = kPvSsAt<kN> ? 232 : 240;
-template <int kN>
-constexpr bool kRegSplitFits = kProducerRegsAt<kN> * kWgThreads + kConsumerRegsAt<kN> * kThreads <=
-                               kLaunchRegs * (kThreads + kWgThreads);
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
+                  kLaunchRegs * (kThreads + kWgThreads),
+              "the consumers' registers come from the producer's");
 
 // kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
 // validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
@@ -313,13 +256,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kCtaThreads = kCtaThreadsAt<kN>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
-  // The FP16 PV (SNAPMLA_SEESAW_PV_F16): P in f16 tiles, two of them (kP16Tiles) instead of
-  // kPBuffers P8 buffers; the Pfree barriers count P tiles.
-  constexpr bool kPvF16 = SNAPMLA_SEESAW_PV_F16 != 0 && kN == 64 && !kTwoTerm && !kPvDirect;
-  constexpr int kPTiles = kPvF16 ? kP16Tiles : kPBuffers;
-  // The SS PV (SNAPMLA_SEESAW_PV_SS, N = 64): V^T rewritten in shared memory by the producer,
-  // both PV operands from shared memory.
-  constexpr bool kPvSs = kPvSsAt<kN> && !kTwoTerm && !kPvDirect && !kPvF16;
+  constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
@@ -366,12 +303,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
-      if constexpr (kPvSs) {
-        for (int i = 0; i < kStages; ++i) {
-          mbar_init(&s.qk_done_bar[i], 4);  // lane 0 of each of the owner's warps
-          mbar_init(&s.vt_ready_bar[i], 1);
-        }
-      }
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, 1);
@@ -402,13 +333,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     // ldmatrix row address within a content chunk for m-tiles of even and odd index (16-byte
     // latent unit warp, or warp + 4, of the chunk); stmatrix row address within a P8 tile.
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-    const uint32_t stsm_off =
-        kPvF16 ? p16_lane_offset(lane, warp) : p8_lane_offset_rows(lane, kRowsPerWarp * warp);
-    // kPvSs: stmatrix row address of `lane` in an m-tile of the shared-memory V^T
-    const uint32_t vts_off = vt_smem_lane_offset(lane, warp);
-    auto p_tile = [&](int i) -> uint8_t* {  // P of block i (P8, or the FP16 PV's f16 tile)
-      return kPvF16 ? s.p8[2 * (i % kP16Tiles)] : s.p8[i % kPBuffers];
-    };
+    const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
+    auto p_tile = [&](int i) -> uint8_t* { return s.p8[i % kPBuffers]; };  // P8 of block i
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
     const RequestRange requests = part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
@@ -642,52 +568,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
           empty_parity ^= 1u << st;
         };
-        if constexpr (kPvSs) {
-          // Every producer thread: block j's V^T once its QK is done, then the refill of the
-          // stage block j - 1 left (both PVs of block j - 1 need V^T(j - 1), rewritten a step
-          // earlier). Producer warp v plays consumer warp v's part in every m-tile.
-          auto rewrite = [&](int j, auto edge_tag) {
-#pragma unroll 1
-            for (int c = 0; c < kChunks; ++c) {  // [64 tokens][128 latent] -> [128][64], in place
-              const uint32_t chunk = smem_u32(stage_of(j).content[c]);
-              uint32_t a[2][2][4];  // the chunk's two m-tiles, two k-steps each
-#pragma unroll
-              for (int mm = 0; mm < 2; ++mm) vt_chunk_fragments(j, c, mm, edge_tag, a[mm]);
-              named_barrier(kBarProducer, kWgThreads);  // every read of the chunk done
-#pragma unroll
-              for (int mm = 0; mm < 2; ++mm) {
-#pragma unroll
-                for (int ks = 0; ks < 2; ++ks) {
-                  stsm_x4(chunk + 4096u * mm + (vts_off ^ (32u * ks)), a[mm][ks][0], a[mm][ks][1],
-                          a[mm][ks][2], a[mm][ks][3]);
-                }
-              }
-            }
-          };
-#pragma unroll 1
-          for (int j = 0; j < n; ++j) {
-            const uint32_t st = (it0 + j) % kStages;
-            mbar_wait_suspend(&s.qk_done_bar[st], phase_of(j), 20000);
-            mbar_wait(full_of(j), phase_of(j));  // (long complete: the TMA's bytes, ordered)
-            if (is_edge(j)) {
-              rewrite(j, std::true_type{});
-            } else {
-              rewrite(j, std::false_type{});
-            }
-            fence_proxy_async();  // read next by wgmma; written later by TMA
-            named_barrier(kBarProducer, kWgThreads);
-            if (wtid == 0) {
-              mbar_arrive(&s.vt_ready_bar[st]);
-              if (j >= 1 && j - 1 + kStages < n) {
-                wait_empty((it0 + j - 1) % kStages);
-                const int32_t page = pages[j - 1 + kStages];
-                load_content_half(j - 1 + kStages, 0, page);
-                load_content_half(j - 1 + kStages, 1, page);
-                load_rope_scale(j - 1 + kStages, page);
-              }
-            }
-          }
-        } else if (wtid == 0) {
+        if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
             wait_empty((it0 + j) % kStages);
             const int32_t page = pages[j];
@@ -721,9 +602,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
       float sa[32], sb[32];
-      // SNAPMLA_SEESAW_TWO_TERM_QK_ACCS = 4 (two-term only): chunks 1 and 3 into sc and sd.
-      constexpr bool kQk4 = kTwoTerm && SNAPMLA_SEESAW_TWO_TERM_QK_ACCS == 4;
-      float sc[kQk4 ? 32 : 1], sd[kQk4 ? 32 : 1];
       // SNAPMLA_SEESAW_QK_ONE_ACC (one-term only): every QK wgmma into sa; sb unused.
       constexpr bool kQk1 = !kTwoTerm && SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
@@ -742,15 +620,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           for (int k = 0; k < kQkChunkSteps; ++k) {
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-            if constexpr (kQk4) {  // chunk c into sa, sc, sb, sd; the RoPE into sb below
-              float (&acc)[32] = c == 0 ? sa : c == 1 ? sc : c == 2 ? sb : sd;
-              if (k == 0) {
-                wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
-              } else {
-                wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
-              }
-              continue;
-            }
             float (&acc)[32] = c < 2 || kQk1 ? sa : sb;
             if ((kQk1 ? c == 0 : c % 2 == 0) && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
@@ -772,14 +641,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
-        if constexpr (kPvSs) {  // the stage's content may be rewritten as V^T now
-          if (lane == 0) mbar_arrive(&s.qk_done_bar[(it0 + i) % kStages]);
-        }
         if constexpr (!kQk1) fence_regs(sb);
-        if constexpr (kQk4) {
-          fence_regs(sc);
-          fence_regs(sd);
-        }
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -787,7 +649,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         float m_new[2], sig[2], l[2], gamma[2];
         if constexpr (kTwoTerm) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;  // one row a thread
         uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
-        [[maybe_unused]] uint32_t w16[kPvF16 ? 2 : 1][8];  // kPvF16: P8 as f16 of rows row_of(0), row_of(1)
         // u = S s_k in place: u[4 n + c] is row row_of(c / 2), token 8 n + 2 t + c % 2 (two-term:
         // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
@@ -825,11 +686,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c;
-                // (kQk4: the chunks' sums in fp32, (0 + 1) + (2 + 3 + RoPE))
                 auto s_of = [&](int x) {
-                  if constexpr (kQk4) {
-                    return (sa[x] + sc[x]) + (sb[x] + sd[x]);
-                  } else if constexpr (kQk1) {
+                  if constexpr (kQk1) {
                     return sa[x];
                   } else {
                     return sa[x] + sb[x];
@@ -934,22 +792,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           inv_sig[0] = __frcp_rn(sig[0]);
           if constexpr (!kTwoTerm) inv_sig[1] = __frcp_rn(sig[1]);
 #endif
-          if constexpr (kPvF16) {
-            p16_words(z, inv_sig, w16);
-          } else {
-            p8_words<kRowsPerThread>(z, inv_sig, w);
-          }
+          p8_words<kRowsPerThread>(z, inv_sig, w);
         }
         SEESAW_TRACE(i, kTrP8);
         // PV(i - kPTiles) by the other warpgroup read this P tile
         if (i >= kPTiles) named_barrier(kBarPfree + i % kPTiles, kThreads);
         SEESAW_TRACE(i, kTrPfree);
         if (softmax_warp) {
-          if constexpr (kPvF16) {
-            store_p16(smem_u32(p_tile(i)), stsm_off, w16);
-          } else {
-            store_p8<kRowsPerThread>(smem_u32(p_tile(i)) + stsm_off, w);
-          }
+          store_p8<kRowsPerThread>(smem_u32(p_tile(i)) + stsm_off, w);
           if (t == 0) {
             RowStats& ps = s.stats[i % kPBuffers];
 #pragma unroll
@@ -1023,54 +873,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
-        if constexpr (kPvSs) {
-          // V^T from shared memory: the producer rewrote the stage's content (vt_ready_bar).
-          static_assert(kM0 == 0 && kN == 64, "the SS PV: N = 64, every m-tile");
-          mbar_wait(&s.vt_ready_bar[(it0 + i) % kStages], phase_of(i));
-          const SmemDesc v_desc = make_desc_base(stage_of(i).content[2 * wg], Swizzle::k64B, 64);
-          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-          if constexpr (SNAPMLA_SEESAW_PV_SS >= 2) {  // whole-N groups (spills: bench/NOTES.md)
-            float tmps[2][kNRegs];
-            auto promote_whole = [&](int m) { promote_cols(m, 0, tmps[m % 2], ps); };
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              wgmma_fence();
-              wgmma_m64n64k32_e4m3_ss_init(tmps[m % 2], v_desc.at(4096 * m), p_desc.at(0));
-              wgmma_m64n64k32_e4m3_ss(tmps[m % 2], v_desc.at(4096 * m + 32), p_desc.at(32), 1);
-              wgmma_commit();
-              if (m > 0) {
-                wgmma_wait<1>();
-                promote_whole(m - 1);
-              }
-            }
-            wgmma_wait<0>();
-            promote_whole(kMTiles - 1);
-          } else {
-            // Half-N groups (m-tile, half the rows), two in flight, as the RS form.
-            constexpr int kHalfN = kN / 2;
-            float tmps[2][kHalfN / 2];
-            auto promote_half_ss = [&](int q) {
-              promote_cols(q / 2, (q % 2) * kHalfN / 8, tmps[q % 2], ps);
-            };
-#pragma unroll
-            for (int q = 0; q < 2 * kMTiles; ++q) {
-              const int m = q / 2, h = q % 2;
-              const uint32_t rows = h * kHalfN * kPRowBytes;
-              wgmma_fence();
-              wgmma_m64n32k32_e4m3_ss_init(tmps[q % 2], v_desc.at(4096 * m), p_desc.at(rows));
-              wgmma_m64n32k32_e4m3_ss(tmps[q % 2], v_desc.at(4096 * m + 32), p_desc.at(rows + 32), 1);
-              wgmma_commit();
-              if (q > 0) {
-                wgmma_wait<1>();
-                promote_half_ss(q - 1);
-              }
-            }
-            wgmma_wait<0>();
-            promote_half_ss(2 * kMTiles - 1);
-          }
-          SEESAW_TRACE(i, kTrPvEnd);
-          return;
-        }
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
@@ -1276,64 +1078,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
       };
 
-      // ---- the FP16 PV (kPvF16): O^T = gamma_j O^T + P_j V_j on latent half wg, the product
-      // accumulated into O^T itself by m64n64k16 f16 wgmmas (4 k16 steps an m-tile), one commit
-      // group an m-tile, up to kF16Slots in flight: m-tile m waits only for m-tile m -
-      // kF16Slots, so the rescale and the V^T fragments of one run under the others' products.
-      // Each block ends with every group retired. (A stream across blocks, the other's then
-      // the own, made ptxas serialize every wgmma of the kernel, C7511/C7512, with every
-      // arrangement tried: compile-only experiments, bench/NOTES.md session 15.)
-      constexpr int kF16Slots = SNAPMLA_SEESAW_PV_F16_SLOTS;
-      auto pv_f16_block = [&](int j, auto edge_tag) {
-        mbar_wait(full_of(j), phase_of(j));
-        SEESAW_TRACE(j, kTrPvStart);
-        const RowStats& ps = s.stats[j % kPBuffers];
-        float2 gm[kNTiles];  // gamma of O^T columns (query rows) 8 col + 2 t, + 1
-#pragma unroll
-        for (int col = 0; col < kNTiles; ++col) {
-          gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-        }
-        const SmemDesc p_desc = make_desc_base(p_tile(j), Swizzle::k128B, kP16RowBytes);
-        uint32_t a[kMTiles][4][4];  // f16 V^T: m-tile, k16 step (tokens 16 k ..), register
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          uint32_t a8[2][4];  // FP8 V^T of the two k32 steps, read ahead of the wait
-          v_fragments(j, m, edge_tag, a8);
-          wgmma_wait<kF16Slots - 1>();
-          fence_regs(o[m]);
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-#pragma unroll
-            for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm[col].y : gm[col].x;
-          }
-          vt_f16_fragments(a8[0], a[m][0], a[m][1]);
-          vt_f16_fragments(a8[1], a[m][2], a[m][3]);
-          wgmma_fence();
-#pragma unroll
-          for (int k = 0; k < 4; ++k) wgmma_pv_f16<kN>(o[m], a[m][k], p_desc.at(32 * k));
-          wgmma_commit();
-        }
-        wgmma_wait<0>();
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) fence_regs(o[m]);
-        SEESAW_TRACE(j, kTrPvEnd);
-      };
-      auto pv_f16 = [&](int j) {
-        if (is_edge(j)) {
-          pv_f16_block(j, std::true_type{});
-        } else {
-          pv_f16_block(j, std::false_type{});
-        }
-      };
-      auto pv_f16_iteration = [&](int i) {
-        if (i > 0) {  // the other's block i - 1
-          pv_f16(i - 1);
-          if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
-          release(i - 1);
-        }
-        pv_f16(i);
-        release(i);
-      };
 
       // The rest of a promoted-PV iteration after the softmax: the other's block i - 1, the own
       // block i, the refills.
@@ -1392,19 +1136,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
         softmax_publish(i);
-        if constexpr (kPvF16) {
-          pv_f16_iteration(i);
-        } else {
-          pv_seesaw_rest(i);
-        }
+        pv_seesaw_rest(i);
       }
       if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
         named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-        if constexpr (kPvF16) {
-          pv_f16(n - 1);
-        } else {
-          pv(n - 1);
-        }
+        pv(n - 1);
       }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
@@ -1483,12 +1219,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     }
   };
   if constexpr (kProducer) {
-    static_assert(kRegSplitFits<kN>, "the consumers' registers come from the producer's");
     if (wg == 2) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegsAt<kN>) : "memory");
+      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       run_requests(std::true_type{});
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsAt<kN>) : "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
       run_requests(std::false_type{});
     }
   } else {
