@@ -22,7 +22,13 @@ namespace decode {
 
 constexpr int kBlockN = 64;                 // tokens per KV block (= one page)
 constexpr int kTileRows = 64;               // query rows (s_q x heads, flattened) per CTA
-constexpr int kFixedCost = 2;               // schedule cost of a request beyond its blocks
+// Schedule cost of a request beyond its blocks. SNAPMLA_FIXED_COST (experimental builds) sets
+// another: a segment's own fixed costs (its Q tile ~3,400 cycles, its epilogue ~5,300) are about
+// 2.7 blocks' worth at N = 64 (bench/NOTES.md, session 16).
+#ifndef SNAPMLA_FIXED_COST
+#define SNAPMLA_FIXED_COST 2
+#endif
+constexpr int kFixedCost = SNAPMLA_FIXED_COST;
 // With the default split count, a part covers at least this much cost. A part's cost counts
 // kFixedCost only where a request starts in it: at 2 (= kFixedCost) a request's blocks go two a
 // part, at 1 one, at 3 three (one in the request's first part). Session 12's A/B in CUDA-graph
