@@ -14,7 +14,6 @@
 #   .carry/bin/seesaw_trace_nopvdirect 32 128 16384   # SNAPMLA_SEESAW_PV_DIRECT=0 (N = 64: the
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
-#   .carry/bin/seesaw_trace_qk1 32 128 16384         # SNAPMLA_SEESAW_QK_ONE_ACC=1
 #   .carry/bin/seesaw_trace_nopdl 1 128 1024         # SNAPMLA_PDL=0 ("decode call")
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
@@ -62,14 +61,9 @@ builds=(
   "seesaw_trace_nofusedq:-DSNAPMLA_SEESAW_FUSED_Q=0"
   "seesaw_trace_fusedq:-DSNAPMLA_SEESAW_FUSED_Q=2"
   "seesaw_timeline_fusedq:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_FUSED_Q=2"
-  # session 14: one QK accumulator; PDL off (the default is 2: the attention kernel waits at its
-  # first read of the Q-quant kernel's output)
-  "seesaw_trace_qk1:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
+  # PDL off (the default is 2: the attention kernel waits at its first read of the Q-quant
+  # kernel's output)
   "seesaw_trace_nopdl:-DSNAPMLA_PDL=0"
-  # the half-N PV with its shared-memory reads ahead of the wgmma waits
-  "seesaw_trace_pvpf:-DSNAPMLA_SEESAW_PV_PREFETCH=1"
-  "seesaw_timeline_pvpf:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PREFETCH=1"
-  "seesaw_trace_pvpfqk1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   # the producer's empty-stage wait spinning (the default suspends: try_wait's time hint)
   "seesaw_trace_pspin:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=0"
   # N = 64's promoted PV in whole-N groups where every row sees the block whole

@@ -151,15 +151,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // blocks, not within one block, and on attention with sinks and spikes (a large O^T early,
 // small products after) that loses the later blocks' low bits: config.h has the figures.
 
-// SNAPMLA_SEESAW_QK_ONE_ACC (experimental, off; bench/NOTES.md, session 14): the one-term
-// kernels' QK in one fp32 accumulator (the 16 content QGMMA and the 4 RoPE HGMMA chained),
-// instead of two halves added by the CUDA cores. Saves 32 FADD a block on the softmax's path and
-// 32 registers while S is live (an early PV of one m-tile at N = 64 still spilled 772 bytes). The price
-// is a longer FP8 accumulation chain: on the H200 the probe measured 3.7e-4 relative RMS over 16
-// k-steps against 2.4e-4 over 8 (bench/qgmma_probe.cu, session 13).
-#ifndef SNAPMLA_SEESAW_QK_ONE_ACC
-#define SNAPMLA_SEESAW_QK_ONE_ACC 0
-#endif
 // SNAPMLA_SEESAW_PRODUCER_SUSPEND (on since session 14; 0 = spin): the producer's wait for an
 // empty stage as try_wait with this suspend-time hint in ns, so that its thread sleeps until the
 // stage empties instead of re-trying: ncu at 32x128x16384 counted ~3.2M tries a launch, 7% of
@@ -168,14 +159,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // faster at all six shapes (32x128x16384 235.0 -> 233.8 us, 32x32x32768 191.7 -> 189.8).
 #ifndef SNAPMLA_SEESAW_PRODUCER_SUSPEND
 #define SNAPMLA_SEESAW_PRODUCER_SUSPEND 10000000
-#endif
-// SNAPMLA_SEESAW_PV_PREFETCH (experimental, off; session 14): the half-N PV (N = 64, and the own
-// block at N = 16) with its shared-memory reads ahead of the wgmma waits. ncu at 32x128x16384
-// (bench/results/2026-12-02-s14/): the PV is 45% of the consumers' warp samples, a third of
-// them short-scoreboard stalls on the ldmatrix issued just after a wait and consumed at once,
-// and on the gamma loads of each promotion.
-#ifndef SNAPMLA_SEESAW_PV_PREFETCH
-#define SNAPMLA_SEESAW_PV_PREFETCH 0
 #endif
 // SNAPMLA_SEESAW_PV_WHOLE (default 1 since session 16; 0 for the half-N groups everywhere):
 // N = 64's promoted PV in whole-N groups in the blocks every row sees whole. bench/pv_rate.cu
@@ -616,8 +599,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
       float sa[32], sb[32];
-      // SNAPMLA_SEESAW_QK_ONE_ACC (one-term only): every QK wgmma into sa; sb unused.
-      constexpr bool kQk1 = !kTwoTerm && SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
         SharedStorage::Stage& st = stage_of(i);
@@ -634,8 +615,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           for (int k = 0; k < kQkChunkSteps; ++k) {
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-            float (&acc)[32] = c < 2 || kQk1 ? sa : sb;
-            if ((kQk1 ? c == 0 : c % 2 == 0) && k == 0) {
+            float (&acc)[32] = c < 2 ? sa : sb;
+            if (c % 2 == 0 && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
             } else {
               wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
@@ -644,7 +625,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         }
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
-          wgmma_m64n64k16_bf16_ss(kQk1 ? sa : sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
         }
         wgmma_commit();
       };
@@ -655,7 +636,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
-        if constexpr (!kQk1) fence_regs(sb);
+        fence_regs(sb);
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -700,13 +681,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c;
-                auto s_of = [&](int x) {
-                  if constexpr (kQk1) {
-                    return sa[x];
-                  } else {
-                    return sa[x] + sb[x];
-                  }
-                };
+                auto s_of = [&](int x) { return sa[x] + sb[x]; };
                 const float logit = kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e);
                 const float u = logit * (c & 1 ? k2.y : k2.x);
                 if constexpr (kFull) {
@@ -857,18 +832,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       };
       // The promotion: O^T m-tile m = gamma O^T + T over the 8-column tiles [col0, col0 + kCols)
       // of O^T (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read
-      // from the block's statistics where it is used, or from `pre` (kCols of them) where the
-      // caller loaded it ahead.
-      auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps,
-                              const float2* pre = nullptr) {
+      // from the block's statistics where it is used.
+      auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps) {
         constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
         fence_regs(tmp);
 #pragma unroll
         for (int nn = 0; nn < kCols; ++nn) {
           const int col = col0 + nn;
-          const float2 gm = pre != nullptr
-                                ? pre[nn]
-                                : *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
           for (int c = 0; c < 4; ++c) {
             o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
@@ -941,16 +912,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
         constexpr int kHalfN = kN / 2;
         const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-        // gamma of 8-column tile `col` of O^T (query rows 8 col + 2 t, + 1)
-        auto gamma_of = [&](int col) {
-          return *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-        };
         // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2).
-        auto promote_half_with = [&](int q, float (&tmp_q)[kHalfN / 2], const float2* pre) {
-          promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps, pre);
-        };
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
-          promote_half_with(q, tmp_q, nullptr);
+          promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
         if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
@@ -974,46 +938,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
           wgmma_wait<0>();
           promote_whole(kMTiles - kM0 - 1);
-          SEESAW_TRACE(i, kTrPvEnd);
-          return;
-        }
-        if constexpr (SNAPMLA_SEESAW_PV_PREFETCH != 0) {
-          // The same groups, two in flight, with the shared-memory reads issued ahead of the
-          // waits that would otherwise hold them (wgmma_wait and fence_regs clobber memory):
-          // group q - 1's gamma before its wait, and the next m-tile's V^T fragments right
-          // after the wait that retires the last group reading their registers, so that the
-          // ldmatrix latency runs under the promotion and the next group's issue.
-          constexpr int kGroups = 2 * (kMTiles - kM0);
-          float tmpp[2][kHalfN / 2];
-          uint32_t ap[2][2][4];  // V^T fragments of m-tiles of even and odd index (from kM0)
-          float2 gm[kHalfN / 8];
-          auto load_gamma = [&](int q) {
-#pragma unroll
-            for (int nn = 0; nn < kHalfN / 8; ++nn) gm[nn] = gamma_of((q % 2) * kHalfN / 8 + nn);
-          };
-          auto promote_loaded = [&](int q) { promote_half_with(q, tmpp[q % 2], gm); };
-          v_fragments(i, kM0, edge_tag, ap[0]);
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q) {
-            const int m = kM0 + q / 2, h = q % 2, buf = (q / 2) % 2;
-            const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
-            wgmma_fence();
-            wgmma_pv<kHalfN, true>(tmpp[q % 2], ap[buf][0], p_desc.at(rows));
-            wgmma_pv<kHalfN, false>(tmpp[q % 2], ap[buf][1], p_desc.at(rows + 32));
-            wgmma_commit();
-            // Group q - 1 (the last reader of ap[buf ^ 1] when h == 0) is retired below.
-            const bool next_frags = h == 0 && m + 1 < kMTiles;
-            if (q == 0 && next_frags) v_fragments(i, m + 1, edge_tag, ap[buf ^ 1]);
-            if (q > 0) {
-              load_gamma(q - 1);
-              wgmma_wait<1>();
-              if (next_frags) v_fragments(i, m + 1, edge_tag, ap[buf ^ 1]);
-              promote_loaded(q - 1);
-            }
-          }
-          load_gamma(kGroups - 1);
-          wgmma_wait<0>();
-          promote_loaded(kGroups - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
