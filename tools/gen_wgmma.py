@@ -75,12 +75,6 @@ def main() -> None:
         "",
         wgmma("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, a_in_regs=False, trans=True),
         "",
-        # PV with V^T in shared memory, half-N groups (session 15's SS PV, removed from the
-        # kernel in session 16)
-        wgmma("wgmma_m64n32k32_e4m3_ss", 32, "e4m3", 32, a_in_regs=False),
-        "",
-        wgmma("wgmma_m64n32k32_e4m3_ss_init", 32, "e4m3", 32, a_in_regs=False, init=True),
-        "",
         # PV: O^T[64 latent x N rows] = V^T (registers) P^T (shared memory), N = query rows
         wgmma("wgmma_m64n8k32_e4m3_rs", 8, "e4m3", 32, a_in_regs=True),
         "",
