@@ -16,14 +16,9 @@
 #include <functional>
 #include <vector>
 
-#define CHECK_CUDA(x)                                                                    \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                      \
-    }                                                                                    \
-  } while (0)
+#include "cuda_check.h"
+
+#define CHECK_CUDA(x) SNAPMLA_BENCH_CHECK(x, 1)
 #define CHECK_SNAPMLA(x)                                                                 \
   do {                                                                                   \
     snapmla_status_t s_ = (x);                                                           \

@@ -28,18 +28,12 @@
 
 #include "decode/seesaw/fragments.cuh"
 #include "decode/wgmma_ops.cuh"
+#include "cuda_check.h"
 
 using namespace snapmla;
 using namespace snapmla::decode::seesaw;
 
-#define CHECK(x)                                                                          \
-  do {                                                                                    \
-    cudaError_t e_ = (x);                                                                 \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
+#define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
 
 constexpr int kVariants = 7;
 const char* const kNames[kVariants] = {"fp8-halfN-promoted", "fp8-wholeN-promoted", "f16-direct",

@@ -24,18 +24,12 @@
 #include "common/numerics.cuh"
 #include "decode/decode.h"
 #include "decode/seesaw/kernel.cuh"
+#include "cuda_check.h"
 
 using namespace snapmla;
 using namespace snapmla::decode;
 
-#define CHECK(x)                                                                         \
-  do {                                                                                   \
-    cudaError_t e_ = (x);                                                                \
-    if (e_ != cudaSuccess) {                                                             \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                      \
-    }                                                                                    \
-  } while (0)
+#define CHECK(x) SNAPMLA_BENCH_CHECK(x, 2)
 
 template <class T>
 static T* upload(const std::vector<T>& v) {
