@@ -68,10 +68,6 @@ builds=(
   "seesaw_trace_pspin:-DSNAPMLA_SEESAW_PRODUCER_SUSPEND=0"
   # N = 64's promoted PV in whole-N groups where every row sees the block whole
   "seesaw_trace_halfn:-DSNAPMLA_SEESAW_PV_WHOLE=0"
-  # session 16 (issue 9): the two-term N = 16 kernel with an early PV of 1 or 2 m-tiles
-  # (run with SNAPMLA_TRACE_TWO_TERM=1; gpu_session.sh's ab runs them at its two-term cases)
-  "seesaw_trace_tte1:-DSNAPMLA_SEESAW_TWO_TERM_EARLY=1"
-  "seesaw_trace_tte2:-DSNAPMLA_SEESAW_TWO_TERM_EARLY=2"
   "seesaw_timeline_halfn:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_WHOLE=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).

@@ -137,7 +137,7 @@ for stage in "$@"; do
       done
       # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
       for c in "128 16 16384" "1 16 8192" "64 16 4096 2" "32 32 32768"; do
-        for v in seesaw_trace seesaw_trace_tte1 seesaw_trace_tte2; do
+        for v in seesaw_trace seesaw_trace_base; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v two-term $c" >>"$OUT/ab.log"
           SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \

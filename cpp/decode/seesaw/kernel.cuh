@@ -187,17 +187,6 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #define SNAPMLA_SEESAW_EARLY32 0
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
-// SNAPMLA_SEESAW_TWO_TERM_EARLY (experimental, 0; issue 9's cost): m-tiles of the early PV in the
-// two-term N = 16 kernel, which has none (the one-term N = 16 kernel issues all four). Session 11
-// left it out because ptxas serialized every wgmma with it (C7520, then with the Q tile's
-// one-thread TMA); with the consumers' Q loads (session 11) ptxas keeps them asynchronous
-// (compile-only, session 16): 1 m-tile 225 registers, 2 248, both without spills (0 today: 201);
-// 3 spills 128 B. Not yet run: seesaw_trace_tte1 / _tte2 (bench/build_trace.sh) in `ab`.
-#ifndef SNAPMLA_SEESAW_TWO_TERM_EARLY
-#define SNAPMLA_SEESAW_TWO_TERM_EARLY 0
-#endif
-constexpr int kTwoTermEarly16 = SNAPMLA_SEESAW_TWO_TERM_EARLY;
-static_assert(kTwoTermEarly16 >= 0 && kTwoTermEarly16 <= kMTiles, "0..4 early m-tiles");
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
@@ -255,7 +244,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr int kNTiles = kN / 8;
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
-  constexpr int kEarlyMTiles = kTwoTerm ? (kN == 16 ? kTwoTermEarly16 : 0)
+  // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
+  // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
+  constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
                                            : 0;
