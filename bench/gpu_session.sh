@@ -5,7 +5,7 @@
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-fast2]
-#                             [probe] [accuracy-layers] [bench-cases]
+#                             [probe] [accuracy-layers] [bench-cases] [dump-save] [dump-compare]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -251,11 +251,12 @@ for stage in "$@"; do
         -k exact_logits --tb=short >"$OUT/diag.log" 2>&1 || status=1
       tail -12 "$OUT/diag.log"
       ;;
-    ncu)  # the wgmma kernel under Nsight Compute, one launch per case (publish picks the texts)
+    ncu)  # the wgmma kernel under Nsight Compute, one launch per case (publish picks the texts);
+      # NCU_CASES (default: one case of each N), NCU_SOURCE_CASE: the one with source counters
       per_block=()
       for c in ${NCU_CASES:-32x1x128x16384 128x1x16x16384 64x2x16x16384}; do  # N = 64, 16, 32
         log "ncu fast kernel $c"
-        src=(); [ "$c" = 32x1x128x16384 ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
+        src=(); [ "$c" = "${NCU_SOURCE_CASE:-32x1x128x16384}" ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
         timeout 240 ncu --clock-control none --target-processes all -k regex:seesaw_decode \
           --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
           --section Occupancy --section WarpStateStats --section SchedulerStats \
@@ -276,6 +277,12 @@ for stage in "$@"; do
       done
       # issue 7's figure: instructions per warp per tile-block, per shape class
       python3 bench/ncu_per_block.py "${per_block[@]}" | tee "$OUT/ncu-per-block.txt" || status=1
+      ;;
+    dump-save | dump-compare)  # bench/dump_decode.py: this build's outputs, saved or compared
+      # bit for bit with those saved earlier in the call (an A/B of two builds: use:<name>)
+      log "decode outputs, ${stage#dump-} (bench/dump_decode.py)"
+      timeout 300 python3 bench/dump_decode.py "--${stage#dump-}" /tmp/snapmla-dump.npz 2>&1 \
+        | tee "$OUT/dump-${stage#dump-}$TAG.log" | tail -5 || status=1
       ;;
     demo)
       log "demo (the README's main job)"

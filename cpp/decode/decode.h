@@ -112,11 +112,22 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_FUSED_Q
 #define SNAPMLA_SEESAW_FUSED_Q 1
 #endif
+// SNAPMLA_SEESAW_SPREAD32 (experimental, 0; session 17): the one-term query at PV width 32 runs
+// the two-term kernel's row layout with zero low rows (launch_seesaw_decode): tile row 16 j + e
+// holds query row 8 j + e, so all four warps of a warpgroup run the softmax, one row a thread,
+// where the one-term layout gives two rows a thread to warps 0 and 1 only. The logits are the
+// same wgmma rows (fmaf(0, 0, hi) = hi), so is everything after them. The two-term kernel reads
+// the Q-quant kernel's output (no fused Q at N = 32 under it). Why: the two-term kernel, with
+// twice the Q loads, ran 2-3% faster than the one-term one at N = 32 (bench/NOTES.md).
+#ifndef SNAPMLA_SEESAW_SPREAD32
+#define SNAPMLA_SEESAW_SPREAD32 0
+#endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 // Whether the one-term seesaw kernel of PV width n (16, 32 or 64) quantizes its own Q tile.
 constexpr bool seesaw_fuses_q(int n) {
-  return SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32);
+  return !(SNAPMLA_SEESAW_SPREAD32 && n == 32) &&
+         (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 
 struct DecodeParams {

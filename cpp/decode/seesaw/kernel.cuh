@@ -511,7 +511,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               const int unit = k % 8;
               dst[j] = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
                        sw128_offset(R, unit);
-              const bool valid = r < rows_total && !(rope && low);
+              // (SNAPMLA_SEESAW_SPREAD32: the one-term query, q_lo null, zero low rows)
+              const bool valid = r < rows_total && !(rope && low) &&
+                                 (!SNAPMLA_SEESAW_SPREAD32 || !low || p.q_lo != nullptr);
               // An always-readable address where the row is not loaded (its value is zeroed).
               const uint8_t* src =
                   !valid ? p.q_content
@@ -533,7 +535,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const int64_t qi = int64_t{b} * rows_total + tid;
           const bool in = tid < rows_total;
           s.q_scale[tid] = in ? p.q_scale[qi] : 0.f;
-          s.q_scale[32 + tid] = in ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
+          const bool lo = !SNAPMLA_SEESAW_SPREAD32 || p.q_lo_scale != nullptr;
+          s.q_scale[32 + tid] = in && lo ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
       } else if (fused_q) {
         if constexpr (kFusedQ && !kIsProducer) {  // (not in the producer's 24 registers)
