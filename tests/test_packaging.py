@@ -137,13 +137,17 @@ def _kernel(kernels: dict[str, list[str]], part: str) -> list[str]:
     return kernels[names[0]]
 
 
-SEESAW_WIDTHS = (16, 32, 64)  # PV's wgmma N, one instantiation each (cpp/decode/seesaw)
 # The two-term query's instantiations (kTwoTerm; config.q_precision FP8X2, s_q x heads <= 32)
 SEESAW_TWO_TERM_WIDTHS = (16, 32)
 # m-tiles of the other warpgroup's block issued before the softmax (kEarlyMTiles, kernel.cuh;
 # none with the two-term query)
 SEESAW_EARLY_MTILES = {16: 4, 32: 0, 64: 0}
-SEESAW_VARIANTS = [(n, False) for n in SEESAW_WIDTHS] + [(n, True) for n in SEESAW_TWO_TERM_WIDTHS]
+# The one-term query at N = 32 runs the two-term N = 32 instantiation's row layout with zero low
+# rows (SNAPMLA_SEESAW_SPREAD32, decode.h): no one-term N = 32 instantiation is built.
+SEESAW_ONE_TERM_WIDTHS = (16, 64)
+SEESAW_VARIANTS = [(n, False) for n in SEESAW_ONE_TERM_WIDTHS] + [
+    (n, True) for n in SEESAW_TWO_TERM_WIDTHS
+]
 # Widths whose PV issues a block's m-tiles as whole-N wgmmas all at once (kPvDeep, kernel.cuh)
 SEESAW_PV_DEEP = {16: False, 32: True, 64: False}
 # Widths whose PV runs whole-N groups (an m-tile's two k-steps into one temporary) in the blocks
@@ -234,6 +238,15 @@ def test_fast_kernel_wgmmas_are_not_serialized(n: int, two_term: bool) -> None:
     )
 
 
+def test_fast_kernel_one_term_n32_is_the_spread_layout() -> None:
+    """At N = 32 the one-term query runs the two-term instantiation (its q_lo null: zero low
+    rows, all four warps of a warpgroup in the softmax; bit-identical outputs, 3% faster at
+    long contexts: SNAPMLA_SEESAW_SPREAD32), so the library holds no one-term N = 32 kernel."""
+    kernels = _sass_by_kernel()
+    assert [k for k in kernels if _seesaw_name(32, True) in k]
+    assert not [k for k in kernels if _seesaw_name(32, False) in k]
+
+
 def test_fast_kernel_pv_direct_is_not_built() -> None:
     """N = 64's PV into O^T (kPvDirect, SNAPMLA_SEESAW_PV_DIRECT) is experimental and off: on
     the workload layers its error against exact attention reached 8.6x the model's (the
@@ -268,6 +281,7 @@ def _consumer_code(sass: list[str], n: int) -> list[str]:
 
 # The two-term N = 32 instantiation's consumers keep the warp index in local memory (one L1 load
 # a block) and spill around the IEEE division's slow-path calls: 44 bytes; strict, as above.
+# (It also runs the one-term query at N = 32 since session 17: SNAPMLA_SEESAW_SPREAD32.)
 _N32_TWO_TERM_SPILLS = pytest.mark.xfail(
     strict=True, reason="two-term N = 32 spills two scalars (bench/NOTES.md)"
 )
@@ -277,7 +291,6 @@ _N32_TWO_TERM_SPILLS = pytest.mark.xfail(
     ("n", "two_term"),
     [
         (16, False),
-        (32, False),  # (spilled a few scalars until the fused Q: ptxas's allocation moved)
         pytest.param(64, False, marks=_N64_SPILLS),
         (16, True),
         pytest.param(32, True, marks=_N32_TWO_TERM_SPILLS),

@@ -103,7 +103,8 @@ struct WorkspaceLayout {
 // the Q-quant kernel's own row code (common/row_quant.cuh: bit-identical by construction) on
 // every eighth tile row and stores the row 128B-swizzled where the TMA would have put it. Every
 // CTA of a request redoes its tile (up to 74 KB of BF16 from L2) while the producer fills the
-// ring. 1 (the default): where s_q x heads <= 32 (PV widths N = 16 and 32); 2: at every width;
+// ring. 1 (the default): where s_q x heads <= 32 (PV widths N = 16 and 32; N = 16 only under
+// SNAPMLA_SEESAW_SPREAD32, below); 2: at every width;
 // 0: nowhere. Same-run A/B on the H200 (2026-12-01, bench/results/2026-12-01-s12/, the whole
 // decode call): N = 16 and 32 faster at every case measured (1x1x16x8192 24.7 -> 18.1 us,
 // 64x2x16x4096 76.5 -> 73.9, 128x1x16x16384 367 -> 361, 32x1x32x32768 204 -> 202), N = 64
@@ -112,15 +113,18 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_FUSED_Q
 #define SNAPMLA_SEESAW_FUSED_Q 1
 #endif
-// SNAPMLA_SEESAW_SPREAD32 (experimental, 0; session 17): the one-term query at PV width 32 runs
-// the two-term kernel's row layout with zero low rows (launch_seesaw_decode): tile row 16 j + e
-// holds query row 8 j + e, so all four warps of a warpgroup run the softmax, one row a thread,
-// where the one-term layout gives two rows a thread to warps 0 and 1 only. The logits are the
-// same wgmma rows (fmaf(0, 0, hi) = hi), so is everything after them. The two-term kernel reads
-// the Q-quant kernel's output (no fused Q at N = 32 under it). Why: the two-term kernel, with
-// twice the Q loads, ran 2-3% faster than the one-term one at N = 32 (bench/NOTES.md).
+// SNAPMLA_SEESAW_SPREAD32 (1, the default since session 17; 0: the one-term layout): the
+// one-term query at PV width 32 runs the two-term kernel's row layout with zero low rows
+// (launch_seesaw_decode): tile row 16 j + e holds query row 8 j + e, so all four warps of a
+// warpgroup run the softmax, one row a thread, where the one-term layout gives two rows a
+// thread to warps 0 and 1 only. The logits are the same wgmma rows (fmaf(0, 0, hi) = hi), and
+// so is everything after them: the outputs are bit-identical (bench/dump_decode.py). The
+// two-term kernel reads the Q-quant kernel's output (no fused Q at N = 32 under it). Same-call
+// A/B/A on the H200 (bench/results/2026-12-02-s17/spread32-aba-d1bc545.txt, whole call):
+// 32x1x32x32768 196.9 -> 190.2 us, 64x2x16x16384 198.7 -> 192.4, 128x2x16x8192 193.5 ->
+// 187.3; 8x1x32x4096 22.5 -> 23.0 (the Q-quant launch the fused Q saved).
 #ifndef SNAPMLA_SEESAW_SPREAD32
-#define SNAPMLA_SEESAW_SPREAD32 0
+#define SNAPMLA_SEESAW_SPREAD32 1
 #endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }

@@ -235,6 +235,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // two query rows, or one query row's high and low logits).
   constexpr int kRowsPerWarp = kTwoTerm ? 8 : 16;
   constexpr int kRowsPerThread = kTwoTerm ? 1 : 2;
+  // The two-term kernel at N = 32 also runs the one-term query (q_lo null: zero low rows) under
+  // SNAPMLA_SEESAW_SPREAD32 (decode.h, launch_seesaw_decode).
+  constexpr bool kSpread = kTwoTerm && kN == 32 && SNAPMLA_SEESAW_SPREAD32 != 0;
   constexpr bool kProducer = kProducerAt<kN>;
   constexpr int kCtaThreads = kCtaThreadsAt<kN>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
@@ -511,9 +514,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
               const int unit = k % 8;
               dst[j] = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
                        sw128_offset(R, unit);
-              // (SNAPMLA_SEESAW_SPREAD32: the one-term query, q_lo null, zero low rows)
+              // (kSpread: the one-term query when q_lo is null: zero low rows)
               const bool valid = r < rows_total && !(rope && low) &&
-                                 (!SNAPMLA_SEESAW_SPREAD32 || !low || p.q_lo != nullptr);
+                                 (!kSpread || !low || p.q_lo != nullptr);
               // An always-readable address where the row is not loaded (its value is zeroed).
               const uint8_t* src =
                   !valid ? p.q_content
@@ -535,7 +538,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const int64_t qi = int64_t{b} * rows_total + tid;
           const bool in = tid < rows_total;
           s.q_scale[tid] = in ? p.q_scale[qi] : 0.f;
-          const bool lo = !SNAPMLA_SEESAW_SPREAD32 || p.q_lo_scale != nullptr;
+          const bool lo = !kSpread || p.q_lo_scale != nullptr;
           s.q_scale[32 + tid] = in && lo ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
       } else if (fused_q) {

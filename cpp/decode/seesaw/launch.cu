@@ -162,10 +162,13 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
   }
   // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
   if (rows <= 16) return seesaw::run<16>(p, maps, stream);
-  // SNAPMLA_SEESAW_SPREAD32 (decode.h): the two-term kernel, whose q_lo == nullptr zeroes its
-  // low rows (one tile a request: rows <= 32)
-  if (SNAPMLA_SEESAW_SPREAD32 && rows <= 32) return seesaw::run<32, true>(p, maps, stream);
+#if SNAPMLA_SEESAW_SPREAD32
+  // (decode.h) the two-term kernel, whose q_lo == nullptr zeroes its low rows (one tile a
+  // request: rows <= 32)
+  if (rows <= 32) return seesaw::run<32, true>(p, maps, stream);
+#else
   if (rows <= 32) return seesaw::run<32>(p, maps, stream);
+#endif
 #if SNAPMLA_SEESAW_PV_DIRECT
   if (use_pv_direct(p)) return seesaw::run<64, false, true>(p, maps, stream);
 #endif
