@@ -4,11 +4,15 @@ wrong, and must stay in place.
 - The memo of checked tensors (``_tensor._checked``): a tensor whose DLPack bytes changed
   (address, dtype, shape, strides, read-only flag, device) is read and checked again, and
   refused when it must be; a memoized view holds this call's producer and capsule.
-- ``on_device`` tries ``import cupy`` once when CuPy is missing, not at every call.
+- ``on_device`` tries ``import cupy`` once when CuPy is missing, not at every call, and
+  enters no CuPy device context when the device is current already.
 - ``decode``'s call memo: the same call on the same cache reuses the packed C arguments
   without the checks; a change of any scalar or tensor (q_pe given or not, a read-only flag)
   checks again; a refused call is never kept; each cache has its own, dropped at close; the
   first bad argument in the checks' order is still the one named.
+- The same memo for ``KVCache.append``, ``KVCache.fetch_dequant`` (outputs given),
+  ``quantize_q`` (outputs given) and ``DecodePlan.update``: checked once, a changed tensor
+  checked (and refused) again, the order of refusals kept.
 - A loose guard on the time of ``decode`` (outputs given, stream given, GPU calls faked): the
   minimum over 300 calls, so that a loaded machine does not fail it, against a bound about
   thirteen times what was measured (bench/bench_host_overhead.py --fake measures it).
@@ -20,6 +24,7 @@ import builtins
 import importlib
 import sys
 import time
+import types
 from typing import Any
 
 import pytest
@@ -37,6 +42,8 @@ from test_streams_lifetime import (  # noqa: F401 (the library fixture)
 
 STREAM = 0x5EED
 decode_module = importlib.import_module("snapmla.decode")
+cache_module = importlib.import_module("snapmla.cache")
+quantize_module = importlib.import_module("snapmla.quantize")
 
 
 def _check(obj: Any, *, writable: bool = False, shape: tuple[Any, ...] = ("n", 64)) -> Any:
@@ -119,6 +126,28 @@ def test_on_device_tries_a_missing_cupy_once(monkeypatch: pytest.MonkeyPatch) ->
         with _tensor.on_device("op", 0):
             pass
     assert attempts == ["cupy"]
+
+
+def test_on_device_enters_cupy_only_to_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    entered = []
+
+    class Device:
+        def __init__(self, device: int) -> None:
+            self.device = device
+
+        def __enter__(self) -> None:
+            entered.append(self.device)
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    runtime = types.SimpleNamespace(getDevice=lambda: 0)
+    cupy = types.SimpleNamespace(cuda=types.SimpleNamespace(Device=Device, runtime=runtime))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    for device in (0, 1, 0):
+        with _tensor.on_device("op", device):
+            pass
+    assert entered == [1]  # device 0 was current already
 
 
 @pytest.mark.usefixtures("library")
@@ -299,3 +328,104 @@ def test_decode_memo_keeps_the_order_of_refusals(recorder: _ArgsRecorder) -> Non
             _call(cache, plan, {**inputs, "q": bad_q, "out": object()})
     finally:
         cache.close()
+
+
+# ============================================= the call memos of append, fetch, quantize, update
+
+_VALIDATIONS = (
+    (cache_module, "_validate_append_args"),
+    (cache_module, "_validate_fetch_args"),
+    (quantize_module, "_validate_quantize_args"),
+    (decode_module, "_validate_seqlens"),
+)
+
+
+def _counting(real: Any, name: str, counts: dict[str, int]) -> Any:
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        counts[name] = counts.get(name, 0) + 1
+        return real(*args, **kwargs)
+
+    return counting
+
+
+@pytest.fixture
+def checked(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """Counts the full checks (the call memos' misses) by function, under ``"launches"`` the
+    launches the library fixture recorded (quantize_q's too)."""
+    recording = request.getfixturevalue("library")
+    recording.GPU = (*recording.GPU, "snapmla_quantize_q")
+    monkeypatch.setattr(quantize_module, "_call_memo", {})
+    monkeypatch.setattr(decode_module, "_update_memo", {})
+    counts: dict[str, Any] = {"launches": recording.calls}
+    for module, name in _VALIDATIONS:
+        monkeypatch.setattr(module, name, _counting(getattr(module, name), name, counts))
+    return counts
+
+
+def _validations(counts: dict[str, Any]) -> int:
+    return sum(n for name, n in counts.items() if name != "launches")
+
+
+def _append(cache: Any, c_kv: Any) -> None:
+    k_pe = FakeTensor((3, 64), "bfloat16", address=0x7F0100010000)
+    slots = FakeTensor((3,), "int64", address=0x7F0100020000)
+    cache.append(0, c_kv, k_pe, slots, stream=STREAM)
+
+
+def _fetch(cache: Any, c_kv: Any) -> None:
+    slots = FakeTensor((3,), "int64", address=0x7F0100020000)
+    k_pe = FakeTensor((3, 64), "bfloat16", address=0x7F0100010000)
+    cache.fetch_dequant(0, slots, c_kv=c_kv, k_pe=k_pe, stream=STREAM)
+
+
+@pytest.mark.parametrize("op", [_append, _fetch], ids=["append", "fetch_dequant"])
+def test_cache_call_memo(checked: dict[str, Any], op: Any) -> None:
+    cache = _cache()
+    c_kv = FakeTensor((3, 512), "bfloat16", address=0x7F0100000000)
+    try:
+        for _ in range(3):
+            op(cache, c_kv)
+        assert _validations(checked) == 1 and len(checked["launches"]) == 3
+        assert cache._call_memo
+        wrong = FakeTensor((3, 512), "float32", address=0x7F0100000000)  # only its dtype
+        with pytest.raises(SnapMLAError, match="argument 'c_kv': expected dtype bfloat16"):
+            op(cache, wrong)
+        with pytest.raises(SnapMLAError, match="argument 'layer'"):  # first, as before
+            cache.append(2, object(), None, None, stream=STREAM)
+        with pytest.raises(SnapMLAError, match="argument 'c_kv'"):  # not the unreadable k_pe
+            cache.append(0, wrong, object(), None, stream=STREAM)
+        assert _validations(checked) == 3 and len(checked["launches"]) == 3
+    finally:
+        cache.close()
+    assert cache._call_memo == {}  # dropped with the cache
+
+
+def test_quantize_call_memo(checked: dict[str, Any]) -> None:
+    q = FakeTensor((2, 16, 576), "bfloat16", address=0x7F0100000000)
+    out = [
+        FakeTensor((2, 16, 512), "float8_e4m3fn", address=0x7F0100100000),
+        FakeTensor((2, 16, 64), "bfloat16", address=0x7F0100200000),
+        FakeTensor((2, 16), "float32", address=0x7F0100300000),
+    ]
+    for _ in range(3):
+        assert quantize_module.quantize_q(q, out=out, stream=STREAM) == tuple(out)
+    assert checked["_validate_quantize_args"] == 1 and len(checked["launches"]) == 3
+    overlapping = FakeTensor((2, 16), "float32", address=0x7F0100000000)  # inside q
+    with pytest.raises(SnapMLAError, match=r"argument 'out\[2\]': expected memory that"):
+        quantize_module.quantize_q(q, out=[*out[:2], overlapping], stream=STREAM)
+    with pytest.raises(SnapMLAError, match="argument 'precision'"):
+        quantize_module.quantize_q(q, out=out, stream=STREAM, precision="fp4")
+    assert _validations(checked) == 2 and len(checked["launches"]) == 3
+
+
+def test_update_call_memo(checked: dict[str, Any]) -> None:
+    plan = _plan()
+    seqlens = FakeTensor((2,), "int32", address=0x7F0100000000)
+    for _ in range(3):
+        plan.update(seqlens, stream=STREAM)
+    assert checked["_validate_seqlens"] == 1 and len(checked["launches"]) == 3
+    with pytest.raises(SnapMLAError, match=r"shape \[2\] \(batch_size of the plan\)"):
+        plan.update(FakeTensor((3,), "int32", address=0x7F0100000000), stream=STREAM)
+    other = _plan(batch_size=3)  # another plan's batch size: checked again
+    other.update(FakeTensor((3,), "int32", address=0x7F0100000000), stream=STREAM)
+    assert _validations(checked) == 3 and len(checked["launches"]) == 4

@@ -10,13 +10,16 @@ unconsumed capsule must.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import math
 import struct
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
 from ._errors import SnapMLAError
+from ._lib import ffi
 
 __all__ = [
     "CPU",
@@ -354,7 +357,9 @@ def view(
 def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argument: str) -> Any:
     """``obj.__dlpack__(...)``'s capsule, asked for as ``view`` says (the first half of
     ``view``; ``_read_capsule`` is the second)."""
-    if not hasattr(obj, "__dlpack__"):
+    # Each method looked up once (this runs for every tensor argument of every call).
+    dlpack = getattr(obj, "__dlpack__", _MISSING)
+    if dlpack is _MISSING:
         raise _refuse(
             op,
             argument,
@@ -362,28 +367,35 @@ def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argumen
             f"{type(obj).__module__}.{type(obj).__qualname__}",
         )
     handle = None
-    if hasattr(obj, "__dlpack_device__"):
+    dlpack_device = getattr(obj, "__dlpack_device__", _MISSING)
+    if dlpack_device is not _MISSING:
         try:
-            device_type, device_id = obj.__dlpack_device__()
+            device_type, device_id = dlpack_device()
             device_type, device_id = int(device_type), int(device_id)
         except Exception as exc:
             raise _refuse(op, argument, f"its __dlpack_device__() failed: {exc}") from exc
         if stream is not None and device_type in _STREAM_DEVICES:
-            handle = int(stream(device_id) if callable(stream) else stream)
+            handle = stream
+            if type(handle) is not int:  # a resolver of the device's handle, or an int-like
+                handle = int(stream(device_id) if callable(stream) else stream)
             # The stream the producer's pending work is on already: nothing to order, and
             # PyTorch's stream handshake (an ExternalStream, a current-stream query, device
             # checks) was half of the host time of a decode call (issue #10).
-            current = _producer_stream(obj, device_id)
-            handle = None if current == handle else dlpack_stream(handle)
+            # (_producer_stream's test of the type first: no call for other producers)
+            torch_type = type(obj).__module__.startswith("torch")
+            if torch_type and _producer_stream(obj, device_id) == handle:
+                handle = None
+            else:
+                handle = dlpack_stream(handle)
     try:
         try:
             if handle is None:
-                capsule = obj.__dlpack__(max_version=(1, 0))
+                capsule = dlpack(max_version=(1, 0))
             else:
-                capsule = obj.__dlpack__(max_version=(1, 0), stream=handle)
+                capsule = dlpack(max_version=(1, 0), stream=handle)
         except TypeError:
             # A producer older than DLPack 1.0 has no max_version keyword.
-            capsule = obj.__dlpack__() if handle is None else obj.__dlpack__(stream=handle)
+            capsule = dlpack() if handle is None else dlpack(stream=handle)
     except SnapMLAError:
         raise
     except Exception as exc:  # BufferError, ValueError, RuntimeError ... from the producer
@@ -391,6 +403,7 @@ def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argumen
     return capsule
 
 
+_MISSING = object()
 _STREAM_DEVICES = frozenset((CUDA, CUDA_MANAGED, ROCM))
 
 # torch dtype -> snapmla's name, for the dtypes snapmla's calls take (built on first use, so that
@@ -481,6 +494,21 @@ assert [
 ] == [0, 8, 16, 20, 24, 32, 40]
 # ctypes.string_at is a Python wrapper around this foreign function (a third of the cost).
 _string_at = getattr(ctypes, "_string_at", ctypes.string_at)
+# The process's address space as one cffi buffer, never read as a whole: a slice of it copies
+# host bytes into a new bytes object in one C call, a quarter of the cost of a ctypes foreign
+# call (issue #10: a call reads three such ranges per DLPack tensor). Reading an invalid
+# address faults exactly as ctypes.string_at would.
+_MEMORY = ffi.buffer(ffi.cast("char *", 0), sys.maxsize)
+
+
+def _read_bytes(address: int, nbytes: int) -> bytes:
+    """The ``nbytes`` host bytes at ``address`` (a producer's DLPack structs and arrays)."""
+    data = _MEMORY[address : address + nbytes]
+    if len(data) != nbytes:  # past the buffer's end (an address >= 2^63): let ctypes read it
+        data = _string_at(address, nbytes)
+    return data
+
+
 _int64s: dict[int, struct.Struct] = {}
 
 
@@ -489,39 +517,48 @@ def _read_int64s(address: int, count: int) -> tuple[int, ...]:
     reader = _int64s.get(count)
     if reader is None:
         reader = _int64s.setdefault(count, struct.Struct(f"={count}q"))
-    return reader.unpack(_string_at(address, 8 * count))
+    return reader.unpack(_read_bytes(address, 8 * count))
 
 
+# The type of PyCapsule objects (types.CapsuleType from Python 3.13; a capsule of the
+# standard library's before).
+_CAPSULE = getattr(types, "CapsuleType", None) or type(datetime.datetime_CAPI)
 _NDIM_AND_POINTERS = struct.Struct("=i4xQQ")  # DLTensor.ndim, then shape and strides pointers
+# _VERSIONED and _LEGACY without the pointers (padding in their place), for capsule_key.
+_VERSIONED_KEY = struct.Struct("=II16xQQiiiBBH16xQ")
+_LEGACY_KEY = struct.Struct("=QiiiBBH16xQ")
+assert _VERSIONED_KEY.size == _VERSIONED.size and _LEGACY_KEY.size == _LEGACY.size
 _MAX_KEY_NDIM = 64
 
 
-def capsule_key(capsule: Any) -> bytes | None:
-    """The bytes of everything ``_read_capsule`` reads from ``capsule``, for memoizing what was
-    derived from them: the DLPack version, flags and DLTensor fields (not the manager context,
-    deleter or the shape / strides pointers) and the shape and strides arrays. ``None`` when
-    the capsule is not one that ``_read_capsule`` would accept without a closer look (it then
-    reads it, and refuses it if need be)."""
-    if type(capsule).__name__ != "PyCapsule":
+def capsule_key(capsule: Any) -> tuple[Any, ...] | None:
+    """What ``_read_capsule`` reads from ``capsule``, for memoizing what was derived from it: the
+    DLPack version, flags and DLTensor fields (not the manager context, deleter or the shape /
+    strides pointers) as integers, then the bytes of the shape and strides arrays (``None``
+    for no strides). ``None`` when the capsule is not one that ``_read_capsule`` would accept
+    without a closer look (it then reads it, and refuses it if need be)."""
+    if type(capsule) is not _CAPSULE:
         return None
-    name = _capsule_get_name(capsule)
-    if name == b"dltensor_versioned":
-        raw = _string_at(_capsule_get_pointer(capsule, name), 80)
-        tensor = raw[32:]
-        head = b"V" + raw[:8] + raw[24:32]  # version, flags
-    elif name == b"dltensor":
-        tensor = _string_at(_capsule_get_pointer(capsule, name), 48)
-        head = b"L"
+    # A DLPack 1.x capsule, the common case, in one call (no PyCapsule_GetName first).
+    try:
+        pointer = _capsule_get_pointer(capsule, b"dltensor_versioned")
+    except ValueError:  # another name (or an invalid capsule: _read_capsule says which)
+        pointer = None
+    if pointer is not None:
+        raw = _read_bytes(pointer, _VERSIONED.size)
+        fields = _VERSIONED_KEY.unpack(raw)
+        ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(raw, 48)
+    elif _capsule_get_name(capsule) == b"dltensor":
+        raw = _read_bytes(_capsule_get_pointer(capsule, b"dltensor"), _LEGACY.size)
+        fields = _LEGACY_KEY.unpack(raw)  # fewer fields: never equal to a versioned key
+        ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(raw, 16)
     else:
         return None
-    ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(tensor, 16)
     if not 0 < ndim <= _MAX_KEY_NDIM or not shape_ptr:
         return None
     nbytes = 8 * ndim
-    key = head + tensor[:24] + tensor[40:] + _string_at(shape_ptr, nbytes)
-    if strides_ptr:
-        return key + b"S" + _string_at(strides_ptr, nbytes)
-    return key + b"C"
+    strides = _read_bytes(strides_ptr, nbytes) if strides_ptr else None
+    return fields, _read_bytes(shape_ptr, nbytes), strides
 
 
 def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
@@ -545,7 +582,7 @@ def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
             shape_ptr,
             strides_ptr,
             byte_offset,
-        ) = _VERSIONED.unpack(_string_at(_capsule_get_pointer(capsule, name), _VERSIONED.size))
+        ) = _VERSIONED.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _VERSIONED.size))
         if major != 1:
             raise _refuse(
                 op,
@@ -565,7 +602,7 @@ def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
             shape_ptr,
             strides_ptr,
             byte_offset,
-        ) = _LEGACY.unpack(_string_at(_capsule_get_pointer(capsule, name), _LEGACY.size))
+        ) = _LEGACY.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _LEGACY.size))
         read_only = False
     elif name in (b"used_dltensor", b"used_dltensor_versioned"):
         raise _refuse(op, argument, "its DLPack capsule was already consumed")

@@ -312,6 +312,17 @@ CTYPES = {
 }
 
 
+# snapmla_stream_t values by handle (immutable cdata: any thread may pass the same one); a
+# call's ffi.cast was a tenth of a microsecond of host time (issue #10). Cleared when full.
+_streams: dict[int, Any] = {}
+
+
 def stream_t(handle: int) -> Any:
     """A ``snapmla_stream_t`` for a raw CUDA stream handle (0 = the legacy default stream)."""
-    return ffi.cast(_STREAM_T, handle)
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = ffi.cast(_STREAM_T, handle)
+        if len(_streams) >= 256:
+            _streams.clear()
+        _streams[handle] = stream
+    return stream

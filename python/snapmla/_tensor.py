@@ -40,6 +40,7 @@ __all__ = [
     "empty",
     "extent",
     "on_device",
+    "remember",
 ]
 
 # Accepted dtype names, the first being the real one: BF16 data may come as raw uint16 bits and
@@ -173,11 +174,35 @@ class _OnDevice:
             context.__exit__(None, None, None)
 
 
-def on_device(op: str, device: int) -> _OnDevice:
+class _Nothing:
+    """A context that does nothing (``on_device`` when there is nothing to make current)."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_NOTHING = _Nothing()
+
+
+def on_device(op: str, device: int) -> _OnDevice | _Nothing:
     """A context making ``device`` the current CUDA device for the body (through CuPy when
     importable; without CuPy the current device is left as it is and the C library checks
-    it)."""
-    return _OnDevice(op, device)
+    it). Nothing is entered when ``device`` is current already (CuPy's ``Device`` context
+    would set nothing and restore nothing then; entering it cost a microsecond a call, issue
+    #10)."""
+    cupy = _cupy_if_importable()
+    if cupy is None:
+        return _NOTHING
+    try:
+        current = cupy.cuda.runtime.getDevice()
+    except Exception:  # noqa: BLE001 (entering the context tries again and says what failed)
+        current = None
+    return _NOTHING if current == device else _OnDevice(op, device)
 
 
 class Stream:
@@ -203,6 +228,9 @@ class Stream:
         self._inputs: tuple[Any, ...] = ()
         if stream is None:
             self._inputs = tuple(x for x in inputs if x is not None)
+            return
+        if type(stream) is int and 0 <= stream < ADDRESS_SPACE:  # a handle, the common case
+            self._handle = stream
             return
         if isinstance(stream, bool):
             raise argument_error(op, "stream", _STREAM_EXPECTED, repr(stream))
@@ -290,8 +318,11 @@ class Checker:
         stream = self.stream
         if stream is not None:  # the handle once resolved, else the resolver
             stream = stream.handle if stream._handle is None else stream._handle
-        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule.
-        direct = _dlpack.torch_fields(obj, stream)
+        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule
+        # (torch_fields is asked only about tensors of torch's own module).
+        direct = None
+        if type(obj).__module__ == "torch":
+            direct = _dlpack.torch_fields(obj, stream)
         if direct is not None:
             read = (direct, direct, None)
         else:
@@ -299,6 +330,17 @@ class Checker:
             read = (_dlpack.capsule_key(capsule), None, (obj, capsule))
         self._reads[argument] = read
         return read[0]
+
+    def read_keys(self, arguments: Iterable[tuple[str, Any]]) -> tuple[Any, ...] | None:
+        """``read()`` each ``(argument, obj)`` of a call (``obj`` ``None``: skipped), for a call
+        memo's key: the tuple of their keys, or ``None`` when one is not memoizable or cannot
+        be read. The call's checks then read (again) and check the tensors in their order, so
+        that the first bad argument is still the one named."""
+        try:
+            keys = tuple(self.read(obj, name) for name, obj in arguments if obj is not None)
+        except SnapMLAError:
+            return None
+        return None if None in keys else keys
 
     def tensor(
         self,
@@ -467,6 +509,15 @@ class Checker:
                     f"memory that does not overlap {name}",
                     f"bytes [{start:#x}, {end:#x}) against [{other_start:#x}, {other_end:#x})",
                 )
+
+
+def remember(memo: dict[Any, Any], key: Any, value: Any, size: int) -> None:
+    """Keep ``value`` in a call memo (cleared when it holds ``size`` entries: a serving loop
+    repeats a few calls, so a full memo means the calls changed). ``value`` must be read-only
+    from here on: other threads may use it at once (dict operations are atomic)."""
+    if len(memo) >= size:
+        memo.clear()
+    memo[key] = value
 
 
 @functools.lru_cache(maxsize=256)

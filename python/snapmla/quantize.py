@@ -11,7 +11,7 @@ from ._dlpack import TensorView
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, ROPE_DIM
 from ._lib import CTYPES as _CT
-from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device
+from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device, remember
 
 __all__ = ["quantize_q"]
 
@@ -21,6 +21,12 @@ MAX_QUANTIZE_HEADS = 1024
 PRECISIONS = ("fp8", "fp8x2")
 # Why the outputs' alignments (4: the element size, no note).
 _ALIGN_NOTES = {8: "the kernel's 8-byte stores", 16: "the kernel's 16-byte stores"}
+# quantize_q's call memo (outputs given): (device, two-term, the C arguments but the stream;
+# None when there are no rows), by the precision and the tensors' keys (Checker.read); cleared
+# when full.
+_call_memo: dict[Any, Any] = {}
+_CALL_MEMO_SIZE = 1024
+_OUT_NAMES = ("out[0]", "out[1]", "out[2]", "out[3]", "out[4]")
 
 
 def _token_stride(op: str, v: TensorView, default: int) -> int:
@@ -43,18 +49,29 @@ def _token_stride(op: str, v: TensorView, default: int) -> int:
     return stride
 
 
-def _validate_quantize_args(
-    q: Any, out: Sequence[Any] | None, stream: Stream, precision: str = "fp8"
-) -> tuple[TensorView, int, int, int, int, list[TensorView | None], int]:
-    """Checks of ``quantize_q``; returns ``(q, n, h, token_stride, head_stride, outputs,
-    device)`` with ``None`` for outputs still to allocate."""
-    op = "quantize_q"
+def _check_precision(precision: Any) -> int:
+    """The number of outputs of ``precision`` (refused if unknown)."""
     if precision not in PRECISIONS:
         raise argument_error(
-            op, "precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision)
+            "quantize_q", "precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision)
         )
-    count = 5 if precision == "fp8x2" else 3
-    checker = Checker(op, stream)
+    return 5 if precision == "fp8x2" else 3
+
+
+def _validate_quantize_args(
+    q: Any,
+    out: Sequence[Any] | None,
+    stream: Stream,
+    precision: str = "fp8",
+    checker: Checker | None = None,
+) -> tuple[TensorView, int, int, int, int, list[TensorView | None], int]:
+    """Checks of ``quantize_q``; returns ``(q, n, h, token_stride, head_stride, outputs,
+    device)`` with ``None`` for outputs still to allocate. The call memo may give a
+    ``checker`` that has ``read()`` some of the tensors already."""
+    op = "quantize_q"
+    count = _check_precision(precision)
+    if checker is None:
+        checker = Checker(op, stream)
     v = checker.tensor(q, "q", dtypes=BF16, shape=("...", "h", HEAD_DIM), layout="inner")
     lead, h = v.shape[:-2], v.shape[-2]
     if not 1 <= h <= MAX_QUANTIZE_HEADS:
@@ -143,28 +160,43 @@ def quantize_q(
     op = "quantize_q"
     outputs = tuple(out) if isinstance(out, Sequence) and not isinstance(out, (str, bytes)) else ()
     s = Stream(stream, op, (q, *outputs))
-    v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(
-        q, out, s, precision
-    )
-    two_term = len(views) == 5
-    lead = v.shape[:-2]
-    given = (None,) * len(views) if out is None else tuple(out)
-    results: list[Any] = []
-    ptrs: list[int] = []
-    with on_device(op, device):
-        content, row = (*lead, h, CONTENT_DIM), (*lead, h)
-        shapes = (content, (*lead, h, ROPE_DIM), row, content, row)
-        dtypes = ("float8_e4m3fn", "bfloat16", "float32", "float8_e4m3fn", "float32")
-        for obj, view, shape, dtype in zip(given, views, shapes, dtypes):
-            if view is None:
-                obj, ptr = empty(op, shape, dtype, device, s)
-            else:
-                ptr = view.ptr
-            results.append(obj)
-            ptrs.append(ptr)
+    checker = Checker(op, s)
+    # The call memo (issue #10: host time), as decode's: with every output given, a call whose
+    # precision and tensors (each by Checker.read's key: address, device, dtype, shape,
+    # strides, flags) equal an earlier call's passed every check then and takes the same C
+    # arguments. The precision is checked first, as without the memo; each tensor is still
+    # read (with the stream handshake).
+    count = _check_precision(precision)
+    memo_key = hit = None
+    # (`is not None` each, not `None in`: arrays compare element-wise)
+    if len(outputs) == count and all(o is not None for o in outputs):
+        keys = checker.read_keys((("q", q), *zip(_OUT_NAMES, outputs)))
+        memo_key = None if keys is None else (precision, keys)
+        hit = None if memo_key is None else _call_memo.get(memo_key)
+    if hit is None:
+        v, n, h, token_stride, head_stride, views, device = _validate_quantize_args(
+            q, out, s, precision, checker
+        )
+        lead = v.shape[:-2]
+        given = (None,) * len(views) if out is None else tuple(out)
+        results: list[Any] = []
+        ptrs: list[int] = []
+        with on_device(op, device):
+            content, row = (*lead, h, CONTENT_DIM), (*lead, h)
+            shapes = (content, (*lead, h, ROPE_DIM), row, content, row)
+            dtypes = ("float8_e4m3fn", "bfloat16", "float32", "float8_e4m3fn", "float32")
+            for obj, view, shape, dtype in zip(given, views, shapes, dtypes):
+                if view is None:
+                    obj, ptr = empty(op, shape, dtype, device, s)
+                else:
+                    ptr = view.ptr
+                results.append(obj)
+                ptrs.append(ptr)
+        outputs = tuple(results)
+        args = None
         if n > 0:
             ffi = _lib.ffi
-            common = (
+            args = (
                 ffi.cast(_CT["const void*"], v.ptr),
                 n,
                 h,
@@ -174,12 +206,17 @@ def quantize_q(
                 ffi.cast(_CT["void*"], ptrs[1]),
                 ffi.cast(_CT["float*"], ptrs[2]),
             )
+            if len(views) == 5:  # the two-term query's low row and its scale
+                args += (ffi.cast(_CT["void*"], ptrs[3]), ffi.cast(_CT["float*"], ptrs[4]))
+        hit = (device, len(views) == 5, args)
+        if memo_key is not None:
+            remember(_call_memo, memo_key, hit, _CALL_MEMO_SIZE)
+    device, two_term, args = hit
+    if args is not None:  # n > 0
+        with on_device(op, device):
             if two_term:
-                low = (ffi.cast(_CT["void*"], ptrs[3]), ffi.cast(_CT["float*"], ptrs[4]))
-                status = _lib.lib().snapmla_quantize_q2(*common, *low, s.c(device))
+                status = _lib.lib().snapmla_quantize_q2(*args, s.c(device))
                 _lib.check(status, "snapmla_quantize_q2")
             else:
-                _lib.check(
-                    _lib.lib().snapmla_quantize_q(*common, s.c(device)), "snapmla_quantize_q"
-                )
-    return tuple(results)
+                _lib.check(_lib.lib().snapmla_quantize_q(*args, s.c(device)), "snapmla_quantize_q")
+    return outputs
