@@ -156,9 +156,7 @@ class _OnDevice:
         self._context: Any = None
 
     def __enter__(self) -> None:
-        cupy = _cupy_if_importable()
-        if cupy is None:
-            return
+        cupy = _cupy_if_importable()  # importable: on_device returns no _OnDevice otherwise
         try:
             context = cupy.cuda.Device(self._device)
             context.__enter__()
@@ -174,22 +172,11 @@ class _OnDevice:
             context.__exit__(None, None, None)
 
 
-class _Nothing:
-    """A context that does nothing (``on_device`` when there is nothing to make current)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc_info: object) -> None:
-        return None
+# ``on_device``'s context where there is nothing to make current (reusable: it holds nothing)
+_NOTHING = contextlib.nullcontext()
 
 
-_NOTHING = _Nothing()
-
-
-def on_device(op: str, device: int) -> _OnDevice | _Nothing:
+def on_device(op: str, device: int) -> _OnDevice | contextlib.nullcontext[None]:
     """A context making ``device`` the current CUDA device for the body (through CuPy when
     importable; without CuPy the current device is left as it is and the C library checks
     it). Nothing is entered when ``device`` is current already (CuPy's ``Device`` context
