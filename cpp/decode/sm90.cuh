@@ -70,6 +70,18 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
+// 16 bytes global -> shared through L2 (cp.async.cg, no registers held), the rest of the 16
+// zero-filled past src_bytes (0: all zero, nothing read). Completed by cp_async_wait_all.
+__device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+// This thread's cp.async copies done (their shared-memory writes visible to it).
+__device__ __forceinline__ void cp_async_wait_all() {
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+}
+
 // Generic-proxy shared-memory writes (or reads) ordered before later async-proxy accesses
 // (wgmma operand reads, TMA writes) of the same bytes.
 __device__ __forceinline__ void fence_proxy_async() {
