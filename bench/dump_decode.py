@@ -6,7 +6,8 @@ that should compute the same bits (a kernel layout change, an experimental switc
 
 Cases (fixed seeds; the test suite's random caches with shuffled pages, NaN-filled unused slots
 and NaN-poisoned outputs, tests/gpu/_util.py): every PV width, odd head counts, MTP, page edges
-and empty / one-token contexts, with AUTO, the split default and one part a request.
+and empty / one-token contexts, with AUTO, the split default and one part a request; and the
+two-term query (q_precision "fp8x2", kernel "fast") at the widths it runs (s_q x h <= 32).
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ CASES = [
     (16, 1, [1, 64, 4097]),
     (128, 1, [63, 3000]),
 ]
+# The two-term query's cases (its kernels: PV widths 16 and 32).
+CASES_TWO_TERM = [
+    (32, 1, [0, 1, 63, 64, 65, 1000, 9000]),
+    (16, 2, [2, 64, 130, 5000]),
+    (16, 1, [1, 64, 4097]),
+    (11, 2, [65, 2000, 3]),
+]
 
 
 def outputs() -> dict[str, np.ndarray]:
@@ -42,6 +50,16 @@ def outputs() -> dict[str, np.ndarray]:
         for parts in (0, 1):
             out, lse = run_decode(cache, case, num_sm_parts=parts)
             name = f"h{h}_sq{s_q}_parts{parts}"
+            got[name + "_out"] = to_numpy(out, BF16).view(np.uint16)
+            got[name + "_lse"] = to_numpy(lse).view(np.uint32)
+    for k, (h, s_q, lens) in enumerate(CASES_TWO_TERM):
+        rng = np.random.default_rng(2000 + k)
+        case = make_case(rng, lens, num_heads=h, q_len=s_q)
+        cache = make_cache(case)
+        for parts in (0, 1):
+            out, lse = run_decode(cache, case, num_sm_parts=parts, kernel="fast",
+                                  q_precision="fp8x2")
+            name = f"fp8x2_h{h}_sq{s_q}_parts{parts}"
             got[name + "_out"] = to_numpy(out, BF16).view(np.uint16)
             got[name + "_lse"] = to_numpy(lse).view(np.uint32)
     return got

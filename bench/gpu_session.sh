@@ -88,8 +88,11 @@ for stage in "$@"; do
       ;;
     bench-cases)  # BENCH_CASES (bench_decode.py --cases), short timing, next to FlashInfer
       log "decode benchmark, cases ${BENCH_CASES:-}"
+      # A build's second run in the call (A/B/A) keeps the first's files: -2, -3 ...
+      name=decode-cases$TAG; k=1
+      while [ -e "$OUT/$name.json" ]; do k=$((k + 1)); name=decode-cases$TAG-$k; done
       timeout 300 python3 bench/bench_decode.py --quick --cases "${BENCH_CASES:?BENCH_CASES}" \
-        --out "$OUT/decode-cases$TAG.json" 2>&1 | tee "$OUT/bench-cases$TAG.log" | tail -30 \
+        --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-cases${name#decode-cases}.log" | tail -30 \
         || status=1
       ;;
     frag)
@@ -234,10 +237,12 @@ for stage in "$@"; do
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
       log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
+      name=decode-two-term$TAG; k=1
+      while [ -e "$OUT/$name.json" ]; do k=$((k + 1)); name=decode-two-term$TAG-$k; done
       timeout 300 python3 bench/bench_decode.py --two-term --no-flashinfer --quick \
-        --cases '*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384' \
-        --out "$OUT/decode-two-term$TAG.json" 2>&1 | tee "$OUT/bench-two-term$TAG.log" | tail -30 \
-        || status=1
+        --cases "${TWO_TERM_CASES:-*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384}" \
+        --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-two-term${name#decode-two-term}.log" \
+        | tail -30 || status=1
       ;;
     bench-fast)
       log "decode benchmark, the wgmma kernel (opt-in)"
