@@ -187,13 +187,6 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #define SNAPMLA_SEESAW_EARLY32 0
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
-// SNAPMLA_SEESAW_Q_ASYNC (experimental, off; bench/NOTES.md): the two-term kernels' Q tile by
-// cp.async (each consumer thread's copies all in flight at once, rows not loaded zero-filled,
-// no registers held) instead of register round trips in batches (N = 32: five of them, each
-// an L2 round trip on the prologue's path). The same bytes land in the same places.
-#ifndef SNAPMLA_SEESAW_Q_ASYNC
-#define SNAPMLA_SEESAW_Q_ASYNC 0
-#endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
@@ -523,49 +516,17 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                          : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
             return valid;
           };
-          // Through L2, not the read-only path: under SNAPMLA_PDL the Q-quant kernel writes
-          // these during this grid's life (before griddep_wait), outside __ldg's rule.
-          if constexpr (SNAPMLA_SEESAW_Q_ASYNC != 0) {
-            // Every copy in flight; waited for below, after the scales' loads.
+          // Every copy in flight at once (through L2, not the read-only path: under SNAPMLA_PDL
+          // the Q-quant kernel writes these during this grid's life, before griddep_wait,
+          // outside __ldg's rule); waited for below, after the scales' loads. (Loads into
+          // registers in batches, 5 round trips at N = 32, cost 3-13% of the whole call:
+          // bench/results/2026-12-02-s18/.)
 #pragma unroll 2
-            for (int round = 0; round < kRounds; ++round) {
-              uint32_t dst;
-              const uint8_t* src;
-              const bool valid = unit_of(tid + round * kThreads, dst, src);
-              cp_async_cg16(dst, src, valid ? 16u : 0u);
-            }
-          } else {
-            // Batches of loads in flight, then their stores: N = 16 all 5 rounds at once;
-            // N = 32 its 10 rounds 2 at a time (5 at a time spilled 156 bytes).
-            constexpr int kBatch = kN == 16 ? 5 : 2;
-            static_assert(kRounds % kBatch == 0, "whole batches");
-#pragma unroll 1
-            for (int round0 = 0; round0 < kRounds; round0 += kBatch) {
-              uint4 v[kBatch];
-              uint32_t dst[kBatch];
-#pragma unroll
-              for (int j = 0; j < kBatch; ++j) {
-                const int u = tid + (round0 + j) * kThreads;
-                const int R = u / kRowUnits, k = u % kRowUnits;
-                const int r = 8 * (R / 16) + R % 8;
-                const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
-                const int unit = k % 8;
-                dst[j] = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
-                         sw128_offset(R, unit);
-                const bool valid = r < rows_total && !(rope && low) &&
-                                   (!kSpread || !low || p.q_lo != nullptr);
-                const uint8_t* src =
-                    !valid ? p.q_content
-                    : rope ? reinterpret_cast<const uint8_t*>(p.q_rope) +
-                                 (q0 + r) * (kRopeDim * 2) + 16 * unit
-                           : (low ? p.q_lo : p.q_content) + (q0 + r) * kContentDim + 16 * k;
-                v[j] = __ldcg(reinterpret_cast<const uint4*>(src));
-                if (!valid) v[j] = make_uint4(0u, 0u, 0u, 0u);
-              }
-#pragma unroll
-              for (int j = 0; j < kBatch; ++j) st_shared_v4(dst[j], v[j]);
-            }
-            fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
+          for (int round = 0; round < kRounds; ++round) {
+            uint32_t dst;
+            const uint8_t* src;
+            const bool valid = unit_of(tid + round * kThreads, dst, src);
+            cp_async_cg16(dst, src, valid ? 16u : 0u);
           }
         }
         // q_scale[r] = s1, q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division)
@@ -576,11 +537,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const bool lo = !kSpread || p.q_lo_scale != nullptr;
           s.q_scale[32 + tid] = in && lo ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
-        if constexpr (SNAPMLA_SEESAW_Q_ASYNC != 0) {
-          if (tid < kThreads) {
-            cp_async_wait_all();
-            fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
-          }
+        if (tid < kThreads) {
+          cp_async_wait_all();
+          fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
         }
       } else if (fused_q) {
         if constexpr (kFusedQ && !kIsProducer) {  // (not in the producer's 24 registers)
