@@ -188,6 +188,17 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 
+// SNAPMLA_SEESAW_PAGES_BEFORE_Q (experimental; the default kStages: every first page, then
+// the Q): where a Q-quant kernel ran first (SNAPMLA_PDL=2's late wait), how many of a
+// request's first pages the loader issues before it waits for that kernel and loads the Q
+// tile. The pages before the Q overlap the Q-quant kernel; the Q behind all four first pages
+// arrives with the last of them (timeline at 8x128x4096: Q at ~10,700 cycles after entry, the
+// first QK just after), so a short context's chain starts late.
+#ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q
+#define SNAPMLA_SEESAW_PAGES_BEFORE_Q 4
+#endif
+constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
+
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
 // so no consumer warp stops to issue TMA; setmaxnreg gives the producer 24 registers and the
@@ -475,16 +486,33 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                           static_cast<int32_t>(row0));
             }
             tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+          } else if constexpr (kPagesBeforeQ < kStages) {
+            q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
         };
-        if (!late_q_wait) load_q();
-        for (int i = 0; i < min(kStages, n); ++i) {
-          const int32_t page = pages[i];
-          load_content_half(i, 0, page);
-          load_content_half(i, 1, page);
-          load_rope_scale(i, page);
+        if constexpr (kPagesBeforeQ < kStages) {
+          // The Q's place among the first pages: pages issued before it do not wait for the
+          // Q-quant kernel, pages after it arrive after it.
+          const int first_pages = min(kStages, n);
+          const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
+          for (int i = 0; i < first_pages; ++i) {
+            if (i == q_at) load_q();
+            const int32_t page = pages[i];
+            load_content_half(i, 0, page);
+            load_content_half(i, 1, page);
+            load_rope_scale(i, page);
+          }
+          if (q_at == first_pages) load_q();
+        } else {
+          if (!late_q_wait) load_q();
+          for (int i = 0; i < min(kStages, n); ++i) {
+            const int32_t page = pages[i];
+            load_content_half(i, 0, page);
+            load_content_half(i, 1, page);
+            load_rope_scale(i, page);
+          }
+          if (late_q_wait) load_q();  // the pages first: they do not wait for the Q-quant kernel
         }
-        if (late_q_wait) load_q();  // the pages first: they do not wait for the Q-quant kernel
       }
       if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
