@@ -188,14 +188,16 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #endif
 constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 
-// SNAPMLA_SEESAW_PAGES_BEFORE_Q (experimental; the default kStages: every first page, then
-// the Q): where a Q-quant kernel ran first (SNAPMLA_PDL=2's late wait), how many of a
-// request's first pages the loader issues before it waits for that kernel and loads the Q
+// SNAPMLA_SEESAW_PAGES_BEFORE_Q (1, the default since session 18; 4 = kStages for every first
+// page before the Q): where a Q-quant kernel ran first (SNAPMLA_PDL=2's late wait), how many of
+// a request's first pages the loader issues before it waits for that kernel and loads the Q
 // tile. The pages before the Q overlap the Q-quant kernel; the Q behind all four first pages
-// arrives with the last of them (timeline at 8x128x4096: Q at ~10,700 cycles after entry, the
-// first QK just after), so a short context's chain starts late.
+// arrived with the last of them (timeline at 8x128x4096: Q at ~10,700 cycles after entry, the
+// first QK just after; with 1: ~8,800). Same-call A/B/A on the H200 (graph replays, whole call,
+// bench/results/2026-12-02-s18/decode-cases-*3737563*.json): 8x1x128x4096 34.9 -> 34.2 us,
+// 64x1x128x1024 46.6 -> 45.8, 8x1x128x1024 20.9 -> 20.4, long contexts and 16 / 32 heads level.
 #ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q
-#define SNAPMLA_SEESAW_PAGES_BEFORE_Q 4
+#define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 
