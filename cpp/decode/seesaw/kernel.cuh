@@ -88,7 +88,11 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
 // results): the epilogue computes but stores nothing, to time what its stores cost.
 enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kTrPfree, kTrPublished,
                   kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd,
-                  kTrEntry, kTrQArrived, kTrEpilogueStart, kTrEpilogueDone, kTrEvents };
+                  kTrEntry, kTrQArrived, kTrEpilogueStart, kTrEpilogueDone,
+                  // the prologue: the plan checked; the first request's segment read; the
+                  // loader's first pages and Q issued (stamped by the loader thread, in
+                  // warpgroup 0's row)
+                  kTrPlanChecked, kTrSegment, kTrLoadsIssued, kTrEvents };
 #if defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES) && !defined(SNAPMLA_SEESAW_TRACE)
 #error "SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES is for timing builds (SNAPMLA_SEESAW_TRACE) only"
 #endif
@@ -315,6 +319,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
+  SEESAW_TRACE(0, kTrPlanChecked);
   // With a producer, the barriers at a request's edges are reached at different instructions
   // and after divergent branches (the producer's elected thread, the epilogue's per-row
   // stores): bar.sync (aligned) is undefined there (synccheck: divergent threads; racecheck: a
@@ -409,6 +414,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
       if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
+      if (b == requests.begin) SEESAW_TRACE(0, kTrSegment);
       const int seqlen = p.seqlens[b];
       const int n = seg.blk_hi - seg.blk_lo;
       const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
@@ -515,6 +521,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
           if (late_q_wait) load_q();  // the pages first: they do not wait for the Q-quant kernel
         }
+#ifdef SNAPMLA_SEESAW_TRACE
+        if (blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin)
+          p.trace[kTrLoadsIssued] = clock64();  // warpgroup 0's block 0
+#endif
       }
       if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
