@@ -69,11 +69,12 @@ builds=(
   # N = 64's promoted PV in whole-N groups where every row sees the block whole
   "seesaw_trace_halfn:-DSNAPMLA_SEESAW_PV_WHOLE=0"
   "seesaw_timeline_halfn:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_WHOLE=0"
-  # the Q tile after the first page (or two) instead of after all four (compare "decode call":
+  # the Q tile after all four first pages (the order before session 18; compare "decode call":
   # the kernel-alone lines have no Q-quant kernel to wait for)
-  "seesaw_trace_pbq1:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=1"
-  "seesaw_trace_pbq2:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=2"
-  "seesaw_timeline_pbq1:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PAGES_BEFORE_Q=1"
+  "seesaw_trace_pbq4:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
+  "seesaw_timeline_pbq4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
+  # the KV pages' loads with an L2 evict-first policy (compare "kernel + combine")
+  "seesaw_trace_kvef:-DSNAPMLA_SEESAW_KV_EVICT_FIRST=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

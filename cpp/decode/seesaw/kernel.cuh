@@ -204,6 +204,12 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
+// SNAPMLA_SEESAW_KV_EVICT_FIRST (experimental, off; bench/NOTES.md): the KV pages' TMA loads
+// with an L2 evict-first policy (a decode step reads each page once), so that the split
+// partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine.
+#ifndef SNAPMLA_SEESAW_KV_EVICT_FIRST
+#define SNAPMLA_SEESAW_KV_EVICT_FIRST 0
+#endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
@@ -469,7 +475,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         mbar_arrive_expect_tx(bar, kContentHalfTx);
 #pragma unroll
         for (int c = 2 * half; c < 2 * half + 2; ++c) {
-          tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
+          if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
+            tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0,
+                             page, l2_evict_first_policy());
+          } else {
+            tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
+          }
         }
       };
       auto load_rope_scale = [&](int i, int32_t page) {
@@ -479,8 +490,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           return mbar_arrive(bar);
         }
         mbar_arrive_expect_tx(bar, kRopeScaleTx);
-        tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
-        tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
+        if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
+          const uint64_t policy = l2_evict_first_policy();
+          tma_load_3d_hint(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page, policy);
+          tma_load_2d_hint(stage_of(i).scale, &maps.k_scale, bar, 0, page, policy);
+        } else {
+          tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
+          tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
+        }
       };
       if (tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
