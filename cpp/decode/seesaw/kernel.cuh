@@ -473,11 +473,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           return mbar_arrive(bar);
         }
         mbar_arrive_expect_tx(bar, kContentHalfTx);
+        const uint64_t policy = SNAPMLA_SEESAW_KV_EVICT_FIRST != 0 ? l2_evict_first_policy() : 0;
 #pragma unroll
         for (int c = 2 * half; c < 2 * half + 2; ++c) {
           if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
             tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0,
-                             page, l2_evict_first_policy());
+                             page, policy);
           } else {
             tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
           }
@@ -515,29 +516,18 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
         };
-        if constexpr (kPagesBeforeQ < kStages) {
-          // The Q's place among the first pages: pages issued before it do not wait for the
-          // Q-quant kernel, pages after it arrive after it.
-          const int first_pages = min(kStages, n);
-          const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
-          for (int i = 0; i < first_pages; ++i) {
-            if (i == q_at) load_q();
-            const int32_t page = pages[i];
-            load_content_half(i, 0, page);
-            load_content_half(i, 1, page);
-            load_rope_scale(i, page);
-          }
-          if (q_at == first_pages) load_q();
-        } else {
-          if (!late_q_wait) load_q();
-          for (int i = 0; i < min(kStages, n); ++i) {
-            const int32_t page = pages[i];
-            load_content_half(i, 0, page);
-            load_content_half(i, 1, page);
-            load_rope_scale(i, page);
-          }
-          if (late_q_wait) load_q();  // the pages first: they do not wait for the Q-quant kernel
+        // The Q's place among the first pages: pages issued before it do not wait for the
+        // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
+        const int first_pages = min(kStages, n);
+        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
+        for (int i = 0; i < first_pages; ++i) {
+          if (i == q_at) load_q();
+          const int32_t page = pages[i];
+          load_content_half(i, 0, page);
+          load_content_half(i, 1, page);
+          load_rope_scale(i, page);
         }
+        if (q_at == first_pages) load_q();
 #ifdef SNAPMLA_SEESAW_TRACE
         if (blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin)
           p.trace[kTrLoadsIssued] = clock64();  // warpgroup 0's block 0
