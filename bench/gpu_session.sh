@@ -64,6 +64,14 @@ publish() {
     --exclude='src.csv' . && mv "$FINAL/.logs.tgz.tmp" "$FINAL/logs.tgz"
 }
 
+# $OUT/<base>.json's name, or <base>-2, -3 ... where an earlier run of the call took it (a
+# build's second run in an A/B/A keeps the first's files).
+unused_name() {
+  local name=$1 k=1
+  while [ -e "$OUT/$name.json" ]; do k=$((k + 1)); name=$1-$k; done
+  echo "$name"
+}
+
 status=0
 for stage in "$@"; do
   case "$stage" in
@@ -88,9 +96,7 @@ for stage in "$@"; do
       ;;
     bench-cases)  # BENCH_CASES (bench_decode.py --cases), short timing, next to FlashInfer
       log "decode benchmark, cases ${BENCH_CASES:-}"
-      # A build's second run in the call (A/B/A) keeps the first's files: -2, -3 ...
-      name=decode-cases$TAG; k=1
-      while [ -e "$OUT/$name.json" ]; do k=$((k + 1)); name=decode-cases$TAG-$k; done
+      name=$(unused_name "decode-cases$TAG")
       timeout 300 python3 bench/bench_decode.py --quick --cases "${BENCH_CASES:?BENCH_CASES}" \
         --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-cases${name#decode-cases}.log" | tail -30 \
         || status=1
@@ -237,8 +243,7 @@ for stage in "$@"; do
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
       log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
-      name=decode-two-term$TAG; k=1
-      while [ -e "$OUT/$name.json" ]; do k=$((k + 1)); name=decode-two-term$TAG-$k; done
+      name=$(unused_name "decode-two-term$TAG")
       timeout 300 python3 bench/bench_decode.py --two-term --no-flashinfer --quick \
         --cases "${TWO_TERM_CASES:-*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384}" \
         --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-two-term${name#decode-two-term}.log" \
