@@ -73,8 +73,12 @@ builds=(
   # the kernel-alone lines have no Q-quant kernel to wait for)
   "seesaw_trace_pbq4:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
   "seesaw_timeline_pbq4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
-  # the KV pages' loads with an L2 evict-first policy (compare "kernel + combine")
-  "seesaw_trace_kvef:-DSNAPMLA_SEESAW_KV_EVICT_FIRST=1"
+  # the KV pages' loads without the L2 evict-first policy (the default since session 19;
+  # compare "kernel + combine")
+  "seesaw_trace_kvef0:-DSNAPMLA_SEESAW_KV_EVICT_FIRST=0"
+  # the tensor maps prefetched at entry
+  "seesaw_trace_maps:-DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
+  "seesaw_timeline_maps:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PREFETCH_MAPS=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

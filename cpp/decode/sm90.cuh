@@ -53,6 +53,10 @@ __device__ __forceinline__ void mbar_wait_suspend(uint64_t* bar, uint32_t phase,
 }
 
 // ------------------------------------------------------------------------------- TMA
+// Fetch a tensor map's descriptor ahead of its first TMA (a __grid_constant__ parameter).
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
 // An L2 policy that evicts what it covers first (data read once), for the .L2::cache_hint forms.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;

@@ -90,9 +90,11 @@ enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kT
                   kTrWgSynced, kTrEarlyDone, kTrPfreeArrived, kTrRefill, kTrPvStart, kTrPvEnd,
                   kTrEntry, kTrQArrived, kTrEpilogueStart, kTrEpilogueDone,
                   // the prologue: the plan checked; the first request's segment read; the
-                  // loader's first pages and Q issued (stamped by the loader thread, in
-                  // warpgroup 0's row)
-                  kTrPlanChecked, kTrSegment, kTrLoadsIssued, kTrEvents };
+                  // loader's first pages and Q issued; the loader's first page id read, its
+                  // wait for the Q-quant kernel returned, the Q's TMA issued (the loader thread
+                  // stamps the last four, in warpgroup 0's row)
+                  kTrPlanChecked, kTrSegment, kTrLoadsIssued, kTrPageRead, kTrQWaited,
+                  kTrQIssued, kTrEvents };
 #if defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES) && !defined(SNAPMLA_SEESAW_TRACE)
 #error "SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES is for timing builds (SNAPMLA_SEESAW_TRACE) only"
 #endif
@@ -103,9 +105,17 @@ constexpr int kTraceBlocks = 64;
     if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && wg < 2 && (block) < kTraceBlocks)   \
       p.trace[(wg * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();                \
   } while (0)
+// The loader thread's prologue events (first request of CTA (0, 0), warpgroup 0's row).
+#define SEESAW_LOADER_TRACE(first, event)                                 \
+  do {                                                                    \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (first)) p.trace[(event)] = clock64(); \
+  } while (0)
 #else
 #define SEESAW_TRACE(block, event) \
   do {                             \
+  } while (0)
+#define SEESAW_LOADER_TRACE(first, event) \
+  do {                                    \
   } while (0)
 #endif
 // Every CTA's entry and end in globaltimer nanoseconds, and its SM (word 3 c + k of
@@ -204,11 +214,20 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
-// SNAPMLA_SEESAW_KV_EVICT_FIRST (experimental, off; bench/NOTES.md): the KV pages' TMA loads
-// with an L2 evict-first policy (a decode step reads each page once), so that the split
-// partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine.
+// SNAPMLA_SEESAW_KV_EVICT_FIRST (1, the default since session 19; 0 for plain loads): the KV
+// pages' TMA loads with an L2 evict-first policy (a decode step reads each page once), so that
+// the split partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine. Same
+// call on the H200 (bench/results/2026-12-02-s19/, graph replays of the whole call): 8x1x128x4096
+// 34.0 -> 32.8 us, 64x1x128x4096 124.4 -> 122.9, 1x1x128x8192 20.9 -> 20.4, the rest level;
+// every output bit the same (bench/dump_decode.py).
 #ifndef SNAPMLA_SEESAW_KV_EVICT_FIRST
-#define SNAPMLA_SEESAW_KV_EVICT_FIRST 0
+#define SNAPMLA_SEESAW_KV_EVICT_FIRST 1
+#endif
+// SNAPMLA_SEESAW_PREFETCH_MAPS (experimental, off): the loader thread prefetches the five tensor
+// maps at entry (prefetch.tensormap), before the plan reads, so that the first TMA of each does
+// not fetch its descriptor.
+#ifndef SNAPMLA_SEESAW_PREFETCH_MAPS
+#define SNAPMLA_SEESAW_PREFETCH_MAPS 0
 #endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
@@ -313,6 +332,15 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     if (late_q_wait) griddep_wait();  // (a no-op after the first)
   };
 
+  if constexpr (SNAPMLA_SEESAW_PREFETCH_MAPS != 0) {
+    if (tid == kLoaderTid) {
+      prefetch_tensormap(&maps.k_content);
+      prefetch_tensormap(&maps.k_rope);
+      prefetch_tensormap(&maps.k_scale);
+      prefetch_tensormap(&maps.q_content);
+      prefetch_tensormap(&maps.q_rope);
+    }
+  }
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
@@ -505,6 +533,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         auto load_q = [&] {
           if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
             q_wait();
+            SEESAW_LOADER_TRACE(b == requests.begin, kTrQWaited);
             mbar_arrive_expect_tx(&s.q_bar, kQTx);
 #pragma unroll
             for (int c = 0; c < kChunks; ++c) {
@@ -512,6 +541,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
                           static_cast<int32_t>(row0));
             }
             tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+            SEESAW_LOADER_TRACE(b == requests.begin, kTrQIssued);
           } else if constexpr (kPagesBeforeQ < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
@@ -523,15 +553,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         for (int i = 0; i < first_pages; ++i) {
           if (i == q_at) load_q();
           const int32_t page = pages[i];
+          if (i == 0 && page_ok(page)) SEESAW_LOADER_TRACE(b == requests.begin, kTrPageRead);
           load_content_half(i, 0, page);
           load_content_half(i, 1, page);
           load_rope_scale(i, page);
         }
         if (q_at == first_pages) load_q();
-#ifdef SNAPMLA_SEESAW_TRACE
-        if (blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin)
-          p.trace[kTrLoadsIssued] = clock64();  // warpgroup 0's block 0
-#endif
+        SEESAW_LOADER_TRACE(b == requests.begin, kTrLoadsIssued);
       }
       if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
