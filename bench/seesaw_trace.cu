@@ -203,6 +203,15 @@ int main(int argc, char** argv) {
   CHECK(cudaEventElapsedTime(&ms, e0, e1));
   std::printf("kernel + combine %.1f us (min part cost %d)\n", 1e3 * ms / reps, min_part_cost);
 
+  // The combine alone, back to back over the partials the last launch left (its L2 state
+  // then is not the one after an attention launch: a floor, not the cost in the call).
+  CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < reps; ++i) CHECK(launch_combine(p, 0));
+  CHECK(cudaEventRecord(e1));
+  CHECK(cudaEventSynchronize(e1));
+  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  std::printf("combine alone %.1f us\n", 1e3 * ms / reps);
+
   // A decode call's launches: Q-quant (unless fused), attention, combine. (Two-term: its Q-quant
   // is not the one timed here; the line is left out.)
   if (!two_term) {
