@@ -190,10 +190,163 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   store_row(p, b, rows_total, fr, lane, acc, lse);
 }
 
+// The combine in groups (SNAPMLA_COMBINE_GROUPED, the default): 128 threads a row, thread c
+// owning latent columns [4c, 4c + 4) (a row's partial, 2 KB, read by one float4 a thread,
+// coalesced); kGroups such groups a row, group g walking parts first + g, first + g + kGroups,
+// ...; then the groups merge through shared memory. A group takes its parts in chunks of
+// kChunk with every load of a chunk (its LSEs and its float4s) in flight at once, one L2
+// round trip a chunk, and merges chunk by chunk online (the running maximum rescales what it
+// has added). The one-warp-per-row and the wide kernels above and below it walk a row's parts
+// one round trip each: 5.3 us for 8x128x4096's 16.8 MB of partials (bench/seesaw_trace.cu,
+// combine alone), ~3 TB/s from L2.
+#ifndef SNAPMLA_COMBINE_GROUPED
+#define SNAPMLA_COMBINE_GROUPED 1
+#endif
+constexpr int kRowThreads = kContentDim / 4;  // 128: a float4 each
+constexpr int kChunk = 8;
+
+// A group's running merge: acc = sum_s exp(lse_s - m) O_s (its 4 columns), w = sum_s exp(lse_s - m).
+struct RunningMerge {
+  float m = -INFINITY, w = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  bool nan_seen = false;
+  // Rescale to the maximum m_new >= m (a no-op while both are -inf: nothing added yet).
+  __device__ __forceinline__ void raise_to(float m_new) {
+    if (m_new == m) return;
+    const float f = expf(m - m_new);  // m = -inf: 0 (acc and w are 0 then anyway)
+    w *= f;
+    acc.x *= f;
+    acc.y *= f;
+    acc.z *= f;
+    acc.w *= f;
+    m = m_new;
+  }
+  __device__ __forceinline__ void add(float lse, float4 x) {  // lse <= m, not NaN
+    const float f = expf(lse - m);
+    w += f;
+    acc.x += f * x.x;
+    acc.y += f * x.y;
+    acc.z += f * x.z;
+    acc.w += f * x.w;
+  }
+};
+
+// Parts first + g, first + g + stride, ... <= last of row fr, column group c, into r.
+__device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, int last, int g,
+                                            int stride, int rows_pad, int fr, int c,
+                                            RunningMerge& r) {
+  for (int base = first + g; base <= last; base += kChunk * stride) {
+    float lse[kChunk];
+    float4 x[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {  // every load of the chunk first
+      const int part = base + k * stride;
+      if (part <= last) {
+        const int64_t slot = partial_slot(part, first);
+        lse[k] = p.partial_lse[slot * rows_pad + fr];
+        x[k] = reinterpret_cast<const float4*>(p.partial_o + (slot * rows_pad + fr) * kContentDim)[c];
+      } else {
+        lse[k] = -INFINITY;
+        x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    float m_chunk = r.m;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      r.nan_seen |= lse[k] != lse[k];
+      m_chunk = fmaxf(m_chunk, lse[k]);  // (fmaxf drops a NaN: nan_seen keeps it)
+    }
+    if (m_chunk == -INFINITY) continue;  // nothing visible yet
+    r.raise_to(m_chunk);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k]);
+    }
+  }
+}
+
+template <int kGroups>
+__global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(const DecodeParams p) {
+  // groups 1 .. kGroups - 1's merges, for group 0 to add in group order (deterministic)
+  __shared__ float4 g_acc[kGroups > 1 ? kGroups - 1 : 1][kRowThreads];
+  __shared__ float g_m[kGroups > 1 ? kGroups - 1 : 1], g_w[kGroups > 1 ? kGroups - 1 : 1];
+  __shared__ int g_nan[kGroups > 1 ? kGroups - 1 : 1];
+  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+  const int b = blockIdx.x, fr = blockIdx.y;
+  const int c = threadIdx.x % kRowThreads, g = threadIdx.x / kRowThreads;
+  const int rows_total = p.q_len * p.num_heads;
+  if (fr >= rows_total) return;
+  int first, last;
+  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  const int rows_pad = p.row_tiles * kTileRows;
+
+  RunningMerge r;
+  merge_parts(p, first, last, g, kGroups, rows_pad, fr, c, r);
+  if constexpr (kGroups > 1) {
+    if (g > 0) {
+      g_acc[g - 1][c] = r.acc;
+      if (c == 0) {
+        g_m[g - 1] = r.m;
+        g_w[g - 1] = r.w;
+      }
+    }
+    // a group's NaN anywhere poisons the row (any thread of it saw it: all read the same LSEs)
+    if (g > 0 && c == 0) g_nan[g - 1] = r.nan_seen ? 1 : 0;
+    __syncthreads();
+    if (g > 0) return;
+#pragma unroll 1
+    for (int k = 0; k < kGroups - 1; ++k) {
+      r.nan_seen |= g_nan[k] != 0;
+      const float mk = g_m[k];
+      if (mk == -INFINITY) continue;
+      if (mk > r.m) r.raise_to(mk);
+      const float f = expf(mk - r.m);
+      const float4 a = g_acc[k][c];
+      r.w += f * g_w[k];
+      r.acc.x += f * a.x;
+      r.acc.y += f * a.y;
+      r.acc.z += f * a.z;
+      r.acc.w += f * a.w;
+    }
+  }
+  float4 out;
+  float lse;
+  if (r.nan_seen) {
+    lse = __int_as_float(0x7fffffff);
+    out = make_float4(lse, lse, lse, lse);
+  } else if (r.m == -INFINITY) {  // no visible token in any segment
+    lse = INFINITY;
+    out = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+    const float inv = 1.f / r.w;
+    out = make_float4(r.acc.x * inv, r.acc.y * inv, r.acc.z * inv, r.acc.w * inv);
+    lse = r.m + logf(r.w);
+  }
+  *reinterpret_cast<uint2*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim + 4 * c) =
+      make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
+  if (c == 0 && p.lse != nullptr) {
+    const int qt = fr / p.num_heads, head = fr % p.num_heads;
+    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
+  }
+}
+
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
+  if (SNAPMLA_COMBINE_GROUPED && rows_total <= 65535) {
+    // Groups a row so that a group's parts fit about one chunk: the plan gives a request about
+    // num_parts / batch parts (the host knows no lengths).
+    const int per_request = (p.num_parts + p.batch - 1) / p.batch;
+    const dim3 grid(p.batch, rows_total);
+    if (per_request > 2 * kChunk) {
+      return launch_dependent(combine_grouped_kernel<8>, grid, dim3(8 * kRowThreads), 0, stream, p);
+    }
+    if (per_request > kChunk) {
+      return launch_dependent(combine_grouped_kernel<2>, grid, dim3(2 * kRowThreads), 0, stream, p);
+    }
+    return launch_dependent(combine_grouped_kernel<1>, grid, dim3(kRowThreads), 0, stream, p);
+  }
   // (its grid's y is rows_total: at most 65535)
   if (int64_t{p.batch} * rows_total <= SNAPMLA_COMBINE_WIDE_MAX_ROWS && rows_total <= 65535) {
     return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,

@@ -223,11 +223,21 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 #ifndef SNAPMLA_SEESAW_KV_EVICT_FIRST
 #define SNAPMLA_SEESAW_KV_EVICT_FIRST 1
 #endif
-// SNAPMLA_SEESAW_PREFETCH_MAPS (experimental, off): the loader thread prefetches the five tensor
-// maps at entry (prefetch.tensormap), before the plan reads, so that the first TMA of each does
-// not fetch its descriptor.
+// SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
+// the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
+// TMA of each does not wait for its descriptor. Timeline at 8x128x4096 (kernel alone, CTA (0,
+// 0)): the first page's loads and the Q wait 1,620 -> 1,000 cycles, the first QK issued at
+// 8,050 -> 7,570 cycles from entry (bench/results/2026-12-02-s19/seesaw-ab-prologue-89ba72d.log).
 #ifndef SNAPMLA_SEESAW_PREFETCH_MAPS
-#define SNAPMLA_SEESAW_PREFETCH_MAPS 0
+#define SNAPMLA_SEESAW_PREFETCH_MAPS 1
+#endif
+// SNAPMLA_SEESAW_EARLY_START (1, the default since session 19; with the producer warpgroup):
+// the loader arrives on the consumers' start barrier as soon as the Q's loads are issued,
+// before the rest of the first pages' (the consumers waited for every first page's TMA issue:
+// at 8x128x4096 ~2,200 cycles after the Q's). A page's bad_page write reaches the consumers
+// through its full barrier, as the refills' do.
+#ifndef SNAPMLA_SEESAW_EARLY_START
+#define SNAPMLA_SEESAW_EARLY_START 1
 #endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
@@ -283,6 +293,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   constexpr bool kProducer = kProducerAt<kN>;
   constexpr int kCtaThreads = kCtaThreadsAt<kN>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
+  constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -358,7 +369,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // and after divergent branches (the producer's elected thread, the epilogue's per-row
   // stores): bar.sync (aligned) is undefined there (synccheck: divergent threads; racecheck: a
   // bad_page race), so they are barrier.sync / barrier.arrive, which count threads:
-  //   kBarStart      the producer arrives after its first loads, the consumers sync (q_scale);
+  //   kBarStart      the producer arrives after its first loads (SNAPMLA_SEESAW_EARLY_START:
+  //                  the loader after the Q's), the consumers sync (q_scale);
   //   kBarConsumers  the consumers only: every PV done; after the epilogue, before the
   //                  bad_page reset (consumer thread 0);
   //   kBarCta        all three at the request's end: the ring, Q and P8 are free again.
@@ -545,6 +557,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           } else if constexpr (kPagesBeforeQ < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
+          if constexpr (kIsProducer && kEarlyStart) {  // the consumers may start (see kBarStart)
+            named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+          }
         };
         // The Q's place among the first pages: pages issued before it do not wait for the
         // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
@@ -626,8 +641,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
-        // The first loads issued (their bad_page writes): the consumers' start barrier, one way.
-        named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+        // The first loads issued (their bad_page writes): the consumers' start barrier, one way
+        // (under SNAPMLA_SEESAW_EARLY_START the loader arrived once the Q's loads were issued).
+        if (!(kEarlyStart && tid == kLoaderTid)) named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
         auto wait_empty = [&](uint32_t st) {
           if constexpr (SNAPMLA_SEESAW_PRODUCER_SUSPEND > 0) {
             mbar_wait_suspend(&s.empty_bar[st], (empty_parity >> st) & 1u,
