@@ -6,8 +6,8 @@
 #   .carry/bin/seesaw_timeline 32 128 16384
 #   .carry/bin/seesaw_timeline_nostores 1 128 1024    # the timeline without the epilogue's stores
 #   .carry/bin/seesaw_trace_slowrowmath 32 128 16384  # SNAPMLA_SEESAW_FAST_ROWMATH=0 (the IEEE form)
-#   .carry/bin/seesaw_trace_narrowcombine 1 128 8192  # the one-warp-per-row combine everywhere (the
-#                                                     # form before session 19; "kernel + combine")
+#   .carry/bin/seesaw_trace_narrowcombine 1 128 8192  # the one-warp-per-row combine everywhere
+#                                                     # ("kernel + combine" is the line to compare)
 #   .carry/bin/seesaw_trace_pvdeep2 128 16 16384      # SNAPMLA_SEESAW_PV_DEEP=2 (N = 16 too)
 #   .carry/bin/seesaw_trace_pdl 1 128 1024            # SNAPMLA_PDL=1, session 11's form
 #   .carry/bin/seesaw_trace_fusedq 1 128 1024         # the fused Q at every width ("decode call")
@@ -48,7 +48,7 @@ builds=(
   "seesaw_timeline_nostores:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES"
   # the defaults' alternatives (settled on the H200 in session 11; kept to re-check)
   "seesaw_trace_slowrowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=0"
-  "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_GROUPED=0 -DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
+  "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_GROUPED_MAX_ROWS=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
@@ -82,8 +82,6 @@ builds=(
   # 19: after the Q's)
   "seesaw_trace_early0:-DSNAPMLA_SEESAW_EARLY_START=0"
   "seesaw_timeline_early0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_EARLY_START=0"
-  # the combine before session 19 (one warp a row, or the wide kernel; compare "combine alone")
-  "seesaw_trace_oldcombine:-DSNAPMLA_COMBINE_GROUPED=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then
