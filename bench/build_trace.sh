@@ -48,7 +48,9 @@ builds=(
   "seesaw_timeline_nostores:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES"
   # the defaults' alternatives (settled on the H200 in session 11; kept to re-check)
   "seesaw_trace_slowrowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=0"
-  "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_GROUPED_MAX_ROWS=0"
+  "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_GROUPED=0 -DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
+  # the wide combine where the grouped one runs (the default before session 19)
+  "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its

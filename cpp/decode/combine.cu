@@ -1,6 +1,8 @@
-// Combine: merge the partials of split requests by log-sum-exp. Two kernels: one warp per query
-// row (lane l owns latent columns [16l, 16l + 16)) for large launches, the grouped kernel below
-// (one CTA a row) for small ones.
+// Combine: merge the partials of split requests by log-sum-exp. Three kernels: one warp per
+// query row (lane l owns latent columns [16l, 16l + 16)) for large launches; the wide and the
+// grouped kernels below (one CTA a row) for small ones.
+#include <algorithm>
+
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "decode/decode.h"
@@ -106,22 +108,106 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   store_row(p, b, rows_total, fr, lane, acc, lse);
 }
 
-// The grouped combine, for small launches (batch x rows <= SNAPMLA_COMBINE_GROUPED_MAX_ROWS):
-// one CTA a row, 8 groups of 128 threads; thread c of a group owns latent columns [4c, 4c + 4)
-// (a row's partial, 2 KB, read by one float4 a thread, coalesced); group g walks parts
-// first + g, first + g + 8, ... in chunks of kChunk with every load of a chunk (its LSEs and
-// its float4s) in flight at once, one L2 round trip a chunk, merging chunk by chunk online
-// (the running maximum rescales what it has added); then the groups merge through shared
-// memory, in group order. It replaced session 12's wide kernel (one CTA a row, 8 warps over
-// the parts, a round trip a part). bench/results/2026-12-02-s19/: combine alone and graph
-// replays. (With 1 or 2 groups a row at 8x128x4096 and 64x128x1024 it was slower than the
-// one-warp-per-row kernel: 1024 and 8192 CTAs, two or more waves of plan reads.)
-#ifndef SNAPMLA_COMBINE_GROUPED_MAX_ROWS
-#define SNAPMLA_COMBINE_GROUPED_MAX_ROWS 512
+// The wide combine: one CTA per query row, its 8 warps taking every 8th part, then one warp
+// adds the 8 partial sums. The one-warp-per-row kernel above walks a row's parts in series, a
+// dependent L2 round trip each: with 66 parts (batch 1, 128 heads, 8k context) it took ~19 us,
+// as long as the attention kernel itself. The wide one has 8x the CTAs, which costs where the
+// grid is large already. Same-run A/B on the H200 (2026-12-01, combine alone): batch 1, 128
+// heads, 8k: 19.0 -> 7.8 us; batch 1, 16 heads, 8k: 17.0 -> 7.4 us; 8 x 128 heads, 4k: 12.3 ->
+// 14.2 us; 128 x 16 heads, 16k: 8.6 -> 14.7 us. SNAPMLA_COMBINE_WIDE_MAX_ROWS: the wide kernel
+// where batch x rows is at most this (0: never).
+#ifndef SNAPMLA_COMBINE_WIDE_MAX_ROWS
+#define SNAPMLA_COMBINE_WIDE_MAX_ROWS 512
+#endif
+constexpr int kWideWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodeParams p) {
+  // each warp's weighted sum, [warp][float4 v][lane]: a warp's float4 stores and loads are
+  // consecutive (no bank conflicts)
+  __shared__ float4 slice[kWideWarps][kColsPerLane / 4][32];
+  __shared__ float slice_w[kWideWarps];                        // and its weight sum
+  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+  const int b = blockIdx.x, fr = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int rows_total = p.q_len * p.num_heads;
+  if (fr >= rows_total) return;
+  int first, last;
+  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  const int rows_pad = p.row_tiles * kTileRows;
+
+  // Pass 1, in every warp: the largest partial LSE, the lanes over the parts; NaN anywhere
+  // poisons the row.
+  float m = -INFINITY;
+  bool nan_seen = false;
+  for (int part = first + lane; part <= last; part += 32) {
+    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
+    nan_seen |= (v != v);
+    m = fmaxf(m, v);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const bool has_nan = __any_sync(0xffffffffu, nan_seen);
+
+  float acc[kColsPerLane] = {};
+  float lse;
+  if (has_nan || m == -INFINITY) {  // every warp agrees: warp 0 writes the row
+    if (warp != 0) return;
+    lse = has_nan ? __int_as_float(0x7fffffff) : INFINITY;  // NaN row, or no visible token
+    if (has_nan) {
+#pragma unroll
+      for (int c = 0; c < kColsPerLane; ++c) acc[c] = lse;
+    }
+  } else {
+    // Pass 2: warp w adds w_s O_s over parts first + w, first + w + 8, ...; w_s = exp(lse_s - m).
+    float w_sum = 0.f;
+#pragma unroll 2
+    for (int part = first + warp; part <= last; part += kWideWarps) {
+      w_sum += add_partial(p, partial_slot(part, first), rows_pad, fr, lane, m, acc);
+    }
+#pragma unroll
+    for (int v = 0; v < kColsPerLane / 4; ++v) {
+      slice[warp][v][lane] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+    }
+    if (lane == 0) slice_w[warp] = w_sum;
+    __syncthreads();
+    if (warp != 0) return;
+    w_sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] = 0.f;
+    for (int k = 0; k < kWideWarps; ++k) {  // in warp order: deterministic
+      w_sum += slice_w[k];
+#pragma unroll
+      for (int v = 0; v < kColsPerLane / 4; ++v) {
+        const float4 x = slice[k][v][lane];
+        acc[4 * v] += x.x;
+        acc[4 * v + 1] += x.y;
+        acc[4 * v + 2] += x.z;
+        acc[4 * v + 3] += x.w;
+      }
+    }
+    const float inv = 1.f / w_sum;
+#pragma unroll
+    for (int c = 0; c < kColsPerLane; ++c) acc[c] *= inv;
+    lse = m + logf(w_sum);
+  }
+  store_row(p, b, rows_total, fr, lane, acc, lse);
+}
+
+// The grouped combine (SNAPMLA_COMBINE_GROUPED, on): one CTA a row, kGroups groups of 128
+// threads; thread c of a group owns latent columns [4c, 4c + 4) (a row's partial, 2 KB, read by
+// one float4 a thread, coalesced); group g walks parts first + g, first + g + kGroups, ... in
+// chunks of kChunk with every load of a chunk (its LSEs and its float4s) in flight at once, one
+// L2 round trip a chunk, merging chunk by chunk online (the running maximum rescales what it
+// has added); then the groups merge through shared memory, in group order. The launcher picks
+// kGroups for about one chunk a group and uses it only where its CTAs fit one wave: with 8
+// groups at 2x128x4096 and 4x128x1024 (256 and 512 CTAs of 1024 threads, 2 and 4 waves) it was
+// 2.9 and 7.7 us slower than the wide kernel in graph replays; at batch 1, 0.7-1.6 us faster
+// at 8k (bench/results/2026-12-02-s19/).
+#ifndef SNAPMLA_COMBINE_GROUPED
+#define SNAPMLA_COMBINE_GROUPED 1
 #endif
 constexpr int kRowThreads = kContentDim / 4;  // 128: a float4 each
 constexpr int kChunk = 8;
-constexpr int kGroups = 8;
 
 // A group's running merge: acc = sum_s exp(lse_s - m) O_s (its 4 columns), w = sum_s exp(lse_s - m).
 struct RunningMerge {
@@ -183,11 +269,13 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
   }
 }
 
+template <int kGroups>
 __global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(const DecodeParams p) {
   // groups 1 .. kGroups - 1's merges, for group 0 to add in group order (deterministic)
-  __shared__ float4 g_acc[kGroups - 1][kRowThreads];
-  __shared__ float g_m[kGroups - 1], g_w[kGroups - 1];
-  __shared__ int g_nan[kGroups - 1];
+  constexpr int kOthers = kGroups > 1 ? kGroups - 1 : 1;
+  __shared__ float4 g_acc[kOthers][kRowThreads];
+  __shared__ float g_m[kOthers], g_w[kOthers];
+  __shared__ int g_nan[kOthers];
   griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x, fr = blockIdx.y;
   const int c = threadIdx.x % kRowThreads, g = threadIdx.x / kRowThreads;
@@ -199,7 +287,7 @@ __global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(c
 
   RunningMerge r;
   merge_parts(p, first, last, g, kGroups, rows_pad, fr, c, r);
-  {
+  if constexpr (kGroups > 1) {
     if (g > 0) {
       g_acc[g - 1][c] = r.acc;
       if (c == 0) {
@@ -251,10 +339,30 @@ __global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(c
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
-  // (the grouped kernel's grid y is rows_total: at most 65535)
-  if (int64_t{p.batch} * rows_total <= SNAPMLA_COMBINE_GROUPED_MAX_ROWS && rows_total <= 65535) {
-    return launch_dependent(combine_grouped_kernel, dim3(p.batch, rows_total),
-                            dim3(kGroups * kRowThreads), 0, stream, p);
+  const int64_t rows = int64_t{p.batch} * rows_total;
+  if (rows_total <= 65535) {  // (the grid's y)
+    // Parts a request gets from the plan when lengths are equal (the host knows no lengths;
+    // a request with more takes more chunks), at most one per two blocks.
+    const int parts = std::max(1, std::min((p.num_parts + p.batch - 1) / p.batch,
+                                           (p.max_pages + 1) / 2));
+    int groups = 1;
+    while (groups < 8 && groups * kChunk < parts) groups *= 2;
+    // The grouped CTAs in one wave: 1024 threads an SM at their 64 registers, and the plan's
+    // num_parts x row_tiles CTAs are about the SMs (no device query on the decode path).
+    const int64_t sms = int64_t{p.num_parts} * p.row_tiles;
+    if (SNAPMLA_COMBINE_GROUPED && rows * groups * kRowThreads <= sms * 1024) {
+      const dim3 grid(p.batch, rows_total);
+      switch (groups) {
+        case 1: return launch_dependent(combine_grouped_kernel<1>, grid, dim3(kRowThreads), 0, stream, p);
+        case 2: return launch_dependent(combine_grouped_kernel<2>, grid, dim3(2 * kRowThreads), 0, stream, p);
+        case 4: return launch_dependent(combine_grouped_kernel<4>, grid, dim3(4 * kRowThreads), 0, stream, p);
+        default: return launch_dependent(combine_grouped_kernel<8>, grid, dim3(8 * kRowThreads), 0, stream, p);
+      }
+    }
+    if (rows <= SNAPMLA_COMBINE_WIDE_MAX_ROWS) {
+      return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
+                              stream, p);
+    }
   }
   const dim3 grid(p.batch, (rows_total + kRowsPerBlock - 1) / kRowsPerBlock);
   return launch_dependent(combine_kernel, grid, dim3(kThreads), 0, stream, p);
