@@ -49,6 +49,10 @@ builds=(
   # the defaults' alternatives (settled on the H200 in session 11; kept to re-check)
   "seesaw_trace_slowrowmath:-DSNAPMLA_SEESAW_FAST_ROWMATH=0"
   "seesaw_trace_narrowcombine:-DSNAPMLA_COMBINE_GROUPED=0 -DSNAPMLA_COMBINE_WIDE_MAX_ROWS=0"
+  # the part's request range read after the plan header's check (the default reads it with the
+  # header since session 19)
+  "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
+  "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

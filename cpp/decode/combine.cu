@@ -19,12 +19,16 @@ static_assert(kColsPerLane == 16, "four float4 per lane");
 
 // The parts [first, last] holding request b's partials, or false where the decode kernel wrote
 // the request's rows itself (a plan that does not match, no blocks, or a single part).
+// The request's words are read with the header's, one round trip (the host checked the plan
+// buffer's size for these parameters: in bounds whatever the words hold).
 __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* first, int* last) {
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  const int32_t first_word = p.plan[L.first_part + b], last_word = p.plan[L.last_part + b];
+  const int32_t nb_word = p.plan[L.nblocks + b];
   if (!plan_matches(p)) return false;  // the decode kernel wrote NaN rows
-  *first = clamp_part(p, p.plan[L.first_part + b]);
-  *last = clamp_part(p, p.plan[L.last_part + b]);
-  return p.plan[L.nblocks + b] > 0 && *first != *last;
+  *first = clamp_part(p, first_word);
+  *last = clamp_part(p, last_word);
+  return nb_word > 0 && *first != *last;
 }
 
 // The workspace slot of a part's partial for a request whose first part is `first`.
@@ -341,10 +345,10 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
   const int rows_total = p.q_len * p.num_heads;
   const int64_t rows = int64_t{p.batch} * rows_total;
   if (rows_total <= 65535) {  // (the grid's y)
-    // Parts a request gets from the plan when lengths are equal (the host knows no lengths;
-    // a request with more takes more chunks), at most one per two blocks.
-    const int parts = std::max(1, std::min((p.num_parts + p.batch - 1) / p.batch,
-                                           (p.max_pages + 1) / 2));
+    // Parts a request gets from the plan when lengths are equal (the aligned plan's k parts a
+    // request with batch x k <= num_parts; the host knows no lengths, and a request with more
+    // takes more chunks), at most one per two blocks.
+    const int parts = std::max(1, std::min(p.num_parts / p.batch, (p.max_pages + 1) / 2));
     int groups = 1;
     while (groups < 8 && groups * kChunk < parts) groups *= 2;
     // The grouped CTAs in one wave: 1024 threads an SM at their 64 registers, and the plan's

@@ -77,18 +77,21 @@ __device__ __forceinline__ int32_t clamp_part(const DecodeParams& p, int32_t par
 // blocks in `seg`.
 __device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayout& L, int part,
                                            int b, int tile, Segment* seg) {
-  const int32_t nb = min(p.plan[L.nblocks + b], p.max_pages);
-  const int32_t first_part = clamp_part(p, p.plan[L.first_part + b]);
+  // Every word first, one round trip (b < batch: in the plan's bounds).
+  const int32_t nb_word = p.plan[L.nblocks + b], first_word = p.plan[L.first_part + b];
+  const int32_t last_word = p.plan[L.last_part + b], prefix_word = p.plan[L.prefix + b];
+  const int32_t T = reinterpret_cast<const PlanHeader*>(p.plan)->part_cost;
+  const int32_t nb = min(nb_word, p.max_pages);
+  const int32_t first_part = clamp_part(p, first_word);
   if (nb <= 0) {
     if (part != first_part) return SegmentKind::kSkip;
     write_empty_request(p, b, tile, nb < 0);
     return SegmentKind::kEmptyWritten;
   }
-  const int32_t T = reinterpret_cast<const PlanHeader*>(p.plan)->part_cost;
-  const int32_t start = p.plan[L.prefix + b] + kFixedCost;
+  const int32_t start = prefix_word + kFixedCost;
   seg->blk_lo = max(0, static_cast<int>(int64_t{part} * T - start));
   seg->blk_hi = min(nb, static_cast<int>(int64_t{part + 1} * T - start));
-  seg->split = first_part != clamp_part(p, p.plan[L.last_part + b]);
+  seg->split = first_part != clamp_part(p, last_word);
   seg->slot = 2 * part + (part == first_part ? 1 : 0);
   return seg->blk_lo < seg->blk_hi ? SegmentKind::kRun : SegmentKind::kSkip;
 }

@@ -241,6 +241,14 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 #ifndef SNAPMLA_SEESAW_EARLY_START
 #define SNAPMLA_SEESAW_EARLY_START 1
 #endif
+// SNAPMLA_SEESAW_PLAN_AHEAD (1, the default since session 19; with the producer warpgroup, N =
+// 32 and 64): the part's request range is read at entry with the plan's header, not after the header's check (the host checked the plan
+// buffer's size for these parameters, so the words are in bounds whatever they hold), and a
+// request's plan words in one round trip (segment.cuh); two fewer dependent reads before the
+// first TMA (the timeline's entry -> segment: 2,683 cycles at 8x128x4096).
+#ifndef SNAPMLA_SEESAW_PLAN_AHEAD
+#define SNAPMLA_SEESAW_PLAN_AHEAD 1
+#endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
@@ -354,6 +362,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       prefetch_tensormap(&maps.q_rope);
     }
   }
+  // SNAPMLA_SEESAW_PLAN_AHEAD: the part's request range in flight with the header's words.
+  // (With the producer only: at N = 16 ptxas then serialized the wgmmas, C7520.)
+  constexpr bool kPlanAhead = SNAPMLA_SEESAW_PLAN_AHEAD != 0 && kProducer;
+  RequestRange requests_ahead{};
+  if constexpr (kPlanAhead) {
+    requests_ahead = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
+  }
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
@@ -393,7 +408,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
     auto p_tile = [&](int i) -> uint8_t* { return s.p8[i % kPBuffers]; };  // P8 of block i
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-    const RequestRange requests = part_requests(p, L, part);
+    const RequestRange requests =
+        kPlanAhead ? requests_ahead : part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
