@@ -1216,6 +1216,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
+      // SNAPMLA_SEESAW_TMA_PARTIALS (config.h): a split part's O^T / l goes into the free stage
+      // ring (every PV is done, and the ring's next loads wait for kBarCta), box j of columns
+      // [32 j, 32 j + 32) at j kPartialBoxBytes, 128B-swizzled as the TMA store reads it.
+      constexpr bool kTmaPartials = SNAPMLA_SEESAW_TMA_PARTIALS != 0 && kN == 64 && !kTwoTerm &&
+                                    kProducer;
+      uint8_t* const partial_boxes = reinterpret_cast<uint8_t*>(&s.stage[0]);
 #pragma unroll
       for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
@@ -1229,7 +1235,18 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #else
           const bool to_partial = seg.split, to_out = !seg.split;
 #endif
-          if (to_partial) {
+          if (to_partial && kTmaPartials) {
+            // column d0 + 64 m: box 8 wg + 2 m + warp / 2, 16-byte unit 4 (warp % 2) + g / 2,
+            // bytes 8 (g % 2) of it
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              const int box = (d0 + 64 * m) / kPartialBoxCols;
+              const int col = (d0 + 64 * m) % kPartialBoxCols;
+              *reinterpret_cast<float2*>(partial_boxes + box * kPartialBoxBytes +
+                                         sw128_offset(row, col / 4) + 4 * (col % 4)) =
+                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+            }
+          } else if (to_partial) {
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
@@ -1247,6 +1264,26 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
       }
+#if SNAPMLA_SEESAW_TMA_PARTIALS
+      if constexpr (kTmaPartials) {
+#ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
+        if (seg.split) {  // (uniform: a segment's)
+          fence_proxy_async();  // the boxes' generic writes, before the TMA reads them
+          named_barrier_unaligned(kBarConsumers, kThreads);
+          if (tid == 0) {
+            const int32_t row0_partial = seg.slot * p.row_tiles * kTileRows + tile * kRowsM;
+#pragma unroll 1
+            for (int box = 0; box < kPartialBoxes; ++box) {
+              tma_store_2d(&maps.partial_o, partial_boxes + box * kPartialBoxBytes,
+                           box * kPartialBoxCols, row0_partial);
+            }
+            bulk_commit_group();
+            bulk_wait_group_read_all();  // the ring is free for the next request's loads
+          }
+        }
+#endif
+      }
+#endif
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.

@@ -61,8 +61,16 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   err = encode<2>(&maps->q_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.q_content, {kContentDim, rows},
                   {kContentDim}, {seesaw::kChunkBytes, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
   if (err != cudaSuccess) return err;
-  return encode<2>(&maps->q_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.q_rope, {kRopeDim, rows},
-                   {kRopeDim * 2}, {kRopeDim, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
+  err = encode<2>(&maps->q_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.q_rope, {kRopeDim, rows},
+                  {kRopeDim * 2}, {kRopeDim, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
+#if SNAPMLA_SEESAW_TMA_PARTIALS
+  if (err != cudaSuccess) return err;
+  const uint64_t partial_rows = uint64_t{2} * p.num_parts * p.row_tiles * kTileRows;
+  err = encode<2>(&maps->partial_o, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.partial_o,
+                  {kContentDim, partial_rows}, {kContentDim * 4},
+                  {seesaw::kPartialBoxCols, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
+#endif
+  return err;
 }
 
 // The tensor maps of recent calls, per thread (issue 10: five encodings were a measurable part
@@ -83,6 +91,8 @@ struct MapKey {
   int64_t rows;
   int32_t num_pages;
   int32_t pad;
+  const float* partial_o;  // (SNAPMLA_SEESAW_TMA_PARTIALS' map; with its rows, part of every key)
+  int64_t partial_rows;
 };
 struct MapCache {
   static constexpr int kEntries = 64;
@@ -102,6 +112,8 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   key.q_rope = p.q_rope;
   key.rows = int64_t{p.batch} * p.q_len * p.num_heads;
   key.num_pages = p.num_pages;
+  key.partial_o = p.partial_o;
+  key.partial_rows = int64_t{2} * p.num_parts * p.row_tiles * kTileRows;
   for (int i = 0; i < MapCache::kEntries; ++i) {
     if (cache.used[i] && std::memcmp(&cache.keys[i], &key, sizeof(key)) == 0) {
       *maps = cache.maps[i];
