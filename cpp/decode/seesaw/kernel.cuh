@@ -69,6 +69,9 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                "r"(v.z), "r"(v.w)
                : "memory");
 }
+__device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
 
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
@@ -1222,6 +1225,20 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       constexpr bool kTmaPartials = SNAPMLA_SEESAW_TMA_PARTIALS != 0 && kN == 64 && !kTwoTerm &&
                                     kProducer;
       uint8_t* const partial_boxes = reinterpret_cast<uint8_t*>(&s.stage[0]);
+      // Row 8 nn + 2 t + c1, column d0 + 64 m (box 8 wg + 2 m + warp / 2, 16-byte unit
+      // u = 4 (warp % 2) + g / 2, bytes 8 (g % 2) of it): the swizzle's row bits are 2 t + c1
+      // whatever nn, so the address is box_row[c1] + 1024 nn + 2 kPartialBoxBytes m (two
+      // registers a thread; 64 addresses hoisted by the compiler spilled).
+      uint32_t box_row[2] = {0u, 0u};
+      if constexpr (kTmaPartials) {
+        const uint32_t u = 4 * (warp % 2) + g / 2;
+#pragma unroll
+        for (int c1 = 0; c1 < 2; ++c1) {
+          const uint32_t r = 2 * t + c1;
+          box_row[c1] = smem_u32(partial_boxes) + (8 * wg + warp / 2) * kPartialBoxBytes +
+                        sw128_offset(r, u) + 8 * (g % 2);
+        }
+      }
 #pragma unroll
       for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
@@ -1236,15 +1253,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const bool to_partial = seg.split, to_out = !seg.split;
 #endif
           if (to_partial && kTmaPartials) {
-            // column d0 + 64 m: box 8 wg + 2 m + warp / 2, 16-byte unit 4 (warp % 2) + g / 2,
-            // bytes 8 (g % 2) of it
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
-              const int box = (d0 + 64 * m) / kPartialBoxCols;
-              const int col = (d0 + 64 * m) % kPartialBoxCols;
-              *reinterpret_cast<float2*>(partial_boxes + box * kPartialBoxBytes +
-                                         sw128_offset(row, col / 4) + 4 * (col % 4)) =
-                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              st_shared_v2f(box_row[c1] + 1024 * nn + 2 * kPartialBoxBytes * m,
+                            o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           } else if (to_partial) {
             float* dst = p.partial_o +
