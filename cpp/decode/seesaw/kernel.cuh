@@ -1224,7 +1224,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       // [32 j, 32 j + 32) at j kPartialBoxBytes, 128B-swizzled as the TMA store reads it.
       constexpr bool kTmaPartials = SNAPMLA_SEESAW_TMA_PARTIALS != 0 && kN == 64 && !kTwoTerm &&
                                     kProducer;
-      uint8_t* const partial_boxes = reinterpret_cast<uint8_t*>(&s.stage[0]);
       // Row 8 nn + 2 t + c1, column d0 + 64 m (box 8 wg + 2 m + warp / 2, 16-byte unit
       // u = 4 (warp % 2) + g / 2, bytes 8 (g % 2) of it): the swizzle's row bits are 2 t + c1
       // whatever nn, so the address is box_row[c1] + 1024 nn + 2 kPartialBoxBytes m (two
@@ -1235,7 +1234,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #pragma unroll
         for (int c1 = 0; c1 < 2; ++c1) {
           const uint32_t r = 2 * t + c1;
-          box_row[c1] = smem_u32(partial_boxes) + (8 * wg + warp / 2) * kPartialBoxBytes +
+          box_row[c1] = smem_u32(&s.stage[0]) + (8 * wg + warp / 2) * kPartialBoxBytes +
                         sw128_offset(r, u) + 8 * (g % 2);
         }
       }
@@ -1286,7 +1285,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
             const int32_t row0_partial = seg.slot * p.row_tiles * kTileRows + tile * kRowsM;
 #pragma unroll 1
             for (int box = 0; box < kPartialBoxes; ++box) {
-              tma_store_2d(&maps.partial_o, partial_boxes + box * kPartialBoxBytes,
+              tma_store_2d(&maps.partial_o,
+                           reinterpret_cast<const uint8_t*>(&s.stage[0]) + box * kPartialBoxBytes,
                            box * kPartialBoxCols, row0_partial);
             }
             bulk_commit_group();
