@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import math
 import sys
 import time
 import types
 from typing import Any
 
+import numpy as np
 import pytest
 
 from snapmla import SnapMLAError, _dlpack, _lib, _tensor
@@ -379,6 +381,35 @@ def test_decode_memo_with_q_pe_and_a_read_only_output(
     finally:
         cache.close()
     assert cache._decode_memo == {}  # dropped with the cache
+
+
+@pytest.mark.parametrize(
+    "value, pattern",
+    [
+        (True, "got bool"),  # == 1.0 and of its hash, but not a float
+        (math.nan, "got nan"),
+        (-0.0, "got -0.0"),
+        (1e-60, "fp32"),
+        (np.float64(-1.0), r"got (np\.float64\()?-1\.0"),  # a float subclass: no fast path
+    ],
+)
+def test_scalar_fast_paths_refuse_as_before(
+    monkeypatch: pytest.MonkeyPatch, value: Any, pattern: str
+) -> None:
+    """decode's scalars once good softmax scales are memoized: a value equal to one of them
+    but not a float (True == 1.0) and the bad values are still refused with the same message,
+    as are layers out of range or of the wrong type."""
+    monkeypatch.setattr(decode_module, "_checked_scales", set())
+    config = decode_module.DecodeConfig(2, 1, 16, 8)
+    for good in (1.0, 192**-0.5):
+        assert decode_module._decode_scalars(2, config, 1, "auto", good) == (1, 0, good)
+    assert decode_module._checked_scales == {1.0, 192**-0.5}
+    assert decode_module._decode_scalars(2, config, np.int64(1), "fast", 1) == (1, 2, 1.0)
+    with pytest.raises(SnapMLAError, match=f"argument 'softmax_scale'.*{pattern}"):
+        decode_module._decode_scalars(2, config, 0, "auto", value)
+    for layer, got in ((2, "got 2"), (-1, "got -1"), (True, "got True")):
+        with pytest.raises(SnapMLAError, match=f"argument 'layer'.*{got}"):
+            decode_module._decode_scalars(2, config, layer, "auto", 1.0)
 
 
 def test_decode_memo_keeps_the_order_of_refusals(recorder: _ArgsRecorder) -> None:
