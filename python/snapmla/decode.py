@@ -362,7 +362,7 @@ class DecodePlan(Closable):
             # that passed these checks before, for a plan of the same batch size and device,
             # passes them again. It is still read (with the stream handshake).
             keys = checker.read_keys((("cache_seqlens", cache_seqlens),))
-            memo_key = None if keys is None else (self.batch_size, self.device, keys)
+            memo_key = None if keys is None else (self.config.batch_size, self.device, keys)
             seqlens = None if memo_key is None else _update_memo.get(memo_key)
             if seqlens is None:
                 view, _ = _validate_seqlens(
@@ -400,15 +400,11 @@ class DecodePlan(Closable):
 
     def _run(self, seqlens: Any, stream: Stream) -> None:
         """Plan from ``seqlens`` (a checked ``const int32_t*``) on ``stream``."""
-        _lib.check(
-            _lib.lib().snapmla_decode_plan(
-                self._c_config,
-                seqlens,
-                _plan_buffers(self)[2],
-                stream.c(self.device),
-            ),
-            "snapmla_decode_plan",
+        status = _lib.lib().snapmla_decode_plan(
+            self._c_config, seqlens, _plan_buffers(self)[2], stream.c(self.device)
         )
+        if status:  # (_lib.check's own test, without the call on success)
+            _lib.check(status, "snapmla_decode_plan")
         if self._owned is not None:
             self._owned.used_on(stream.handle(self.device))
 
