@@ -321,15 +321,17 @@ class Checker:
         first tensor that cannot be read; the reads before it are kept."""
         op, stream, reads = self.op, self.stream, self._reads
         export_key = _dlpack.export_key
+        # The handle once resolved, else the resolver (which keeps the handle it resolves: the
+        # later tensors get the same one through it).
+        handle = None
+        if stream is not None:
+            handle = stream._handle
+            if handle is None:
+                handle = stream.handle
         keys = []
         for argument, obj in arguments:
             if obj is None:
                 continue
-            handle = None
-            if stream is not None:  # the handle once resolved, else the resolver
-                handle = stream._handle
-                if handle is None:
-                    handle = stream.handle
             # A CUDA torch tensor whose work is on this call's stream: its attributes, no
             # capsule (torch_fields is asked only about tensors of torch's own module).
             direct = None

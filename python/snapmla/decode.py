@@ -795,7 +795,7 @@ def _decode(
             )
         )
         if keys is not None:
-            memo_key = (c, plan.device, *scalars, bool(causal), q_pe is not None, keys)
+            memo_key = (c, plan.device, scalars, bool(causal), q_pe is not None, keys)
             args = cache._decode_memo.get(memo_key)
     if args is None:
         call = _validate_decode_args(
