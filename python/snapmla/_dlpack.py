@@ -546,7 +546,7 @@ _string_at = getattr(ctypes, "_string_at", ctypes.string_at)
 # call (issue #10: a call reads three such ranges per DLPack tensor). Reading an invalid
 # address faults exactly as ctypes.string_at would.
 _MEMORY = ffi.buffer(ffi.cast("char *", 0), sys.maxsize)
-_MEMORY_END = sys.maxsize
+_MEMORY_END = sys.maxsize  # export_key unpacks the structs that end below it in place
 
 
 def _read_bytes(address: int, nbytes: int) -> bytes:
