@@ -22,11 +22,13 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import math
 import sys
 import time
 import types
 from typing import Any
 
+import numpy as np
 import pytest
 
 from snapmla import SnapMLAError, _dlpack, _lib, _tensor
@@ -107,6 +109,69 @@ def test_memo_keys_on_the_expectations() -> None:
     _check(read_only)  # an input may be read-only
     with pytest.raises(SnapMLAError, match="a writable tensor"):
         _check(read_only, writable=True)
+
+
+def _key(t: Any) -> Any:
+    return _dlpack.export_key(t, STREAM, "op", "x")[1]
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
+def test_export_key_holds_every_field_read(versioned: bool) -> None:
+    """The key of a DLPack export is the same for the same bytes (not the struct's or the
+    arrays' addresses, new at each export) and differs when anything _read_capsule reads does:
+    the checks memoized on it depend on all of that."""
+    base: dict[str, Any] = {
+        "shape": (4, 64),
+        "dtype": "bfloat16",
+        "address": 0x7F0000000000,
+        "strides": (64, 1),
+        "versioned": versioned,
+    }
+    key = _key(FakeTensor(**base))
+    assert key is not None and key == _key(FakeTensor(**base))
+    changes: list[dict[str, Any]] = [
+        {"address": 0x7F0000000040},
+        {"byte_offset": 64},
+        {"dtype": "float32"},
+        {"lanes": 2},
+        {"shape": (4, 32)},
+        {"shape": (4, 64, 1), "strides": (64, 1, 1)},
+        {"strides": (128, 1)},
+        {"strides": "null"},
+        {"device": CUDA1},
+    ]
+    if versioned:
+        changes += [{"read_only": True}, {"version": (1, 1)}]
+    for change in changes:
+        assert _key(FakeTensor(**{**base, **change})) != key, change
+    other = {**base, "versioned": not versioned}
+    assert _key(FakeTensor(**other)) != key  # a legacy and a versioned capsule never match
+
+
+def test_export_key_reads_high_addresses_as_ctypes_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The struct and arrays past _MEMORY's end are read with _read_bytes: the same key."""
+    t = FakeTensor((4, 64), "bfloat16", address=0x7F0000000000, strides=(64, 1))
+    fast = _key(t)
+    monkeypatch.setattr(_dlpack, "_MEMORY_END", 0)
+    monkeypatch.setattr(_dlpack, "_MEMORY", b"")
+    assert _key(t) == fast
+
+
+def test_export_key_of_what_read_capsule_refuses() -> None:
+    """No key (the checks then read the capsule and refuse it, as before) for a capsule
+    with no dimension, a NULL shape, an unknown name, or for something else than a capsule."""
+    assert _key(FakeTensor((), "bfloat16")) is None
+
+    class Returns:
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+        def __dlpack__(self, **kwargs: Any) -> Any:
+            return self.value
+
+    assert _dlpack.export_key(Returns(b"no capsule"), None, "op", "x") == (b"no capsule", None)
+    with pytest.raises(SnapMLAError, match="argument 'x': expected a DLPack tensor"):
+        _dlpack.export_key(object(), None, "op", "x")
 
 
 def test_on_device_tries_a_missing_cupy_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -316,6 +381,35 @@ def test_decode_memo_with_q_pe_and_a_read_only_output(
     finally:
         cache.close()
     assert cache._decode_memo == {}  # dropped with the cache
+
+
+@pytest.mark.parametrize(
+    "value, pattern",
+    [
+        (True, "got bool"),  # == 1.0 and of its hash, but not a float
+        (math.nan, "got nan"),
+        (-0.0, "got -0.0"),
+        (1e-60, "fp32"),
+        (np.float64(-1.0), r"got (np\.float64\()?-1\.0"),  # a float subclass: no fast path
+    ],
+)
+def test_scalar_fast_paths_refuse_as_before(
+    monkeypatch: pytest.MonkeyPatch, value: Any, pattern: str
+) -> None:
+    """decode's scalars once good softmax scales are memoized: a value equal to one of them
+    but not a float (True == 1.0) and the bad values are still refused with the same message,
+    as are layers out of range or of the wrong type."""
+    monkeypatch.setattr(decode_module, "_checked_scales", set())
+    config = decode_module.DecodeConfig(2, 1, 16, 8)
+    for good in (1.0, 192**-0.5):
+        assert decode_module._decode_scalars(2, config, 1, "auto", good) == (1, 0, good)
+    assert decode_module._checked_scales == {1.0, 192**-0.5}
+    assert decode_module._decode_scalars(2, config, np.int64(1), "fast", 1) == (1, 2, 1.0)
+    with pytest.raises(SnapMLAError, match=f"argument 'softmax_scale'.*{pattern}"):
+        decode_module._decode_scalars(2, config, 0, "auto", value)
+    for layer, got in ((2, "got 2"), (-1, "got -1"), (True, "got True")):
+        with pytest.raises(SnapMLAError, match=f"argument 'layer'.*{got}"):
+            decode_module._decode_scalars(2, config, layer, "auto", 1.0)
 
 
 def test_decode_memo_keeps_the_order_of_refusals(recorder: _ArgsRecorder) -> None:

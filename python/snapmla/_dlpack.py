@@ -357,7 +357,22 @@ def view(
 def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argument: str) -> Any:
     """``obj.__dlpack__(...)``'s capsule, asked for as ``view`` says (the first half of
     ``view``; ``_read_capsule`` is the second)."""
-    # Each method looked up once (this runs for every tensor argument of every call).
+    return export_key(obj, stream, op, argument)[0]
+
+
+def export_key(
+    obj: Any, stream: int | Callable[[int], int] | None, op: str, argument: str
+) -> tuple[Any, tuple[Any, ...] | None]:
+    """``(capsule, key)``: ``export``'s capsule and what ``_read_capsule`` will read from it,
+    for memoizing what was derived from it: the DLPack version, flags and DLTensor fields (not
+    the manager context, deleter or the shape / strides pointers), then the bytes of the shape
+    and strides arrays (``None`` for no strides). The key is ``None`` when the capsule is not
+    one that ``_read_capsule`` would accept without a closer look (it then reads it, and
+    refuses it if need be).
+
+    This runs for every tensor argument of every call, so it is one function with each method
+    looked up once (issue #10); the DLPack struct is unpacked straight from ``_MEMORY`` into
+    the key's parts, and the arrays are slices of it (``_read_bytes`` past its end)."""
     dlpack = getattr(obj, "__dlpack__", _MISSING)
     if dlpack is _MISSING:
         raise _refuse(
@@ -400,7 +415,39 @@ def export(obj: Any, stream: int | Callable[[int], int] | None, op: str, argumen
         raise
     except Exception as exc:  # BufferError, ValueError, RuntimeError ... from the producer
         raise _refuse(op, argument, f"its __dlpack__() failed: {exc}") from exc
-    return capsule
+
+    if type(capsule) is not _CAPSULE:
+        return capsule, None
+    # A DLPack 1.x capsule, the common case, in one call (no PyCapsule_GetName first).
+    try:
+        pointer = _capsule_get_pointer(capsule, b"dltensor_versioned")
+    except ValueError:  # another name (or an invalid capsule: _read_capsule says which)
+        pointer = None
+    memory = _MEMORY
+    if pointer is not None:
+        if pointer <= _MEMORY_END - _VERSIONED_KEY.size:
+            fields = _VERSIONED_KEY.unpack_from(memory, pointer)
+        else:
+            fields = _VERSIONED_KEY.unpack(_read_bytes(pointer, _VERSIONED_KEY.size))
+        version, head, ndim, dtype, shape_ptr, strides_ptr, byte_offset = fields
+    elif _capsule_get_name(capsule) == b"dltensor":
+        raw = _read_bytes(_capsule_get_pointer(capsule, b"dltensor"), _LEGACY_KEY.size)
+        head, ndim, dtype, shape_ptr, strides_ptr, byte_offset = _LEGACY_KEY.unpack(raw)
+        version = None  # never equal to a versioned key's
+    else:
+        return capsule, None
+    if not 0 < ndim <= _MAX_KEY_NDIM or not shape_ptr:
+        return capsule, None
+    nbytes = 8 * ndim
+    shape = memory[shape_ptr : shape_ptr + nbytes]
+    if len(shape) != nbytes:
+        shape = _read_bytes(shape_ptr, nbytes)
+    strides = None
+    if strides_ptr:
+        strides = memory[strides_ptr : strides_ptr + nbytes]
+        if len(strides) != nbytes:
+            strides = _read_bytes(strides_ptr, nbytes)
+    return capsule, (version, head, ndim, dtype, byte_offset, shape, strides)
 
 
 _MISSING = object()
@@ -499,6 +546,7 @@ _string_at = getattr(ctypes, "_string_at", ctypes.string_at)
 # call (issue #10: a call reads three such ranges per DLPack tensor). Reading an invalid
 # address faults exactly as ctypes.string_at would.
 _MEMORY = ffi.buffer(ffi.cast("char *", 0), sys.maxsize)
+_MEMORY_END = sys.maxsize  # export_key unpacks the structs that end below it in place
 
 
 def _read_bytes(address: int, nbytes: int) -> bytes:
@@ -523,42 +571,13 @@ def _read_int64s(address: int, count: int) -> tuple[int, ...]:
 # The type of PyCapsule objects (types.CapsuleType from Python 3.13; a capsule of the
 # standard library's before).
 _CAPSULE = getattr(types, "CapsuleType", None) or type(datetime.datetime_CAPI)
-_NDIM_AND_POINTERS = struct.Struct("=i4xQQ")  # DLTensor.ndim, then shape and strides pointers
-# _VERSIONED and _LEGACY without the pointers (padding in their place), for capsule_key.
-_VERSIONED_KEY = struct.Struct("=II16xQQiiiBBH16xQ")
-_LEGACY_KEY = struct.Struct("=QiiiBBH16xQ")
+# What export_key reads of the structs: _VERSIONED and _LEGACY with the fields of the key
+# that are not needed apart as raw bytes (the version; the flags, data pointer and device),
+# then ndim, the dtype as one uint32, the shape and strides pointers and the byte offset.
+_VERSIONED_KEY = struct.Struct("=8s16x24siIQQQ")
+_LEGACY_KEY = struct.Struct("=16siIQQQ")
 assert _VERSIONED_KEY.size == _VERSIONED.size and _LEGACY_KEY.size == _LEGACY.size
 _MAX_KEY_NDIM = 64
-
-
-def capsule_key(capsule: Any) -> tuple[Any, ...] | None:
-    """What ``_read_capsule`` reads from ``capsule``, for memoizing what was derived from it: the
-    DLPack version, flags and DLTensor fields (not the manager context, deleter or the shape /
-    strides pointers) as integers, then the bytes of the shape and strides arrays (``None``
-    for no strides). ``None`` when the capsule is not one that ``_read_capsule`` would accept
-    without a closer look (it then reads it, and refuses it if need be)."""
-    if type(capsule) is not _CAPSULE:
-        return None
-    # A DLPack 1.x capsule, the common case, in one call (no PyCapsule_GetName first).
-    try:
-        pointer = _capsule_get_pointer(capsule, b"dltensor_versioned")
-    except ValueError:  # another name (or an invalid capsule: _read_capsule says which)
-        pointer = None
-    if pointer is not None:
-        raw = _read_bytes(pointer, _VERSIONED.size)
-        fields = _VERSIONED_KEY.unpack(raw)
-        ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(raw, 48)
-    elif _capsule_get_name(capsule) == b"dltensor":
-        raw = _read_bytes(_capsule_get_pointer(capsule, b"dltensor"), _LEGACY.size)
-        fields = _LEGACY_KEY.unpack(raw)  # fewer fields: never equal to a versioned key
-        ndim, shape_ptr, strides_ptr = _NDIM_AND_POINTERS.unpack_from(raw, 16)
-    else:
-        return None
-    if not 0 < ndim <= _MAX_KEY_NDIM or not shape_ptr:
-        return None
-    nbytes = 8 * ndim
-    strides = _read_bytes(strides_ptr, nbytes) if strides_ptr else None
-    return fields, _read_bytes(shape_ptr, nbytes), strides
 
 
 def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:

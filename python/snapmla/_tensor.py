@@ -270,7 +270,7 @@ _STREAM_EXPECTED = (
 )
 
 
-# Views that passed Checker.tensor, by (capsule_key, dtypes, shape, layout, writable, align):
+# Views that passed Checker.tensor, by (export_key's key, dtypes, shape, layout, writable, align):
 # a call with the same tensor (same DLPack bytes: address, device, dtype, shape, strides,
 # flags) and the same expectations skips the parsing and the checks that depend on nothing
 # else (issue #10: host overhead). The views hold no producer object or capsule. Cleared
@@ -300,23 +300,9 @@ class Checker:
         call's stream handshake) without checking it, and return its memo key: what the checks
         of the tensor depend on (``None``: not memoizable; DLPack bytes that need a closer
         look). ``tensor()`` on the same argument then uses this read. A caller can key its own
-        memo on the keys of every tensor of a call (``decode``); what keeps a DLPack export
+        memo on the keys of every tensor of a call (``read_keys``); what keeps a DLPack export
         alive is held here until ``tensor()`` takes it, or by the checker itself."""
-        stream = self.stream
-        if stream is not None:  # the handle once resolved, else the resolver
-            stream = stream.handle if stream._handle is None else stream._handle
-        # A CUDA torch tensor whose work is on this call's stream: its attributes, no capsule
-        # (torch_fields is asked only about tensors of torch's own module).
-        direct = None
-        if type(obj).__module__ == "torch":
-            direct = _dlpack.torch_fields(obj, stream)
-        if direct is not None:
-            read = (direct, direct, None)
-        else:
-            capsule = _dlpack.export(obj, stream, self.op, argument)
-            read = (_dlpack.capsule_key(capsule), None, (obj, capsule))
-        self._reads[argument] = read
-        return read[0]
+        return self._read_all(((argument, obj),))[0]
 
     def read_keys(self, arguments: Iterable[tuple[str, Any]]) -> tuple[Any, ...] | None:
         """``read()`` each ``(argument, obj)`` of a call (``obj`` ``None``: skipped), for a call
@@ -324,10 +310,41 @@ class Checker:
         be read. The call's checks then read (again) and check the tensors in their order, so
         that the first bad argument is still the one named."""
         try:
-            keys = tuple(self.read(obj, name) for name, obj in arguments if obj is not None)
+            keys = self._read_all(arguments)
         except SnapMLAError:
             return None
-        return None if None in keys else keys
+        return None if None in keys else tuple(keys)
+
+    def _read_all(self, arguments: Iterable[tuple[str, Any]]) -> list[Any]:
+        """``read()``'s work for each ``(argument, obj)`` (``obj`` ``None``: skipped), in one
+        loop: this runs for every tensor argument of every call (issue #10). Raises at the
+        first tensor that cannot be read; the reads before it are kept."""
+        op, stream, reads = self.op, self.stream, self._reads
+        export_key = _dlpack.export_key
+        # The handle once resolved, else the resolver (which keeps the handle it resolves: the
+        # later tensors get the same one through it).
+        handle = None
+        if stream is not None:
+            handle = stream._handle
+            if handle is None:
+                handle = stream.handle
+        keys = []
+        for argument, obj in arguments:
+            if obj is None:
+                continue
+            # A CUDA torch tensor whose work is on this call's stream: its attributes, no
+            # capsule (torch_fields is asked only about tensors of torch's own module).
+            direct = None
+            if type(obj).__module__ == "torch":
+                direct = _dlpack.torch_fields(obj, handle)
+            if direct is not None:
+                read = (direct, direct, None)
+            else:
+                capsule, key = export_key(obj, handle, op, argument)
+                read = (key, None, (obj, capsule))
+            reads[argument] = read
+            keys.append(read[0])
+        return keys
 
     def tensor(
         self,
@@ -367,7 +384,7 @@ class Checker:
         # else keepalive holds the DLPack export and its producer for the view
         key, direct, keepalive = read
         capsule = keepalive[1] if keepalive is not None else None
-        # A tensor whose DLPack bytes (see capsule_key), or torch attributes, passed these same
+        # A tensor whose DLPack bytes (see export_key), or torch attributes, passed these same
         # checks before passes them again: hand out that view, holding this call's capsule.
         if key is not None:
             memo_key = (key, dtypes, shape, layout, writable, align)

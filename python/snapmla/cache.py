@@ -486,10 +486,9 @@ class KVCache(Closable):
         if args[-1] == 0:  # n = 0: a no-op
             return
         with on_device(op, self._device):
-            _lib.check(
-                _lib.lib().snapmla_append(self._handle, *args, s.c(self._device)),
-                "snapmla_append",
-            )
+            status = _lib.lib().snapmla_append(self._handle, *args, s.c(self._device))
+            if status:  # (_lib.check's own test, without the call on success)
+                _lib.check(status, "snapmla_append")
         self._used_on(s)
 
     def gather_dequant(
@@ -712,10 +711,9 @@ class KVCache(Closable):
                     remember(self._call_memo, memo_key, args, _CALL_MEMO_SIZE)
             if args[2] == 0:  # n = 0: nothing to fetch
                 return c_kv, k_pe
-            _lib.check(
-                _lib.lib().snapmla_fetch_dequant(self._handle, *args, s.c(self._device)),
-                "snapmla_fetch_dequant",
-            )
+            status = _lib.lib().snapmla_fetch_dequant(self._handle, *args, s.c(self._device))
+            if status:  # (_lib.check's own test, without the call on success)
+                _lib.check(status, "snapmla_fetch_dequant")
         self._used_on(s)
         return c_kv, k_pe
 
