@@ -248,7 +248,10 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // 32 and 64): the part's request range is read at entry with the plan's header, not after the header's check (the host checked the plan
 // buffer's size for these parameters, so the words are in bounds whatever they hold), and a
 // request's plan words in one round trip (segment.cuh); two fewer dependent reads before the
-// first TMA (the timeline's entry -> segment: 2,683 cycles at 8x128x4096).
+// first TMA (the timeline's entry -> segment: 2,683 cycles at 8x128x4096). With the combine's
+// groups sized by num_parts / batch, same-call A/B/A on the H200 (graph replays,
+// bench/results/2026-12-02-s19/decode-cases-*e81e2c3*.json, *7faa78d-call6*): 8x1x128x4096
+// 31.3 / 31.4 -> 30.6 us, 64x1x128x1024 41.6 / 41.5 -> 41.4, three other short cases level.
 #ifndef SNAPMLA_SEESAW_PLAN_AHEAD
 #define SNAPMLA_SEESAW_PLAN_AHEAD 1
 #endif
