@@ -110,10 +110,10 @@ struct alignas(1024) SharedStorage {
 };
 
 // SNAPMLA_SEESAW_TMA_PARTIALS (experimental, off; written in session 19, outputs not yet
-// checked): at N = 64 a split part's epilogue writes O^T / l into the free stage ring as [64 rows][512]
-// fp32 in 16 boxes of 32 columns (128B swizzle), and one thread stores them with 16 TMA stores,
-// in place of 64 float2 stores a thread (8x128x4096: 3,450 of the epilogue's 5,400 cycles,
-// bench/NOTES.md session 19).
+// checked): at N = 64 a split part's epilogue writes O^T / l into the free stage ring as
+// [64 rows][512] fp32 in 16 boxes of 32 columns (128B swizzle), and one thread stores them with
+// 16 TMA stores, in place of 64 float2 stores a thread (8x128x4096: 3,450 of the epilogue's
+// 5,400 cycles, bench/NOTES.md session 19).
 #ifndef SNAPMLA_SEESAW_TMA_PARTIALS
 #define SNAPMLA_SEESAW_TMA_PARTIALS 0
 #endif
