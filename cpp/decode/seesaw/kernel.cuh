@@ -1233,12 +1233,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       // registers a thread; 64 addresses hoisted by the compiler spilled).
       uint32_t box_row[2] = {0u, 0u};
       if constexpr (kTmaPartials) {
+        const uint32_t base = smem_u32(&s.stage[0]);
         const uint32_t u = 4 * (warp % 2) + g / 2;
 #pragma unroll
         for (int c1 = 0; c1 < 2; ++c1) {
           const uint32_t r = 2 * t + c1;
-          box_row[c1] = smem_u32(&s.stage[0]) + (8 * wg + warp / 2) * kPartialBoxBytes +
-                        sw128_offset(r, u) + 8 * (g % 2);
+          box_row[c1] = base + (8 * wg + warp / 2) * kPartialBoxBytes + sw128_offset(r, u) +
+                        8 * (g % 2);
         }
       }
 #pragma unroll
@@ -1278,27 +1279,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           }
         }
       }
-#if SNAPMLA_SEESAW_TMA_PARTIALS
-      if constexpr (kTmaPartials) {
-#ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-        if (seg.split) {  // (uniform: a segment's)
-          fence_proxy_async();  // the boxes' generic writes, before the TMA reads them
-          named_barrier_unaligned(kBarConsumers, kThreads);
-          if (tid == 0) {
-            const int32_t row0_partial = seg.slot * p.row_tiles * kTileRows + tile * kRowsM;
-#pragma unroll 1
-            for (int box = 0; box < kPartialBoxes; ++box) {
-              tma_store_2d(&maps.partial_o,
-                           reinterpret_cast<const uint8_t*>(&s.stage[0]) + box * kPartialBoxBytes,
-                           box * kPartialBoxCols, row0_partial);
-            }
-            bulk_commit_group();
-            bulk_wait_group_read_all();  // the ring is free for the next request's loads
-          }
-        }
-#endif
-      }
-#endif
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
@@ -1306,8 +1286,26 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // Every consumer read bad_page: reset it for the next request before the producer
         // (past kBarCta) may set it again; racecheck sees this order (it did not see the one
         // through kBarCta alone, with the producer resetting it at the next request's start).
+        // SNAPMLA_SEESAW_TMA_PARTIALS: the boxes' generic writes made visible to the async
+        // proxy before this barrier, then thread 0's TMA stores of a split part's boxes and the
+        // wait for their shared-memory reads before kBarCta (the ring's next loads). (A barrier
+        // of their own, under seg.split, made ptxas spill 184 bytes, in the main loop too.)
+        if constexpr (kTmaPartials) fence_proxy_async();
         named_barrier_unaligned(kBarConsumers, kThreads);
         if (tid == 0) s.bad_page = 0;
+#if SNAPMLA_SEESAW_TMA_PARTIALS && !defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES)
+        if (kTmaPartials && tid == 0 && seg.split) {
+          const int32_t row0_partial = seg.slot * p.row_tiles * kTileRows + tile * kRowsM;
+#pragma unroll 1
+          for (int box = 0; box < kPartialBoxes; ++box) {
+            tma_store_2d(&maps.partial_o,
+                         reinterpret_cast<const uint8_t*>(&s.stage[0]) + box * kPartialBoxBytes,
+                         box * kPartialBoxCols, row0_partial);
+          }
+          bulk_commit_group();
+          bulk_wait_group_read_all();
+        }
+#endif
         named_barrier_unaligned(kBarCta, kCtaThreads);
       } else {
         __syncthreads();
