@@ -228,6 +228,37 @@ def test_num_sm_parts(rng: np.random.Generator, num_sm_parts: int) -> None:
         check_decode(out, lse, *want, **tolerances(kernel), label=f"num_sm_parts={num_sm_parts} kernel={kernel}")
 
 
+# The combine's kernels (cpp/decode/combine.cu, launch_combine), each aimed at by a case:
+# the grouped kernel with 8, 4, 2 and 1 groups (parts a request ~ num_parts / batch, at most
+# (max_pages + 1) / 2; make_case adds a block-table column), in one wave of CTAs; the wide
+# kernel (up to 512 rows where the grouped CTAs would not fit one wave); the one-warp-per-row
+# kernel (more rows); and a request with many more parts than the estimate (chunks in series).
+COMBINE_PATHS = [
+    ("grouped8", 128, [8192], 66),
+    ("grouped4", 128, [3000], 66),
+    ("grouped2", 128, [1500], 66),
+    ("grouped1", 128, [800], 66),
+    ("grouped1-batch8", 128, [4096] * 8, 66),
+    ("wide", 128, [1024] * 4, 16),
+    ("narrow", 128, [1024] * 8, 16),
+    ("grouped8-uneven", 16, [16384, 64], 66),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "h", "lens", "parts"), COMBINE_PATHS, ids=[c[0] for c in COMBINE_PATHS]
+)
+def test_combine_paths(
+    rng: np.random.Generator, path: str, h: int, lens: list, parts: int
+) -> None:
+    case = make_case(rng, lens, num_heads=h, q_len=1)
+    cache = make_cache(case)
+    want = case.reference()
+    for kernel in KERNELS:
+        out, lse = run_decode(cache, case, kernel=kernel, num_sm_parts=parts)
+        check_decode(out, lse, *want, **tolerances(kernel), label=f"combine {path} kernel={kernel}")
+
+
 def test_split_count_changes_rounding_only(rng: np.random.Generator) -> None:
     case = make_case(rng, [20000, 333], num_heads=16, q_len=1)
     cache = make_cache(case)
