@@ -302,7 +302,8 @@ class TensorView:
         return True
 
     def byte_extent(self) -> tuple[int, int]:
-        """``[start, end)`` byte addresses spanned by the elements (empty tensor: ``(ptr, ptr)``)."""
+        """``[start, end)`` byte addresses spanned by the elements (empty tensor:
+        ``(ptr, ptr)``)."""
         extent = self._extent
         if extent is not None:
             return extent
