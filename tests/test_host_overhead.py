@@ -523,3 +523,15 @@ def test_update_call_memo(checked: dict[str, Any]) -> None:
     other = _plan(batch_size=3)  # another plan's batch size: checked again
     other.update(FakeTensor((3,), "int32", address=0x7F0100000000), stream=STREAM)
     assert _validations(checked) == 3 and len(checked["launches"]) == 4
+
+
+def test_checker_refuses_a_missing_tensor_by_name() -> None:
+    """``tensor()`` of an argument given as ``None`` names it, whether or not ``read_keys`` (which
+    skips ``None``, for optional arguments) ran first."""
+    checker = Checker("decode", Stream(None, "decode", ()))
+    with pytest.raises(SnapMLAError, match=r"argument 'q': expected a DLPack tensor"):
+        checker.tensor(None, "q", dtypes=("bfloat16",), shape=(1,))
+    checker = Checker("decode", Stream(None, "decode", ()))
+    assert checker.read_keys((("q", None),)) == ()
+    with pytest.raises(SnapMLAError, match=r"argument 'q': expected a DLPack tensor"):
+        checker.tensor(None, "q", dtypes=("bfloat16",), shape=(1,))

@@ -302,7 +302,7 @@ class Checker:
         look). ``tensor()`` on the same argument then uses this read. A caller can key its own
         memo on the keys of every tensor of a call (``read_keys``); what keeps a DLPack export
         alive is held here until ``tensor()`` takes it, or by the checker itself."""
-        return self._read_all(((argument, obj),))[0]
+        return self._read_all(((argument, obj),), skip_none=False)[0]
 
     def read_keys(self, arguments: Iterable[tuple[str, Any]]) -> tuple[Any, ...] | None:
         """``read()`` each ``(argument, obj)`` of a call (``obj`` ``None``: skipped), for a call
@@ -315,10 +315,14 @@ class Checker:
             return None
         return None if None in keys else tuple(keys)
 
-    def _read_all(self, arguments: Iterable[tuple[str, Any]]) -> list[Any]:
-        """``read()``'s work for each ``(argument, obj)`` (``obj`` ``None``: skipped), in one
-        loop: this runs for every tensor argument of every call (issue #10). Raises at the
-        first tensor that cannot be read; the reads before it are kept."""
+    def _read_all(
+        self, arguments: Iterable[tuple[str, Any]], skip_none: bool = True
+    ) -> list[Any]:
+        """``read()``'s work for each ``(argument, obj)`` (``obj`` ``None``: skipped, unless
+        ``skip_none`` is false: ``read()`` of one argument refuses it as it refuses any object
+        without ``__dlpack__``), in one loop: this runs for every tensor argument of every
+        call (issue #10). Raises at the first tensor that cannot be read; the reads before it
+        are kept."""
         op, stream, reads = self.op, self.stream, self._reads
         export_key = _dlpack.export_key
         # The handle once resolved, else the resolver (which keeps the handle it resolves: the
@@ -330,7 +334,7 @@ class Checker:
                 handle = stream.handle
         keys = []
         for argument, obj in arguments:
-            if obj is None:
+            if obj is None and skip_none:
                 continue
             # A CUDA torch tensor whose work is on this call's stream: its attributes, no
             # capsule (torch_fields is asked only about tensors of torch's own module).
