@@ -65,10 +65,7 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int rows
                                         lane * kColsPerLane);
   dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-  if (lane == 0 && p.lse != nullptr) {
-    const int qt = fr / p.num_heads, head = fr % p.num_heads;
-    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
-  }
+  if (lane == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse;
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
@@ -213,7 +210,8 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
 constexpr int kRowThreads = kContentDim / 4;  // 128: a float4 each
 constexpr int kChunk = 8;
 
-// A group's running merge: acc = sum_s exp(lse_s - m) O_s (its 4 columns), w = sum_s exp(lse_s - m).
+// A group's running merge: acc = sum_s exp(lse_s - m) O_s (its 4 columns),
+// w = sum_s exp(lse_s - m).
 struct RunningMerge {
   float m = -INFINITY, w = 0.f;
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -252,7 +250,8 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
       if (part <= last) {
         const int64_t slot = partial_slot(part, first);
         lse[k] = p.partial_lse[slot * rows_pad + fr];
-        x[k] = reinterpret_cast<const float4*>(p.partial_o + (slot * rows_pad + fr) * kContentDim)[c];
+        const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
+        x[k] = reinterpret_cast<const float4*>(row)[c];
       } else {
         lse[k] = -INFINITY;
         x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -274,7 +273,8 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
 }
 
 template <int kGroups>
-__global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kRowThreads* kGroups)
+    combine_grouped_kernel(const DecodeParams p) {
   // groups 1 .. kGroups - 1's merges, for group 0 to add in group order (deterministic)
   constexpr int kOthers = kGroups > 1 ? kGroups - 1 : 1;
   __shared__ float4 g_acc[kOthers][kRowThreads];
@@ -333,10 +333,7 @@ __global__ void __launch_bounds__(kRowThreads* kGroups) combine_grouped_kernel(c
   }
   *reinterpret_cast<uint2*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim + 4 * c) =
       make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
-  if (c == 0 && p.lse != nullptr) {
-    const int qt = fr / p.num_heads, head = fr % p.num_heads;
-    p.lse[(int64_t{b} * p.num_heads + head) * p.q_len + qt] = lse;
-  }
+  if (c == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse;
 }
 
 }  // namespace
@@ -355,12 +352,15 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
     // num_parts x row_tiles CTAs are about the SMs (no device query on the decode path).
     const int64_t sms = int64_t{p.num_parts} * p.row_tiles;
     if (SNAPMLA_COMBINE_GROUPED && rows * groups * kRowThreads <= sms * 1024) {
-      const dim3 grid(p.batch, rows_total);
+      auto launch = [&](auto kernel) {
+        return launch_dependent(kernel, dim3(p.batch, rows_total), dim3(groups * kRowThreads), 0,
+                                stream, p);
+      };
       switch (groups) {
-        case 1: return launch_dependent(combine_grouped_kernel<1>, grid, dim3(kRowThreads), 0, stream, p);
-        case 2: return launch_dependent(combine_grouped_kernel<2>, grid, dim3(2 * kRowThreads), 0, stream, p);
-        case 4: return launch_dependent(combine_grouped_kernel<4>, grid, dim3(4 * kRowThreads), 0, stream, p);
-        default: return launch_dependent(combine_grouped_kernel<8>, grid, dim3(8 * kRowThreads), 0, stream, p);
+        case 1: return launch(combine_grouped_kernel<1>);
+        case 2: return launch(combine_grouped_kernel<2>);
+        case 4: return launch(combine_grouped_kernel<4>);
+        default: return launch(combine_grouped_kernel<8>);
       }
     }
     if (rows <= SNAPMLA_COMBINE_WIDE_MAX_ROWS) {

@@ -25,6 +25,11 @@ enum class SegmentKind { kSkip, kEmptyWritten, kRun };
 
 // Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
 // the part where the request starts.
+// Where row fr (flattened s_q x heads) of request b puts its lse in the final [b, h, s_q] array.
+__device__ __forceinline__ int64_t lse_index(const DecodeParams& p, int b, int fr) {
+  return (int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads;
+}
+
 __device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
   const int rows_total = p.q_len * p.num_heads;
   const float fill_out = invalid ? __int_as_float(0x7fffffff) : 0.f;
@@ -39,7 +44,7 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
   for (int r = threadIdx.x; r < kTileRows; r += blockDim.x) {
     const int fr = tile * kTileRows + r;
     if (fr >= rows_total) break;
-    p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = fill_lse;
+    p.lse[lse_index(p, b, fr)] = fill_lse;
   }
 }
 
@@ -123,7 +128,7 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, int b, int fr, 
   if (seg.split) {
     p.partial_lse[int64_t{seg.slot} * p.row_tiles * kTileRows + fr] = lse;
   } else if (p.lse != nullptr) {
-    p.lse[(int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads] = lse;
+    p.lse[lse_index(p, b, fr)] = lse;
   }
 }
 
