@@ -245,10 +245,11 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 #define SNAPMLA_SEESAW_EARLY_START 1
 #endif
 // SNAPMLA_SEESAW_PLAN_AHEAD (1, the default since session 19; with the producer warpgroup, N =
-// 32 and 64): the part's request range is read at entry with the plan's header, not after the header's check (the host checked the plan
-// buffer's size for these parameters, so the words are in bounds whatever they hold), and a
-// request's plan words in one round trip (segment.cuh); two fewer dependent reads before the
-// first TMA (the timeline's entry -> segment: 2,683 cycles at 8x128x4096). With the combine's
+// 32 and 64): the part's request range is read at entry with the plan's header, not after the
+// header's check (the host checked the plan buffer's size for these parameters, so the words
+// are in bounds whatever they hold), and a request's plan words in one round trip
+// (segment.cuh); two fewer dependent reads before the first TMA (the timeline's entry ->
+// segment: 2,683 cycles at 8x128x4096). With the combine's
 // groups sized by num_parts / batch, same-call A/B/A on the H200 (graph replays,
 // bench/results/2026-12-02-s19/decode-cases-*e81e2c3*.json, *7faa78d-call6*): 8x1x128x4096
 // 31.3 / 31.4 -> 30.6 us, 64x1x128x1024 41.6 / 41.5 -> 41.4, three other short cases level.
@@ -414,8 +415,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
     auto p_tile = [&](int i) -> uint8_t* { return s.p8[i % kPBuffers]; };  // P8 of block i
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-    const RequestRange requests =
-        kPlanAhead ? requests_ahead : part_requests(p, L, part);
+    const RequestRange requests = kPlanAhead ? requests_ahead : part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
@@ -667,7 +667,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
         // The first loads issued (their bad_page writes): the consumers' start barrier, one way
         // (under SNAPMLA_SEESAW_EARLY_START the loader arrived once the Q's loads were issued).
-        if (!(kEarlyStart && tid == kLoaderTid)) named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+        if (!(kEarlyStart && tid == kLoaderTid)) {
+          named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+        }
         auto wait_empty = [&](uint32_t st) {
           if constexpr (SNAPMLA_SEESAW_PRODUCER_SUSPEND > 0) {
             mbar_wait_suspend(&s.empty_bar[st], (empty_parity >> st) & 1u,

@@ -91,8 +91,10 @@ struct MapKey {
   int64_t rows;
   int32_t num_pages;
   int32_t pad;
-  const float* partial_o;  // (SNAPMLA_SEESAW_TMA_PARTIALS' map; with its rows, part of every key)
+#if SNAPMLA_SEESAW_TMA_PARTIALS
+  const float* partial_o;  // the partials' map
   int64_t partial_rows;
+#endif
 };
 struct MapCache {
   static constexpr int kEntries = 64;
@@ -112,8 +114,10 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   key.q_rope = p.q_rope;
   key.rows = int64_t{p.batch} * p.q_len * p.num_heads;
   key.num_pages = p.num_pages;
+#if SNAPMLA_SEESAW_TMA_PARTIALS
   key.partial_o = p.partial_o;
   key.partial_rows = int64_t{2} * p.num_parts * p.row_tiles * kTileRows;
+#endif
   for (int i = 0; i < MapCache::kEntries; ++i) {
     if (cache.used[i] && std::memcmp(&cache.keys[i], &key, sizeof(key)) == 0) {
       *maps = cache.maps[i];
