@@ -180,51 +180,41 @@ int main(int argc, char** argv) {
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
   const int reps = 50;
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) CHECK(launch_seesaw_decode(p, 0));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  const double us = 1e3 * ms / reps;
+  // Microseconds per repetition of `launches` (back to back, reps times, timed by events).
+  auto us_per_rep = [&](auto launches) {
+    CHECK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) launches();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    return 1e3 * ms / reps;
+  };
+  const double us = us_per_rep([&] { CHECK(launch_seesaw_decode(p, 0)); });
   const double tile_blocks = double(batch) * pages_per_req * row_tiles;
   std::printf("kernel %.1f us; %.0f tile-blocks per SM; %.0f ns per tile-block per SM (%.0f cycles "
               "at 1.78 GHz)\n",
               us, tile_blocks / sms, 1e3 * us / (tile_blocks / sms),
               1.78e3 * us / (tile_blocks / sms));
 
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) {
-    CHECK(launch_seesaw_decode(p, 0));
-    CHECK(launch_combine(p, 0));
-  }
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  std::printf("kernel + combine %.1f us (min part cost %d)\n", 1e3 * ms / reps, min_part_cost);
+  std::printf("kernel + combine %.1f us (min part cost %d)\n", us_per_rep([&] {
+                CHECK(launch_seesaw_decode(p, 0));
+                CHECK(launch_combine(p, 0));
+              }),
+              min_part_cost);
 
   // The combine alone, back to back over the partials the last launch left (its L2 state
   // then is not the one after an attention launch: a floor, not the cost in the call).
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) CHECK(launch_combine(p, 0));
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
-  std::printf("combine alone %.1f us\n", 1e3 * ms / reps);
+  std::printf("combine alone %.1f us\n", us_per_rep([&] { CHECK(launch_combine(p, 0)); }));
 
   // A decode call's launches: Q-quant (unless fused), attention, combine. (Two-term: its Q-quant
   // is not the one timed here; the line is left out.)
   if (!two_term) {
-    CHECK(cudaEventRecord(e0));
-    for (int i = 0; i < reps; ++i) {
-      if (!fused_q) CHECK(launch_quantize_q(qp, 0));
-      CHECK(launch_seesaw_decode(p, 0));
-      CHECK(launch_combine(p, 0));
-    }
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    std::printf("decode call %.1f us (%s)\n", 1e3 * ms / reps,
+    std::printf("decode call %.1f us (%s)\n", us_per_rep([&] {
+                  if (!fused_q) CHECK(launch_quantize_q(qp, 0));
+                  CHECK(launch_seesaw_decode(p, 0));
+                  CHECK(launch_combine(p, 0));
+                }),
                 fused_q ? "fused Q: attention + combine" : "Q-quant + attention + combine");
   }
 
