@@ -53,10 +53,6 @@ builds=(
   # header since session 19)
   "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
-  # N = 64's split partials through the free stage ring and TMA stores (experimental, off;
-  # run once alone in session 19, its outputs not yet checked)
-  "seesaw_trace_tmapartials:-DSNAPMLA_SEESAW_TMA_PARTIALS=1"
-  "seesaw_timeline_tmapartials:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_TMA_PARTIALS=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

@@ -97,23 +97,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// A 2D box shared -> global by TMA (bulk group; the shared bytes must be visible to the async
-// proxy first: fence_proxy_async), then the group's commit and the wait until its shared-memory
-// reads are done (the buffer may be reused; the global writes complete on their own).
-__device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void* src, int32_t c0,
-                                             int32_t c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map),
-      "r"(c0), "r"(c1), "r"(smem_u32(src))
-      : "memory");
-}
-__device__ __forceinline__ void bulk_commit_group() {
-  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void bulk_wait_group_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-}
-
 // 16 bytes global -> shared through L2 (cp.async.cg, no registers held), the rest of the 16
 // zero-filled past src_bytes (0: all zero, nothing read). Completed by cp_async_wait_all.
 __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, uint32_t src_bytes) {

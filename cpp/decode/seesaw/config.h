@@ -109,34 +109,17 @@ struct alignas(1024) SharedStorage {
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
 };
 
-// SNAPMLA_SEESAW_TMA_PARTIALS (experimental, off; written in session 19, outputs not yet
-// checked): at N = 64 a split part's epilogue writes O^T / l into the free stage ring as
-// [64 rows][512] fp32 in 16 boxes of 32 columns (128B swizzle), and one thread stores them with
-// 16 TMA stores, in place of 64 float2 stores a thread (8x128x4096: 3,450 of the epilogue's
-// 5,400 cycles, bench/NOTES.md session 19).
-#ifndef SNAPMLA_SEESAW_TMA_PARTIALS
-#define SNAPMLA_SEESAW_TMA_PARTIALS 0
-#endif
-constexpr int kPartialBoxCols = 32;                            // fp32 columns: 128 bytes
-constexpr int kPartialBoxes = kContentDim / kPartialBoxCols;   // 16 boxes of [64 rows][32]
-constexpr int kPartialBoxBytes = kRowsM * kPartialBoxCols * 4;  // 8 KB
-
 struct TensorMaps {
   CUtensorMap k_content;  // uint8  {512, 64, pages}: box {128, 64, 1}, 128B swizzle
   CUtensorMap k_rope;     // uint16 {64, 64, pages}:  box {64, 64, 1}, 128B swizzle
   CUtensorMap k_scale;    // fp32   {64, pages}:      box {64, 1}
   CUtensorMap q_content;  // uint8  {512, rows}:      box {128, 64}, 128B swizzle
   CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
-#if SNAPMLA_SEESAW_TMA_PARTIALS
-  CUtensorMap partial_o;  // fp32   {512, 2 parts x row_tiles x 64}: box {32, 64}, 128B swizzle
-#endif
 };
 
 // Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
-static_assert(sizeof(SharedStorage::Stage) * kStages >= size_t{kPartialBoxes} * kPartialBoxBytes,
-              "the stage ring holds a tile's partial (SNAPMLA_SEESAW_TMA_PARTIALS)");
 
 // SNAPMLA_SEESAW_PV_DIRECT (experimental, off): N = 64's PV into O^T itself (kernel.cuh,
 // kPvDirect; instantiations/n64_direct.cu, compiled only under this switch). 1: where no CTA's

@@ -69,9 +69,6 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
                "r"(v.z), "r"(v.w)
                : "memory");
 }
-__device__ __forceinline__ void st_shared_v2f(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
 
 // Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
@@ -1224,26 +1221,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-      // SNAPMLA_SEESAW_TMA_PARTIALS (config.h): a split part's O^T / l goes into the free stage
-      // ring (every PV is done, and the ring's next loads wait for kBarCta), box j of columns
-      // [32 j, 32 j + 32) at j kPartialBoxBytes, 128B-swizzled as the TMA store reads it.
-      constexpr bool kTmaPartials = SNAPMLA_SEESAW_TMA_PARTIALS != 0 && kN == 64 && !kTwoTerm &&
-                                    kProducer;
-      // Row 8 nn + 2 t + c1, column d0 + 64 m (box 8 wg + 2 m + warp / 2, 16-byte unit
-      // u = 4 (warp % 2) + g / 2, bytes 8 (g % 2) of it): the swizzle's row bits are 2 t + c1
-      // whatever nn, so the address is box_row[c1] + 1024 nn + 2 kPartialBoxBytes m (two
-      // registers a thread; 64 addresses hoisted by the compiler spilled).
-      uint32_t box_row[2] = {0u, 0u};
-      if constexpr (kTmaPartials) {
-        const uint32_t base = smem_u32(&s.stage[0]);
-        const uint32_t u = 4 * (warp % 2) + g / 2;
-#pragma unroll
-        for (int c1 = 0; c1 < 2; ++c1) {
-          const uint32_t r = 2 * t + c1;
-          box_row[c1] = base + (8 * wg + warp / 2) * kPartialBoxBytes + sw128_offset(r, u) +
-                        8 * (g % 2);
-        }
-      }
 #pragma unroll
       for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
@@ -1257,13 +1234,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #else
           const bool to_partial = seg.split, to_out = !seg.split;
 #endif
-          if (to_partial && kTmaPartials) {
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              st_shared_v2f(box_row[c1] + 1024 * nn + 2 * kPartialBoxBytes * m,
-                            o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-            }
-          } else if (to_partial) {
+          if (to_partial) {
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
@@ -1288,26 +1259,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         // Every consumer read bad_page: reset it for the next request before the producer
         // (past kBarCta) may set it again; racecheck sees this order (it did not see the one
         // through kBarCta alone, with the producer resetting it at the next request's start).
-        // SNAPMLA_SEESAW_TMA_PARTIALS: the boxes' generic writes made visible to the async
-        // proxy before this barrier, then thread 0's TMA stores of a split part's boxes and the
-        // wait for their shared-memory reads before kBarCta (the ring's next loads). (A barrier
-        // of their own, under seg.split, made ptxas spill 184 bytes, in the main loop too.)
-        if constexpr (kTmaPartials) fence_proxy_async();
         named_barrier_unaligned(kBarConsumers, kThreads);
         if (tid == 0) s.bad_page = 0;
-#if SNAPMLA_SEESAW_TMA_PARTIALS && !defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES)
-        if (kTmaPartials && tid == 0 && seg.split) {
-          const int32_t row0_partial = seg.slot * p.row_tiles * kTileRows + tile * kRowsM;
-#pragma unroll 1
-          for (int box = 0; box < kPartialBoxes; ++box) {
-            tma_store_2d(&maps.partial_o,
-                         reinterpret_cast<const uint8_t*>(&s.stage[0]) + box * kPartialBoxBytes,
-                         box * kPartialBoxCols, row0_partial);
-          }
-          bulk_commit_group();
-          bulk_wait_group_read_all();
-        }
-#endif
         named_barrier_unaligned(kBarCta, kCtaThreads);
       } else {
         __syncthreads();

@@ -63,13 +63,6 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   if (err != cudaSuccess) return err;
   err = encode<2>(&maps->q_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.q_rope, {kRopeDim, rows},
                   {kRopeDim * 2}, {kRopeDim, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
-#if SNAPMLA_SEESAW_TMA_PARTIALS
-  if (err != cudaSuccess) return err;
-  const uint64_t partial_rows = uint64_t{2} * p.num_parts * p.row_tiles * kTileRows;
-  err = encode<2>(&maps->partial_o, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, p.partial_o,
-                  {kContentDim, partial_rows}, {kContentDim * 4},
-                  {seesaw::kPartialBoxCols, seesaw::kRowsM}, CU_TENSOR_MAP_SWIZZLE_128B);
-#endif
   return err;
 }
 
@@ -91,10 +84,6 @@ struct MapKey {
   int64_t rows;
   int32_t num_pages;
   int32_t pad;
-#if SNAPMLA_SEESAW_TMA_PARTIALS
-  const float* partial_o;  // the partials' map
-  int64_t partial_rows;
-#endif
 };
 struct MapCache {
   static constexpr int kEntries = 64;
@@ -114,10 +103,6 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   key.q_rope = p.q_rope;
   key.rows = int64_t{p.batch} * p.q_len * p.num_heads;
   key.num_pages = p.num_pages;
-#if SNAPMLA_SEESAW_TMA_PARTIALS
-  key.partial_o = p.partial_o;
-  key.partial_rows = int64_t{2} * p.num_parts * p.row_tiles * kTileRows;
-#endif
   for (int i = 0; i < MapCache::kEntries; ++i) {
     if (cache.used[i] && std::memcmp(&cache.keys[i], &key, sizeof(key)) == 0) {
       *maps = cache.maps[i];
