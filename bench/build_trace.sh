@@ -53,9 +53,6 @@ builds=(
   # header since session 19)
   "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
-  # SNAPMLA_CLUSTER_MERGE (experimental, off; session 20): split requests merged in clusters
-  "seesaw_trace_cluster:-DSNAPMLA_CLUSTER_MERGE=1"
-  "seesaw_timeline_cluster:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_CLUSTER_MERGE=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

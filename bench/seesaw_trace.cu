@@ -138,8 +138,6 @@ int main(int argc, char** argv) {
   p.num_heads = heads;
   p.max_pages = pages_per_req;
   p.num_parts = parts;
-  // SNAPMLA_CLUSTER_MERGE builds: the clusters merge split requests, no combine runs
-  p.cluster = cluster_parts(batch, int64_t{q_len} * heads, pages_per_req, parts);
   p.row_tiles = row_tiles;
   p.causal = 1;
   p.scale_log2 = 0.0722f * kLog2e;
@@ -201,17 +199,13 @@ int main(int argc, char** argv) {
 
   std::printf("kernel + combine %.1f us (min part cost %d)\n", us_per_rep([&] {
                 CHECK(launch_seesaw_decode(p, 0));
-                if (p.cluster <= 1) CHECK(launch_combine(p, 0));
+                CHECK(launch_combine(p, 0));
               }),
               min_part_cost);
 
   // The combine alone, back to back over the partials the last launch left (its L2 state
   // then is not the one after an attention launch: a floor, not the cost in the call).
-  if (p.cluster <= 1) {
-    std::printf("combine alone %.1f us\n", us_per_rep([&] { CHECK(launch_combine(p, 0)); }));
-  } else {
-    std::printf("combine alone: none (clusters of %d parts merge in the kernel)\n", p.cluster);
-  }
+  std::printf("combine alone %.1f us\n", us_per_rep([&] { CHECK(launch_combine(p, 0)); }));
 
   // A decode call's launches: Q-quant (unless fused), attention, combine. (Two-term: its Q-quant
   // is not the one timed here; the line is left out.)
@@ -219,7 +213,7 @@ int main(int argc, char** argv) {
     std::printf("decode call %.1f us (%s)\n", us_per_rep([&] {
                   if (!fused_q) CHECK(launch_quantize_q(qp, 0));
                   CHECK(launch_seesaw_decode(p, 0));
-                  if (p.cluster <= 1) CHECK(launch_combine(p, 0));
+                  CHECK(launch_combine(p, 0));
                 }),
                 fused_q ? "fused Q: attention + combine" : "Q-quant + attention + combine");
   }

@@ -1194,8 +1194,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   p.lse = a.lse;
   p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
-  p.cluster = decode::cluster_parts(c.batch_size, int64_t{c.q_len} * c.num_heads, c.max_pages,
-                                    parts);
   if (two_term) {
     p.q_lo = qp.q_lo;
     p.q_lo_scale = qp.q_lo_scale;
@@ -1206,8 +1204,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
   } else {
     SNAPMLA_CUDA(op, decode::launch_seesaw_decode(p, s));
-    // SNAPMLA_CLUSTER_MERGE: the seesaw kernel's clusters merged every split request
-    if (p.cluster > 1) return SNAPMLA_SUCCESS;
   }
   SNAPMLA_CUDA(op, decode::launch_combine(p, s));
   return SNAPMLA_SUCCESS;

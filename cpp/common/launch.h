@@ -4,8 +4,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <utility>
-
 namespace snapmla {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -74,46 +72,28 @@ __device__ __forceinline__ void griddep_launch_dependents() {
 }
 
 // <<<grid, block, smem, stream>>>(args...), with programmatic stream serialization under
-// SNAPMLA_PDL, and in thread-block clusters of cluster_x CTAs along x where cluster_x > 1
-// (grid.x a multiple of it).
+// SNAPMLA_PDL.
 template <typename... Params, typename... Args>
-inline cudaError_t launch_dependent_clustered(void (*kernel)(Params...), dim3 grid, dim3 block,
-                                              size_t smem, cudaStream_t stream, int cluster_x,
-                                              Args&&... args) {
+inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, Args&&... args) {
+#if SNAPMLA_PDL >= 1
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  unsigned n = 0;
-  if (SNAPMLA_PDL >= 1) {
-    attribute[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (cluster_x > 1) {
-    attribute[n].id = cudaLaunchAttributeClusterDimension;
-    attribute[n].val.clusterDim.x = static_cast<unsigned>(cluster_x);
-    attribute[n].val.clusterDim.y = 1;
-    attribute[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  if (n == 0) {
-    kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
-    return cudaGetLastError();
-  }
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = n;
+  config.numAttrs = 1;
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-  const cudaError_t last = cudaGetLastError();  // clears a failed launch's error
+  const cudaError_t last = cudaGetLastError();  // clears a failed launch's error, as below
   return err != cudaSuccess ? err : last;
-}
-template <typename... Params, typename... Args>
-inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                                    cudaStream_t stream, Args&&... args) {
-  return launch_dependent_clustered(kernel, grid, block, smem, stream, 1,
-                                    std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
+  return cudaGetLastError();
+#endif
 }
 #endif  // __CUDACC__
 

@@ -134,27 +134,6 @@ constexpr bool seesaw_fuses_q(int n) {
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 
-// SNAPMLA_CLUSTER_MERGE (experimental, off): at PV width 64, where a batch's requests can each
-// take C = 2, 4 or 8 parts of their own and that keeps the SMs about as busy as the plain plan,
-// the plan gives request b exactly the parts [b C, b C + C) (the aligned line with k = C), the
-// seesaw kernel runs them as one thread-block cluster, and the cluster merges the request's
-// partials in distributed shared memory: no fp32 partials in global memory, no combine launch.
-// A function of the plan header's fields (plan_matches checks them against the launch), so the
-// plan and the decode agree without another word. 1: no cluster.
-#ifndef SNAPMLA_CLUSTER_MERGE
-#define SNAPMLA_CLUSTER_MERGE 0
-#endif
-constexpr int kMaxClusterParts = 8;  // the portable cluster size
-inline int cluster_parts(int batch, int64_t rows, int max_pages, int num_parts) {
-  if (!SNAPMLA_CLUSTER_MERGE || seesaw_pv_width(rows) != 64 || batch < 1) return 1;
-  int c = kMaxClusterParts;
-  while (c > 1 && int64_t{batch} * c > num_parts) c /= 2;
-  if (c < 2 || max_pages < 2 * c) return 1;  // at least two blocks a part
-  // Busy SMs: at least half the parts, or as many parts as the plain plan's two blocks a part.
-  if (int64_t{batch} * c * 2 < num_parts && (max_pages + 1) / 2 > c) return 1;
-  return c;
-}
-
 struct DecodeParams {
   // queries, quantized (workspace)
   const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]
@@ -195,10 +174,6 @@ struct DecodeParams {
   // seesaw_fuses_q): the seesaw kernel quantizes its own tile, and q_content, q_rope and q_scale
   // above (and q_in's outputs) are not read.
   QuantizeQParams q_in;
-  // SNAPMLA_CLUSTER_MERGE: cluster_parts for this launch (1: none). The seesaw kernel then runs
-  // in clusters of this many parts and merges split requests itself (no combine); the
-  // reference kernel follows the same plan and writes partials for the combine.
-  int32_t cluster;
 };
 
 int default_num_parts(int sm_count, int row_tiles);

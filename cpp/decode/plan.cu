@@ -53,8 +53,7 @@ __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, i
 
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
-                int max_pages, int num_parts, int min_part_cost, int cluster,
-                int32_t* __restrict__ plan) {
+                int max_pages, int num_parts, int min_part_cost, int32_t* __restrict__ plan) {
   const PlanLayout L = PlanLayout::make(batch, num_parts);
   int32_t* prefix = plan + L.prefix;
   int32_t* nblocks = plan + L.nblocks;
@@ -103,12 +102,7 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
   int32_t total = carry;
   int32_t T = max((total + num_parts - 1) / num_parts, min_part_cost);
-  // SNAPMLA_CLUSTER_MERGE (decode.h): the aligned line with k = cluster, whatever T; the host
-  // chose cluster with batch x cluster <= num_parts.
-  if (cluster > 1) T = max((max_cost + cluster - 1) / cluster, min_part_cost);
-  const int32_t stride = cluster > 1
-                             ? cluster * T
-                             : aligned_stride(batch, num_parts, min_part_cost, max_cost, &T);
+  const int32_t stride = aligned_stride(batch, num_parts, min_part_cost, max_cost, &T);
   if (stride > 0) {  // request b at cost b * stride: k whole parts of its own
     for (int b = threadIdx.x; b < batch; b += kPlanThreads) prefix[b] = b * stride;
     total = batch * stride;
@@ -174,9 +168,8 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
 
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
                         int num_parts, int min_part_cost, int32_t* plan, cudaStream_t stream) {
-  const int cluster = cluster_parts(batch, int64_t{q_len} * num_heads, max_pages, num_parts);
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, batch, q_len, num_heads, max_pages,
-                                              num_parts, min_part_cost, cluster, plan);
+                                              num_parts, min_part_cost, plan);
   return cudaGetLastError();
 }
 

@@ -107,20 +107,7 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
-#if SNAPMLA_CLUSTER_MERGE
-  // The cluster merge (decode.h, SNAPMLA_CLUSTER_MERGE): a split part's row lse, and two
-  // single-use barriers, each completed by one arrival from every CTA of the cluster: every
-  // partial is in place (merge_ready), every CTA has read what it needs (merge_done).
-  float merge_lse[kRowsM];
-  uint64_t merge_ready;
-  uint64_t merge_done;
-#endif
 };
-
-// The cluster merge's partial O / l, [64 rows][kMergeStride] fp32 over the free stage ring:
-// a row stride of 516 words puts the epilogue's four rows (2 t + c1) of a float2 store on
-// distinct bank groups (two wavefronts a warp, the least for 256 bytes).
-constexpr int kMergeStride = kContentDim + 4;
 
 struct TensorMaps {
   CUtensorMap k_content;  // uint8  {512, 64, pages}: box {128, 64, 1}, 128B swizzle
@@ -133,8 +120,6 @@ struct TensorMaps {
 // Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
-static_assert(sizeof(SharedStorage::Stage) * kStages >= size_t{kRowsM} * kMergeStride * 4,
-              "the stage ring holds a tile's partial for the cluster merge");
 
 // SNAPMLA_SEESAW_PV_DIRECT (experimental, off): N = 64's PV into O^T itself (kernel.cuh,
 // kPvDirect; instantiations/n64_direct.cu, compiled only under this switch). 1: where no CTA's

@@ -291,103 +291,6 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // z = fmaf(rho, lo, hi) (rho = s2 / s1) in place, then the softmax runs on one row per thread
 // (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
 // epilogue index query rows as in the one-term kernel.
-#if SNAPMLA_CLUSTER_MERGE
-// The cluster merge (decode.h, SNAPMLA_CLUSTER_MERGE), by the 256 consumer threads of every CTA
-// of a cluster once its parts are done: the cluster holds request b = part / C's parts only
-// (the plan's line with k = C), and where the plan split b, its parts [first, last] left O / l
-// in their stage rings and the rows' lse in merge_lse (the epilogue). CTA rank r merges rows
-// [r R, r R + R), R = 64 / C, reading those partials in distributed shared memory: the
-// combine's log-sum-exp (a NaN lse poisons the row; a row no part saw is out 0, lse +inf).
-// Every CTA arrives once on every CTA's merge_ready after its writes and on merge_done after
-// its reads, and leaves only when its merge_done completes (its shared memory is read until
-// then).
-__device__ __forceinline__ void cluster_merge(const DecodeParams& p, SharedStorage& s, int part,
-                                           int tile, int tid) {
-  const int C = p.cluster, b = part / C;
-  if (b >= p.batch) return;  // (the whole cluster: its parts run no request)
-  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-  const int32_t nb = p.plan[L.nblocks + b];
-  const int first = clamp_part(p, p.plan[L.first_part + b]);
-  const int last = clamp_part(p, p.plan[L.last_part + b]);
-  if (nb <= 0 || first == last) return;  // the kernel wrote the request's rows itself
-  const uint32_t rank = cluster_ctarank();
-  const int base = part - static_cast<int>(rank);
-  const int peers = last - first + 1;  // <= C: the line keeps b's parts in its cluster
-  named_barrier_unaligned(kBarConsumers, kThreads);  // this CTA's partial written (or none)
-  if (tid == 0) {
-    asm volatile("fence.acq_rel.cluster;\n" ::: "memory");
-    for (int r = 0; r < C; ++r) mbar_arrive_cluster(map_shared_rank(smem_u32(&s.merge_ready), r));
-  }
-  mbar_wait_cluster(&s.merge_ready, 0);
-  const uint32_t o_local = smem_u32(&s.stage[0]), lse_local = smem_u32(s.merge_lse);
-  uint32_t o_peer[kMaxClusterParts], lse_peer[kMaxClusterParts];
-#pragma unroll
-  for (int j = 0; j < kMaxClusterParts; ++j) {
-    const uint32_t rk = static_cast<uint32_t>(first - base + min(j, peers - 1));
-    o_peer[j] = map_shared_rank(o_local, rk);
-    lse_peer[j] = map_shared_rank(lse_local, rk);
-  }
-  const int rows_total = p.q_len * p.num_heads;
-  const int rows_per_cta = kRowsM / C, wg = tid / kWgThreads, c4 = tid % kWgThreads;
-#pragma unroll 1
-  for (int k = wg; k < rows_per_cta; k += 2) {  // a row a warpgroup, a float4 a thread
-    const int row = static_cast<int>(rank) * rows_per_cta + k, fr = tile * kRowsM + row;
-    if (fr >= rows_total) break;
-    float lse[kMaxClusterParts];
-    float4 x[kMaxClusterParts];
-#pragma unroll
-    for (int j = 0; j < kMaxClusterParts; ++j) {  // every load in flight
-      if (j < peers) {
-        lse[j] = ld_dsmem_f32(lse_peer[j] + 4 * row);
-        x[j] = ld_dsmem_v4f32(o_peer[j] + 4 * (row * kMergeStride + 4 * c4));
-      } else {
-        lse[j] = -INFINITY;
-        x[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-    }
-    bool nan = false;
-    float m = -INFINITY;
-#pragma unroll
-    for (int j = 0; j < kMaxClusterParts; ++j) {
-      nan |= lse[j] != lse[j];
-      m = fmaxf(m, lse[j]);
-    }
-    float4 out;
-    float lse_out;
-    if (nan) {
-      lse_out = __int_as_float(0x7fffffff);
-      out = make_float4(lse_out, lse_out, lse_out, lse_out);
-    } else if (m == -INFINITY) {  // no visible token in any part
-      lse_out = INFINITY;
-      out = make_float4(0.f, 0.f, 0.f, 0.f);
-    } else {
-      float w = 0.f;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int j = 0; j < kMaxClusterParts; ++j) {
-        const float f = expf(lse[j] - m);  // 0 past the peers (lse -inf)
-        w += f;
-        acc.x += f * x[j].x;
-        acc.y += f * x[j].y;
-        acc.z += f * x[j].z;
-        acc.w += f * x[j].w;
-      }
-      const float inv = 1.f / w;
-      out = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-      lse_out = m + logf(w);
-    }
-    *reinterpret_cast<uint2*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim + 4 * c4) =
-        make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
-    if (c4 == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse_out;
-  }
-  named_barrier_unaligned(kBarConsumers, kThreads);  // this CTA's reads done
-  if (tid == 0) {
-    for (int r = 0; r < C; ++r) mbar_arrive_cluster(map_shared_rank(smem_u32(&s.merge_done), r));
-  }
-  mbar_wait_cluster(&s.merge_done, 0);
-}
-#endif
-
 template <int kN, bool kTwoTerm, bool kPvDirect>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -466,17 +369,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // SNAPMLA_SEESAW_PLAN_AHEAD: the part's request range in flight with the header's words.
   // (With the producer only: at N = 16 ptxas then serialized the wgmmas, C7520.)
   constexpr bool kPlanAhead = SNAPMLA_SEESAW_PLAN_AHEAD != 0 && kProducer;
-  // SNAPMLA_CLUSTER_MERGE (decode.h): where the launcher set p.cluster > 1, the grid's x is
-  // padded to a multiple of it (parts from num_parts up have no requests) and each cluster
-  // merges its request's partials in distributed shared memory (cluster_merge below).
-  constexpr bool kClusterMerge =
-      SNAPMLA_CLUSTER_MERGE != 0 && kN == 64 && kProducer && !kTwoTerm && !kPvDirect;
-  const bool clustered = kClusterMerge && p.cluster > 1;
-  const bool padded_part = kClusterMerge && part >= p.num_parts;
   RequestRange requests_ahead{};
   if constexpr (kPlanAhead) {
-    requests_ahead = padded_part ? RequestRange{0, -1}
-                                 : part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
+    requests_ahead = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
   }
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
@@ -484,21 +379,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
-#if SNAPMLA_CLUSTER_MERGE
-    if (clustered) {
-      mbar_init(&s.merge_ready, p.cluster);
-      mbar_init(&s.merge_done, p.cluster);
-    }
-#endif
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
-  if (clustered) {
-    cluster_sync();  // every CTA's barriers initialized before a peer arrives on them
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
   SEESAW_TRACE(0, kTrPlanChecked);
   // With a producer, the barriers at a request's edges are reached at different instructions
@@ -527,9 +412,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
     const uint32_t stsm_off = p8_lane_offset_rows(lane, kRowsPerWarp * warp);
     auto p_tile = [&](int i) -> uint8_t* { return s.p8[i % kPBuffers]; };  // P8 of block i
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
-    const RequestRange requests = kPlanAhead     ? requests_ahead
-                                  : padded_part ? RequestRange{0, -1}
-                                                : part_requests(p, L, part);
+    const RequestRange requests = kPlanAhead ? requests_ahead : part_requests(p, L, part);
     uint32_t empty_parity = 0;  // the producer's wait parity per stage (bit i: stage i)
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
     uint32_t q_phase = 0;
@@ -1331,12 +1214,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
           const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
           res_of.l[wtid] = res.inv_l;
-          const bool to_merge = kClusterMerge && clustered && seg.split;
-#if SNAPMLA_CLUSTER_MERGE
-          if (to_merge && wg == 0) s.merge_lse[wtid] = res.lse;  // read by the cluster's merge
-#endif
 #ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-          if (wg == 0 && !to_merge) store_lse(p, b, fr, seg, res.lse);
+          if (wg == 0) store_lse(p, b, fr, seg, res.lse);
 #endif
         }
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
@@ -1355,14 +1234,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
 #else
           const bool to_partial = seg.split, to_out = !seg.split;
 #endif
-          if (kClusterMerge && clustered && to_partial) {  // into the ring, for the merge
-            float* dst = reinterpret_cast<float*>(&s.stage[0]) + row * kMergeStride + d0;
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              *reinterpret_cast<float2*>(dst + 64 * m) =
-                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-            }
-          } else if (to_partial) {
+          if (to_partial) {
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
@@ -1394,11 +1266,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
         __syncthreads();
       }
     }
-#if SNAPMLA_CLUSTER_MERGE
-    if constexpr (kClusterMerge && !kIsProducer) {
-      if (clustered) cluster_merge(p, s, part, tile, tid);
-    }
-#endif
   };
   if constexpr (kProducer) {
     if (wg == 2) {
@@ -1421,12 +1288,9 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
       cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  // SNAPMLA_CLUSTER_MERGE: clusters of p.cluster parts along x (the grid padded to whole ones)
-  const int cluster = SNAPMLA_CLUSTER_MERGE && kN == 64 && !kTwoTerm && !kPvDirect ? p.cluster : 1;
-  const int parts = cluster > 1 ? (p.num_parts + cluster - 1) / cluster * cluster : p.num_parts;
-  return launch_dependent_clustered(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
-                                    dim3(parts, p.row_tiles), dim3(kCtaThreadsAt<kN>),
-                                    kSmemBytes, stream, cluster, p, maps);
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN>), kSmemBytes,
+                          stream, p, maps);
 }
 
 }  // namespace seesaw
