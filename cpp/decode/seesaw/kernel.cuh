@@ -261,13 +261,21 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // (bench/results/2026-12-01/seesaw-ab-producer-c2675c6.log); off at N = 16, where warp 3
 // refills during the softmax and the producer measured 2% slower. SNAPMLA_SEESAW_PRODUCER=0 or
 // 1 forces it off or on at every N (experiments; bench/NOTES.md).
+// SNAPMLA_SEESAW_TT16 (experimental, off; issue 9's cost, session 20): the two-term kernel at
+// N = 16, which has neither the early PV nor the refilling warp of the one-term N = 16 kernel,
+// gets 1: the producer warpgroup; 2: warp 3 refilling during the softmax (warps 0 and 1 run it).
 #ifndef SNAPMLA_SEESAW_PRODUCER
 #define SNAPMLA_SEESAW_PRODUCER -1
 #endif
-template <int kN>
-constexpr bool kProducerAt = SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 : SNAPMLA_SEESAW_PRODUCER != 0;
-template <int kN>
-constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN> ? kWgThreads : 0);
+#ifndef SNAPMLA_SEESAW_TT16
+#define SNAPMLA_SEESAW_TT16 0
+#endif
+template <int kN, bool kTwoTerm = false>
+constexpr bool kProducerAt =
+    SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 || (kTwoTerm && SNAPMLA_SEESAW_TT16 == 1)
+                                : SNAPMLA_SEESAW_PRODUCER != 0;
+template <int kN, bool kTwoTerm = false>
+constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN, kTwoTerm> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
 constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
@@ -292,7 +300,7 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
 // epilogue index query rows as in the one-term kernel.
 template <int kN, bool kTwoTerm, bool kPvDirect>
-__global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
+__global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
@@ -304,8 +312,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // The two-term kernel at N = 32 also runs the one-term query (q_lo null: zero low rows) under
   // SNAPMLA_SEESAW_SPREAD32 (decode.h, launch_seesaw_decode).
   constexpr bool kSpread = kTwoTerm && kN == 32 && SNAPMLA_SEESAW_SPREAD32 != 0;
-  constexpr bool kProducer = kProducerAt<kN>;
-  constexpr int kCtaThreads = kCtaThreadsAt<kN>;
+  constexpr bool kProducer = kProducerAt<kN, kTwoTerm>;
+  constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
@@ -328,8 +336,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN>, 1)
   // the own block i - 2 during the softmax; block i - 1's content half (read by the PV after
   // the softmax) it refills after that PV.
   constexpr bool kRefillInSoftmax =
-      !kProducer && !kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
-      (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
+      !kProducer &&
+      ((!kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
+        (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0))) ||
+       (kTwoTerm && kN == 16 && SNAPMLA_SEESAW_TT16 == 2));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
                 "the refill warp runs no softmax");
@@ -1289,8 +1299,8 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
   return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
-                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN>), kSmemBytes,
-                          stream, p, maps);
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
+                          kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw
