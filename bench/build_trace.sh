@@ -53,10 +53,6 @@ builds=(
   # header since session 19)
   "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
-  # issue 9's cost: the two-term N = 16 kernel with the producer warpgroup (1) or warp 3
-  # refilling during the softmax (2) (SNAPMLA_SEESAW_TT16, experimental, off; session 20)
-  "seesaw_trace_tt16p:-DSNAPMLA_SEESAW_TT16=1"
-  "seesaw_trace_tt16r:-DSNAPMLA_SEESAW_TT16=2"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

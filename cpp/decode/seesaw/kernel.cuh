@@ -258,22 +258,18 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // per-stage "empty" barriers that each consumer warpgroup arrives on after its PV of a block),
 // so no consumer warp stops to issue TMA; setmaxnreg gives the producer 24 registers and the
 // consumers 240. On at N = 32 and 64, where it measured 5-14% faster in one A/B call
-// (bench/results/2026-12-01/seesaw-ab-producer-c2675c6.log); off at N = 16, where warp 3
-// refills during the softmax and the producer measured 2% slower. SNAPMLA_SEESAW_PRODUCER=0 or
-// 1 forces it off or on at every N (experiments; bench/NOTES.md).
-// SNAPMLA_SEESAW_TT16 (experimental, off; issue 9's cost, session 20): the two-term kernel at
-// N = 16, which has neither the early PV nor the refilling warp of the one-term N = 16 kernel,
-// gets 1: the producer warpgroup; 2: warp 3 refilling during the softmax (warps 0 and 1 run it).
+// (bench/results/2026-12-01/seesaw-ab-producer-c2675c6.log), and in the two-term kernel at
+// N = 16 (session 20: 128x16x16384 kernel alone 366.2 -> 323.8 us; the two-term query's cost
+// in the whole call 1.14x -> 1.00x, bench/results/2026-12-02-s20/); off in the one-term kernel
+// at N = 16, where warp 3 refills during the softmax and the producer measured 2% slower (warp
+// 3 refilling in the two-term one measured 1.08x). SNAPMLA_SEESAW_PRODUCER=0 or 1 forces it
+// off or on everywhere (experiments; bench/NOTES.md).
 #ifndef SNAPMLA_SEESAW_PRODUCER
 #define SNAPMLA_SEESAW_PRODUCER -1
 #endif
-#ifndef SNAPMLA_SEESAW_TT16
-#define SNAPMLA_SEESAW_TT16 0
-#endif
 template <int kN, bool kTwoTerm = false>
 constexpr bool kProducerAt =
-    SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 || (kTwoTerm && SNAPMLA_SEESAW_TT16 == 1)
-                                : SNAPMLA_SEESAW_PRODUCER != 0;
+    SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 || kTwoTerm : SNAPMLA_SEESAW_PRODUCER != 0;
 template <int kN, bool kTwoTerm = false>
 constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN, kTwoTerm> ? kWgThreads : 0);
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
@@ -336,10 +332,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // the own block i - 2 during the softmax; block i - 1's content half (read by the PV after
   // the softmax) it refills after that PV.
   constexpr bool kRefillInSoftmax =
-      !kProducer &&
-      ((!kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
-        (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0))) ||
-       (kTwoTerm && kN == 16 && SNAPMLA_SEESAW_TT16 == 2));
+      !kProducer && !kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
+      (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
                 "the refill warp runs no softmax");
