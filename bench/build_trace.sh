@@ -53,6 +53,9 @@ builds=(
   # header since session 19)
   "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
+  # the softmax against the block's own row maximum (SNAPMLA_SEESAW_LOCAL_MAX, experimental,
+  # off; session 20, not yet run)
+  "seesaw_trace_localmax:-DSNAPMLA_SEESAW_LOCAL_MAX=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

@@ -194,6 +194,9 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
+#ifndef SNAPMLA_SEESAW_LOCAL_MAX
+#define SNAPMLA_SEESAW_LOCAL_MAX 0
+#endif
 #ifndef SNAPMLA_SEESAW_REFILL32
 #define SNAPMLA_SEESAW_REFILL32 0
 #endif
@@ -820,34 +823,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             mx[ri] *= row_factor[ri];
           }
         }
-        // The previous block's statistics (its owner is the other warpgroup).
-        float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
-        if (i > 0) {
-          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          SEESAW_TRACE(i, kTrStats);
-          if (softmax_warp) {
-            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
-#pragma unroll
-            for (int ri = 0; ri < kRowsPerThread; ++ri) {
-              m_prev[ri] = ps.m[row_of(ri)];
-              sig_prev[ri] = ps.sig[row_of(ri)];
-              l_prev[ri] = ps.l[row_of(ri)];
-            }
-          }
-        }
-        if (softmax_warp) {
-          float m_use[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f}, inv_sig[2];
-#pragma unroll
-          for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
-            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
-          }
-          // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0
-          // (a select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so
-          // that the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's
-          // 2^-24 scale it back exactly.
-          const float bias[2] = {kExpShift - m_use[0], kTwoTerm ? 0.f : kExpShift - m_use[1]};
-          auto p_prime = [&](auto full_tag) {
+        // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0 (a
+        // select: their scale may be NaN). The exponential runs 2^24 high (exp2_shifted), so that
+        // the flush-to-zero unit keeps every result fp32 can hold; s_k 2^-24 and the sum's 2^-24
+        // scale it back exactly. m is bias's: the running maximum, or under kLocalMax the block's.
+        float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+        auto p_prime = [&](const float (&bias)[2]) {
+          auto run = [&](auto full_tag) {
 #pragma unroll
             for (int nn = 0; nn < 8; ++nn) {
               const float2 k2 = k_scales(nn);
@@ -865,19 +847,71 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
           };
           if (full) {
-            p_prime(std::true_type{});
+            run(std::true_type{});
           } else {
-            p_prime(std::false_type{});
+            run(std::false_type{});
           }
           SEESAW_TRACE(i, kTrExp);
           e_sum[0] *= kExpUnshift;
           e_sum[1] *= kExpUnshift;
+        };
+        auto row_sums = [&](int ri) {  // the row's e_sum and max P' over its four threads
+          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
+          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
+          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
+          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+        };
+        // SNAPMLA_SEESAW_LOCAL_MAX (experimental, off; session 20, not yet run on a GPU): the
+        // exponentials against the block's own row maximum mx, before the previous block's
+        // statistics are read; then P' and its sum scale by c = exp(mx - m_new) <= 1 (zero where
+        // the block shows the row nothing) and P8 = e4m3(P' (c / sigma)): the model's P8 up to
+        // fp32 rounding, sigma's floor included. Groundwork for a schedule whose softmaxes do not
+        // wait for each other (bench/NOTES.md, session 20).
+        constexpr bool kLocalMax = SNAPMLA_SEESAW_LOCAL_MAX != 0;
+        if constexpr (kLocalMax) {
+          if (softmax_warp) {
+            const float bias[2] = {kExpShift - (mx[0] == -INFINITY ? 0.f : mx[0]),
+                                   kTwoTerm ? 0.f : kExpShift - (mx[1] == -INFINITY ? 0.f : mx[1])};
+            p_prime(bias);
+#pragma unroll
+            for (int ri = 0; ri < kRowsPerThread; ++ri) row_sums(ri);
+          }
+        }
+        // The previous block's statistics (its owner is the other warpgroup).
+        float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+        if (i > 0) {
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+          SEESAW_TRACE(i, kTrStats);
+          if (softmax_warp) {
+            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < kRowsPerThread; ++ri) {
+              m_prev[ri] = ps.m[row_of(ri)];
+              sig_prev[ri] = ps.sig[row_of(ri)];
+              l_prev[ri] = ps.l[row_of(ri)];
+            }
+          }
+        }
+        if (softmax_warp) {
+          float m_use[2], inv_sig[2], c_loc[2] = {1.f, 1.f};
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
-            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
-            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
-            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
+          }
+          if constexpr (!kLocalMax) {
+            const float bias[2] = {kExpShift - m_use[0], kTwoTerm ? 0.f : kExpShift - m_use[1]};
+            p_prime(bias);
+          }
+#pragma unroll
+          for (int ri = 0; ri < kRowsPerThread; ++ri) {
+            if constexpr (kLocalMax) {
+              c_loc[ri] = mx[ri] == -INFINITY ? 0.f : ex2_ftz(mx[ri] - m_use[ri]);
+              e_sum[ri] *= c_loc[ri];
+              p_max[ri] *= c_loc[ri];
+            } else {
+              row_sums(ri);
+            }
             // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k (paper eq. 12)
 #if SNAPMLA_SEESAW_FAST_ROWMATH
             sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
@@ -896,6 +930,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           inv_sig[0] = __frcp_rn(sig[0]);
           if constexpr (!kTwoTerm) inv_sig[1] = __frcp_rn(sig[1]);
 #endif
+          if constexpr (kLocalMax) {
+            inv_sig[0] *= c_loc[0];
+            inv_sig[1] *= c_loc[1];
+          }
           p8_words<kRowsPerThread>(z, inv_sig, w);
         }
         SEESAW_TRACE(i, kTrP8);
