@@ -65,6 +65,15 @@ def tolerances(kernel: str, exact_logits: bool = False) -> dict:
     return {"rtol": FAST_OUT_RTOL, "lse_atol": FAST_LSE_ATOL}
 
 
+def _check_every_kernel(case, label: str, **run_kwargs) -> None:
+    """Every kernel on ``case`` (default reference) against the model at its tier's bounds."""
+    cache = make_cache(case)
+    want = case.reference()
+    for kernel in KERNELS:
+        out, lse = run_decode(cache, case, kernel=kernel, **run_kwargs)
+        check_decode(out, lse, *want, **tolerances(kernel), label=f"{label} kernel={kernel}")
+
+
 # ---------------------------------------------------------------------------- the grid
 
 
@@ -221,11 +230,7 @@ def test_plan_update_in_place(rng: np.random.Generator) -> None:
 def test_num_sm_parts(rng: np.random.Generator, num_sm_parts: int) -> None:
     """Few parts force many splits per request; many parts leave some idle."""
     case = make_case(rng, [16384, 65, 5000, 0, 1, 640], num_heads=64, q_len=2)
-    cache = make_cache(case)
-    want = case.reference()
-    for kernel in KERNELS:
-        out, lse = run_decode(cache, case, kernel=kernel, num_sm_parts=num_sm_parts)
-        check_decode(out, lse, *want, **tolerances(kernel), label=f"num_sm_parts={num_sm_parts} kernel={kernel}")
+    _check_every_kernel(case, f"num_sm_parts={num_sm_parts}", num_sm_parts=num_sm_parts)
 
 
 # The combine's kernels (cpp/decode/combine.cu, launch_combine), each aimed at by a case:
@@ -252,11 +257,7 @@ def test_combine_paths(
     rng: np.random.Generator, path: str, h: int, lens: list, parts: int
 ) -> None:
     case = make_case(rng, lens, num_heads=h, q_len=1)
-    cache = make_cache(case)
-    want = case.reference()
-    for kernel in KERNELS:
-        out, lse = run_decode(cache, case, kernel=kernel, num_sm_parts=parts)
-        check_decode(out, lse, *want, **tolerances(kernel), label=f"combine {path} kernel={kernel}")
+    _check_every_kernel(case, f"combine {path}", num_sm_parts=parts)
 
 
 # Batches of 1-20 requests at 40-128 heads whose requests the plan splits into up to 8 parts of
@@ -279,12 +280,7 @@ SPLIT_SHAPES = [
 def test_split_shapes(
     rng: np.random.Generator, name: str, h: int, s_q: int, lens: list
 ) -> None:
-    case = make_case(rng, lens, num_heads=h, q_len=s_q)
-    cache = make_cache(case)
-    want = case.reference()
-    for kernel in KERNELS:
-        out, lse = run_decode(cache, case, kernel=kernel)
-        check_decode(out, lse, *want, **tolerances(kernel), label=f"split {name} kernel={kernel}")
+    _check_every_kernel(make_case(rng, lens, num_heads=h, q_len=s_q), f"split {name}")
 
 
 def test_split_count_changes_rounding_only(rng: np.random.Generator) -> None:
