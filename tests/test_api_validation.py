@@ -1038,19 +1038,20 @@ def test_decode_with_a_two_term_plan_needs_the_reference_or_fast_kernel() -> Non
         )
 
     two_term = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8, q_precision="fp8x2")
-    with refused(
-        "kernel", r"'reference' or 'fast' \(experimental\) for a plan made with q_precision='fp8x2'"
-    ):
-        validate(two_term, "auto")
+    assert validate(two_term, "auto").kernel == 0
     assert validate(two_term, "reference").kernel == 1
     assert validate(two_term, "fast").kernel == 2
-    wide = DecodeConfig(batch_size=2, q_len=2, num_heads=32, max_pages=8, q_precision="fp8x2")
+    edge = DecodeConfig(batch_size=2, q_len=2, num_heads=16, max_pages=8, q_precision="fp8x2")
+    assert validate(edge, "auto").kernel == 0  # q_len * num_heads = 32: the tile's last fit
+    wide = DecodeConfig(batch_size=2, q_len=3, num_heads=11, max_pages=8, q_precision="fp8x2")
     for kernel in ("auto", "fast"):
         with refused(
             "kernel",
-            r"'reference' for a plan made with q_precision='fp8x2' and q_len \* num_heads > 32",
+            r"'reference' for a plan made with q_precision='fp8x2' where q_len \* num_heads"
+            r" > 32 \(the fast kernel takes it only up to 32; here 33\)",
         ):
             validate(wide, kernel)
+    assert validate(wide, "reference").kernel == 1
 
 
 def _decode_overlap() -> dict[str, Any]:

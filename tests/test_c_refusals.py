@@ -735,25 +735,19 @@ def _decode_cases() -> list[Case]:
                 f"ends inside field 'args.{name}'",
             )
         )
-    # The two-term query (config.q_precision FP8X2, 0.2): the reference kernel, or fast
-    # (experimental, opt-in: never auto) where q_len x heads <= 32 (the base config's 2 x 16).
+    # The two-term query (config.q_precision FP8X2, 0.2): auto or fast where q_len x heads
+    # <= 32 (the base config's 2 x 16), only the reference kernel past it (here 3 x 11 = 33).
     cases += [
         (
-            f"{fn}/q_precision-fp8x2-kernel-0",
+            f"{fn}/q_precision-fp8x2-kernel-{kernel}-rows-33",
             fn,
-            {"config.q_precision": 1, "args.kernel": 0},
+            {"config.q_precision": 1, "config.q_len": 3, "config.num_heads": 11,
+             "args.kernel": kernel},
             "args.kernel",
-            r"expected 1 \(reference\) or 2 \(fast, experimental\) for "
-            + r"config.q_precision 1 \(fp8x2\).*got 0",
-        ),
-        (
-            f"{fn}/q_precision-fp8x2-kernel-2-heads-32",
-            fn,
-            {"config.q_precision": 1, "config.num_heads": 32, "args.kernel": 2},
-            "args.kernel",
-            r"expected 1 \(reference\) \(fast takes it only where q_len \* num_heads <= 32\) "
-            + r"for config.q_precision 1 \(fp8x2\).*got 2",
-        ),
+            r"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\) where q_len \* "
+            + rf"num_heads > 32 \(the fast kernel takes it only up to 32; here 33\), got {kernel}",
+        )
+        for kernel in (0, 2)
     ]
     # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
     split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}

@@ -1057,19 +1057,17 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
                   "got %d",
                   op, a.kernel);
-  // The two-term query: the reference kernel at every shape; the seesaw kernel (FAST, opt-in,
-  // never AUTO: GPU-tested, but its FP8 accumulation keeps it above the BF16 query's error,
-  // bench/NOTES.md) where its QK tile holds both terms.
+  // The two-term query: the reference kernel at every shape (REFERENCE); the seesaw kernel
+  // (FAST or AUTO) where its QK tile holds both terms, q_len x heads <= 32, at the one-term
+  // kernel's time (bench/NOTES.md, session 20). Past that AUTO refuses rather than fall back to
+  // the reference kernel, several times slower: that is a choice the caller makes by name.
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   const bool two_term_fast = c.q_len * c.num_heads <= kTwoTermFastRows;
-  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE ||
-                      (a.kernel == SNAPMLA_DECODE_KERNEL_FAST && two_term_fast),
-                  "%s: argument 'args.kernel': expected 1 (reference)%s for config.q_precision 1 "
-                  "(fp8x2) in this version, got %d",
-                  op,
-                  two_term_fast ? " or 2 (fast, experimental)"
-                                : " (fast takes it only where q_len * num_heads <= 32)",
-                  a.kernel);
+  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE || two_term_fast,
+                  "%s: argument 'args.kernel': expected 1 (reference) for config.q_precision 1 "
+                  "(fp8x2) where q_len * num_heads > 32 (the fast kernel takes it only up to 32; "
+                  "here %d), got %d",
+                  op, c.q_len * c.num_heads, a.kernel);
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},

@@ -399,8 +399,8 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
  *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
  *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
  *   The rest as snapmla_quantize_q. snapmla_decode quantizes the two terms itself for a plan
- *   made with config.q_precision FP8X2. Experimental in 0.2 (tested on the H200;
- *   bench/NOTES.md). [graph-safe] */
+ *   made with config.q_precision FP8X2. Since 0.2 (tested on the H200; bench/NOTES.md).
+ *   [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
                                                  int32_t num_heads, int64_t q_stride_token,
                                                  int64_t q_stride_head, void* q_content,
@@ -416,11 +416,12 @@ typedef enum snapmla_q_precision {
                                    row on the first's residual, a second content QK pass,
                                    z's content part acc_hi + rho * acc_lo (one FMA, rho =
                                    fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
-                                   Since 0.2, experimental (tested on the H200). REFERENCE
-                                   takes it at every shape; FAST (opt-in: its FP8
-                                   accumulation keeps it above the BF16 query's error, see
-                                   bench/NOTES.md) where q_len * num_heads <= 32, the low rows
-                                   interleaved in its QK tile; AUTO refuses it */
+                                   Since 0.2 (tested on the H200). REFERENCE takes it
+                                   at every shape; AUTO and FAST where q_len * num_heads
+                                   <= 32 (the low rows interleaved in the seesaw kernel's
+                                   QK tile, at the one-term time to within 3%); past 32
+                                   only REFERENCE (AUTO refuses rather than run a kernel
+                                   several times slower unasked) */
 } snapmla_q_precision_t;
 
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */

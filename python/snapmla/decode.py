@@ -269,11 +269,12 @@ class DecodePlan(Closable):
                 ``"fp8x2"`` (the two-term query: a second FP8 row on the first's residual and
                 a second content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``;
                 about half the error where the query's rounding dominates). ``"fp8x2"``
-                reserves 516 more workspace bytes per query row, and ``decode`` with this
-                plan then needs ``kernel="reference"``, or ``kernel="fast"`` where
-                ``q_len * num_heads <= 32`` (the tensor-core kernel, its QK tile's empty half
-                holding the low rows; opt-in, never ``"auto"``). Since 0.2, experimental: not
-                yet run on a GPU.
+                reserves 516 more workspace bytes per query row. ``decode`` with this plan
+                runs the tensor-core kernel (``"auto"`` or ``"fast"``) where
+                ``q_len * num_heads <= 32``, its QK tile's empty half holding the low rows,
+                within 3% of the one-term time (bench/NOTES.md, session 20); past 32 it
+                needs ``kernel="reference"`` (several times slower), which ``"auto"`` does
+                not pick for you. Since 0.2, tested on the H200.
         """
         self._owned: OwnedMemory | None = None
         self._in_use = InUse()
@@ -447,18 +448,17 @@ def _decode_scalars(
             op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
         )
     if config.q_precision == "fp8x2" and kernel != "reference":
-        # The seesaw kernel takes the two-term query where its QK tile holds both terms; opt-in
-        # (kernel="fast"), never "auto": GPU-tested, but its FP8 accumulation keeps it above the
-        # BF16 query's error (bench/NOTES.md).
-        fast_ok = config.q_len * config.num_heads <= TWO_TERM_FAST_ROWS
-        if kernel != "fast" or not fast_ok:
+        # The seesaw kernel ("auto" or "fast") takes the two-term query where its QK tile
+        # holds both terms, at the one-term time; past that only the reference kernel, by
+        # name ("auto" refuses rather than run a kernel several times slower unasked).
+        rows = config.q_len * config.num_heads
+        if rows > TWO_TERM_FAST_ROWS:
             raise argument_error(
                 op,
                 "kernel",
-                "'reference'"
-                + (" or 'fast' (experimental)" if fast_ok else "")
-                + " for a plan made with q_precision='fp8x2'"
-                + ("" if fast_ok else f" and q_len * num_heads > {TWO_TERM_FAST_ROWS}"),
+                "'reference' for a plan made with q_precision='fp8x2' where q_len * num_heads"
+                f" > {TWO_TERM_FAST_ROWS} (the fast kernel takes it only up to"
+                f" {TWO_TERM_FAST_ROWS}; here {rows})",
                 repr(kernel),
             )
     return layer, KERNELS[kernel], _check_softmax_scale(op, softmax_scale)

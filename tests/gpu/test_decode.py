@@ -786,14 +786,26 @@ def test_two_term_query_with_exact_logits(
         check_decode(out, lse, *want, **tolerances(kernel, True), label=label)
 
 
-def test_two_term_query_refused_where_the_fast_kernel_lacks_it(rng: np.random.Generator) -> None:
-    """AUTO never runs the two-term query (the fast path is opt-in until validated); "fast"
-    refuses it past s_q * h = 32."""
-    case = make_case(rng, [100], num_heads=16)
-    cache = make_cache(case)
-    with pytest.raises(snapmla.SnapMLAError, match="q_precision='fp8x2'"):
-        run_decode(cache, case, kernel="auto", q_precision="fp8x2")
-    wide = make_case(rng, [100], num_heads=16, q_len=3)
+def test_two_term_query_on_auto(rng: np.random.Generator) -> None:
+    """AUTO runs the two-term query on the fast kernel where s_q * h <= 32: bit for bit what
+    kernel="fast" writes, at the tier's bounds against the two-term model; past 32 both AUTO
+    and "fast" refuse it (the reference kernel takes it, by name)."""
+    for h, s_q, lens in ((16, 2, [100, 64, 1, 0]), (5, 1, [65, 63])):
+        case = make_case(rng, lens, num_heads=h, q_len=s_q)
+        cache = make_cache(case)
+        auto = run_decode(cache, case, kernel="auto", q_precision="fp8x2")
+        fast = run_decode(cache, case, kernel="fast", q_precision="fp8x2")
+        for a, f, dtype in zip(auto, fast, (BF16, np.float32)):
+            np.testing.assert_array_equal(
+                to_numpy(a, dtype).view(np.uint8), to_numpy(f, dtype).view(np.uint8)
+            )
+        label = f"fp8x2 auto h={h} s_q={s_q} lens={lens}"
+        check_decode(*auto, *case.reference(q_terms=2), **tolerances("fast"), label=label)
+    wide = make_case(rng, [100], num_heads=11, q_len=3)
     cache = make_cache(wide)
-    with pytest.raises(snapmla.SnapMLAError, match="q_len \\* num_heads > 32"):
-        run_decode(cache, wide, kernel="fast", q_precision="fp8x2")
+    for kernel in ("auto", "fast"):
+        with pytest.raises(snapmla.SnapMLAError, match="q_len \\* num_heads > 32"):
+            run_decode(cache, wide, kernel=kernel, q_precision="fp8x2")
+    out, lse = run_decode(cache, wide, kernel="reference", q_precision="fp8x2")
+    want = wide.reference(q_terms=2)
+    check_decode(out, lse, *want, **tolerances("reference"), label="fp8x2 reference h=11 s_q=3")
