@@ -298,9 +298,9 @@ for stage in "$@"; do
       log "demo (the README's main job)"
       timeout 240 python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
       ;;
-    accuracy | accuracy-fast2)  # accuracy-fast2: the two-term query on the fast kernel
+    accuracy | accuracy-fast2)  # since session 21 the same study (AUTO runs the two-term query)
       extra=(); sfx=$TAG
-      [ "$stage" = accuracy-fast2 ] && { extra=(--two-term-kernel fast); sfx="-fast2$TAG"; }
+      [ "$stage" = accuracy-fast2 ] && { extra=(--two-term-kernel auto); sfx="-fast2$TAG"; }
       log "accuracy study ${extra[*]}"
       timeout 420 python3 -m snapmla.accuracy "${extra[@]}" --out "$OUT/accuracy$sfx.json" \
         --figure "$OUT/accuracy$sfx.png" 2>&1 | tee "$OUT/accuracy$sfx.log" | tail -30 || status=1

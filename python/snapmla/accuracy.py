@@ -552,12 +552,13 @@ class KernelRunner:
         num_layers: int,
         max_context: int,
         kernel: str = "auto",
-        two_term_kernel: str = "reference",
+        two_term_kernel: str = "auto",
         num_sm_parts: int = 0,
     ) -> None:
         """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages).
-        ``two_term_kernel``: the kernel of the two-term query's runs ("reference", or "fast",
-        experimental, where q_len * heads <= 32). ``num_sm_parts``: the plans' split count (0:
+        ``two_term_kernel``: the kernel of the two-term query's runs ("auto": the library's
+        AUTO where q_len * heads <= 32, where it takes the two-term query, else "reference";
+        "reference"; or "fast", where q_len * heads <= 32). ``num_sm_parts``: the plans' split count (0:
         the device's default; 1: one CTA a row tile takes the whole context, the longest
         chain of blocks a CTA's accumulators can see)."""
         import cupy
@@ -579,6 +580,16 @@ class KernelRunner:
         slots = cupy.arange(w.context, dtype=cupy.int64)
         self.cache.append(layer, _to_cupy(w.c_kv), _to_cupy(w.k_pe), slots)
 
+    def _two_term_kernel_for(self, w: wl.MLAWorkload) -> str:
+        """The kernel of a two-term run: "auto" is the library's AUTO where it takes the
+        two-term query (q_len * heads <= 32) and the reference kernel past it."""
+        if self.two_term_kernel != "auto":
+            return self.two_term_kernel
+        from .decode import TWO_TERM_FAST_ROWS
+
+        rows = w.q_len * w.num_heads
+        return "auto" if rows <= TWO_TERM_FAST_ROWS else "reference"
+
     def decode(
         self, layer: int, w: wl.MLAWorkload, q_precision: str = "fp8"
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -595,7 +606,7 @@ class KernelRunner:
         out, lse = snapmla.decode(
             self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
             softmax_scale=w.softmax_scale, causal=True,
-            kernel=self.kernel if q_precision == "fp8" else self.two_term_kernel,
+            kernel=self.kernel if q_precision == "fp8" else self._two_term_kernel_for(w),
         )
         cupy.cuda.get_current_stream().synchronize()
         out_h = out.get()
@@ -1168,9 +1179,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--kernel", choices=("auto", "reference", "fast"), default="auto",
                    help="the decode kernel measured as 'ours' (default auto)")
-    p.add_argument("--two-term-kernel", choices=("reference", "fast"), default="reference",
-                   help="the decode kernel of 'ours-fp8x2' (fast: experimental, q_len x heads "
-                   "<= 32; default reference)")
+    p.add_argument("--two-term-kernel", choices=("auto", "reference", "fast"), default="auto",
+                   help="the decode kernel of 'ours-fp8x2' (auto: the library's AUTO where "
+                   "q_len x heads <= 32, else reference; fast: only where q_len x heads <= 32)")
     p.add_argument("--num-sm-parts", type=int, default=0,
                    help="the kernel's split count (0: the device's default; 1: one CTA takes a "
                    "whole context)")
