@@ -54,8 +54,11 @@ builds=(
   "seesaw_trace_planahead0:-DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   "seesaw_timeline_planahead0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PLAN_AHEAD=0"
   # the softmax against the block's own row maximum (SNAPMLA_SEESAW_LOCAL_MAX, experimental,
-  # off; session 20, not yet run)
+  # off; session 21: passes, time level)
   "seesaw_trace_localmax:-DSNAPMLA_SEESAW_LOCAL_MAX=1"
+  # the whole QK in one fp32 accumulator (SNAPMLA_SEESAW_QK_ONE_ACC, experimental, off;
+  # session 21: its accuracy, for the two-owner / four-PV-warpgroup schedule)
+  "seesaw_trace_oneacc:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

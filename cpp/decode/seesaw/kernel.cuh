@@ -200,6 +200,9 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #ifndef SNAPMLA_SEESAW_REFILL32
 #define SNAPMLA_SEESAW_REFILL32 0
 #endif
+#ifndef SNAPMLA_SEESAW_QK_ONE_ACC
+#define SNAPMLA_SEESAW_QK_ONE_ACC 0
+#endif
 #ifndef SNAPMLA_SEESAW_EARLY32
 #define SNAPMLA_SEESAW_EARLY32 0
 #endif
@@ -716,6 +719,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // ---- QK of block i (the owner; asynchronous): two fp32 halves
       const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
       const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
+      // SNAPMLA_SEESAW_QK_ONE_ACC (experimental, off; session 21): the whole QK, 16 FP8 and 4
+      // BF16 steps, in one fp32 accumulator (sa), for a schedule whose owners cannot hold two
+      // (bench/NOTES.md, session 21); here to measure what the longer FP8 chain costs in
+      // accuracy. sb is then never written or read.
+      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       float sa[32], sb[32];
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
@@ -733,8 +741,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           for (int k = 0; k < kQkChunkSteps; ++k) {
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-            float (&acc)[32] = c < 2 ? sa : sb;
-            if (c % 2 == 0 && k == 0) {
+            float (&acc)[32] = kOneAcc || c < 2 ? sa : sb;
+            if (c % (kOneAcc ? kChunks : 2) == 0 && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
             } else {
               wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
@@ -743,7 +751,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
-          wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+          if constexpr (kOneAcc) {
+            wgmma_m64n64k16_bf16_ss(sa, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+          } else {
+            wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+          }
         }
         wgmma_commit();
       };
@@ -754,7 +766,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
-        fence_regs(sb);
+        if constexpr (!kOneAcc) fence_regs(sb);
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -799,7 +811,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #pragma unroll
               for (int c = 0; c < kElems; ++c) {
                 const int e = 4 * nn + c;
-                auto s_of = [&](int x) { return sa[x] + sb[x]; };
+                auto s_of = [&](int x) {
+                  if constexpr (kOneAcc) return sa[x];
+                  else return sa[x] + sb[x];
+                };
                 const float logit = kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e);
                 const float u = logit * (c & 1 ? k2.y : k2.x);
                 if constexpr (kFull) {
@@ -861,7 +876,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
           p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
         };
-        // SNAPMLA_SEESAW_LOCAL_MAX (experimental, off; session 20, not yet run on a GPU): the
+        // SNAPMLA_SEESAW_LOCAL_MAX (experimental, off; session 21 on the H200: 89 decode tests,
+        // the three sanitizers and the workload layers pass, kernel time level): the
         // exponentials against the block's own row maximum mx, before the previous block's
         // statistics are read; then P' and its sum scale by c = exp(mx - m_new) <= 1 (zero where
         // the block shows the row nothing) and P8 = e4m3(P' (c / sigma)): the model's P8 up to
@@ -893,7 +909,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
         }
         if (softmax_warp) {
-          float m_use[2], inv_sig[2], c_loc[2] = {1.f, 1.f};
+          float m_use[2], inv_sig[2];
+          [[maybe_unused]] float c_loc[2] = {1.f, 1.f};  // kLocalMax's c per row
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
