@@ -35,6 +35,7 @@ fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n64_direct.cu
+     cpp/decode/seesaw/instantiations/n64_quarters.cu
      cpp/decode/seesaw/instantiations/n16_two_term.cu
      cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
