@@ -63,6 +63,7 @@ builds=(
   # N = 64 on four consumer warpgroups, each a quarter of the latent (SNAPMLA_SEESAW_QUARTERS,
   # experimental, off; session 21)
   "seesaw_trace_quarters:-DSNAPMLA_SEESAW_QUARTERS=1"
+  "seesaw_trace_quarters2:-DSNAPMLA_SEESAW_QUARTERS=1 -DSNAPMLA_SEESAW_QUARTER_OWNER_TILES=2"
   "seesaw_timeline_quarters:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QUARTERS=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"

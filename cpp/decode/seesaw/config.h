@@ -107,6 +107,7 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
+  uint32_t stage_readers[kStages];  // kQuarters: warpgroups done reading a stage (kernel.cuh)
 };
 
 struct TensorMaps {

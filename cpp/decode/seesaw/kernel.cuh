@@ -280,15 +280,23 @@ template <int kN, bool kTwoTerm = false>
 constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN, kTwoTerm> ? kWgThreads : 0);
 // kQuarters (SNAPMLA_SEESAW_QUARTERS, config.h): four consumer warpgroups, no producer.
 constexpr int kQuarterWgs = 4;
+// The owners' m-tiles of O^T (1: an owner's chain is QK, softmax and one m-tile's PV a block;
+// 2: equal quarters), the PV warpgroups' the rest.
+#ifndef SNAPMLA_SEESAW_QUARTER_OWNER_TILES
+#define SNAPMLA_SEESAW_QUARTER_OWNER_TILES 1
+#endif
 // Its registers (512 threads at 128 at launch): the owners', whose softmax holds O^T's quarter
 // and S, and the PV warpgroups', whose temporaries are smaller; 2 x owners + 2 x PV <= 4 x 128.
 #ifndef SNAPMLA_SEESAW_QUARTER_OWNER_REGS
-#define SNAPMLA_SEESAW_QUARTER_OWNER_REGS 144
+#define SNAPMLA_SEESAW_QUARTER_OWNER_REGS (SNAPMLA_SEESAW_QUARTER_OWNER_TILES == 1 ? 112 : 144)
 #endif
 constexpr int kOwnerRegs = SNAPMLA_SEESAW_QUARTER_OWNER_REGS;
 constexpr int kPvWgRegs = 256 - kOwnerRegs;
 static_assert(kOwnerRegs % 8 == 0 && kPvWgRegs >= 24, "setmaxnreg: multiples of 8, >= 24");
 constexpr int kOwnerRole = 2, kPvRole = 3;  // run_requests' roles under kQuarters
+constexpr int kOwnerTiles = SNAPMLA_SEESAW_QUARTER_OWNER_TILES;
+constexpr int kPvTiles = (kContentDim / 64 - 2 * kOwnerTiles) / 2;
+static_assert(kOwnerTiles >= 1 && kPvTiles >= 1 && 2 * (kOwnerTiles + kPvTiles) == 8, "8 m-tiles");
 #ifndef SNAPMLA_SEESAW_QUARTER_HALF_N
 #define SNAPMLA_SEESAW_QUARTER_HALF_N 1
 #endif
@@ -429,6 +437,9 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, 1);
+    if constexpr (kQuarters) {
+      for (int i = 0; i < kStages; ++i) s.stage_readers[i] = 0;
+    }
     mbar_fence_init();
   }
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
@@ -452,8 +463,12 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   auto run_requests = [&](auto role_tag) {
     constexpr int kRole = decltype(role_tag)::value;
     constexpr bool kIsProducer = kRole == 1;
+    // The m-tiles of O^T this warpgroup holds: kMyTiles, from the latent's m-tile tile0 (under
+    // kQuarters the owners kOwnerTiles each, the PV warpgroups kPvTiles each, in wg order).
+    constexpr int kMyTiles = !kQuarters ? kWgMTiles : kRole == kPvRole ? kPvTiles : kOwnerTiles;
     const int g = lane / 4, t = lane % 4;
     const int rows_total = p.q_len * p.num_heads;
+    const int tile0 = kRole == kPvRole ? 2 * kOwnerTiles + kPvTiles * (wg - 2) : kOwnerTiles * wg;
     // The query rows of this thread's S rows: r0 = 16 warp + g and r0 + 8 (two-term: 8 warp + g).
     const int r0 = kRowsPerWarp * warp + g;
     auto row_of = [&](int ri) { return r0 + 8 * ri; };
@@ -757,9 +772,9 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
-      float o[kWgMTiles][kNRegs];  // O^T of latent half (quarter) wg
+      float o[kMyTiles][kNRegs];  // O^T of latent half (quarter) wg
 #pragma unroll
-      for (int m = 0; m < kWgMTiles; ++m) {
+      for (int m = 0; m < kMyTiles; ++m) {
 #pragma unroll
         for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
       }
@@ -1031,7 +1046,8 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       // V^T A fragments of m-tile m (both k-steps) of this warpgroup's half of block i's stage.
       auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
         if constexpr (kQuarters) {
-          vt_chunk_fragments(i, wg, m, edge_tag, a);  // chunk wg: m-tile m is its half m
+          const int mt = tile0 + m;  // the latent's m-tile: half mt % 2 of chunk mt / 2
+          vt_chunk_fragments(i, mt >> 1, mt & 1, edge_tag, a);
         } else {
           vt_chunk_fragments(i, 2 * wg + m / 2, m & 1, edge_tag, a);
         }
@@ -1076,17 +1092,17 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         for (int m = 0; m < kEarlyMTiles; ++m) promote_cols(m, 0, early[m], ps);
       };
 
-      // ---- PV of m-tiles [kM0, kWgMTiles) of block i (all of them for the own block)
+      // ---- PV of m-tiles [kM0, kMyTiles) of block i (all of them for the own block)
       auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
-          constexpr int kTiles = kWgMTiles - kM0;
+          constexpr int kTiles = kMyTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
 #pragma unroll
-          for (int m = kM0; m < kWgMTiles; ++m) {
+          for (int m = kM0; m < kMyTiles; ++m) {
 #pragma unroll
             for (int col = 0; col < kNTiles; ++col) {
               const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
@@ -1105,7 +1121,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           }
           wgmma_wait<0>();
 #pragma unroll
-          for (int m = kM0; m < kWgMTiles; ++m) fence_regs(o[m]);
+          for (int m = kM0; m < kMyTiles; ++m) fence_regs(o[m]);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
@@ -1115,9 +1131,10 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           // SNAPMLA_SEESAW_QUARTER_HALF_N (1): each m-tile in two half-N groups (16 registers of
           // temporary instead of 32).
-          constexpr int kGroupN = SNAPMLA_SEESAW_QUARTER_HALF_N ? kN / 2 : kN;
+          constexpr int kGroupN =
+              SNAPMLA_SEESAW_QUARTER_HALF_N && (kRole == kPvRole || kOwnerTiles > 1) ? kN / 2 : kN;
 #pragma unroll
-          for (int m = kM0; m < kWgMTiles; ++m) {
+          for (int m = kM0; m < kMyTiles; ++m) {
             uint32_t a[2][4];
             v_fragments(i, m, edge_tag, a);
 #pragma unroll
@@ -1137,7 +1154,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         }
         if constexpr (kPvDeep<kN>) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
-          constexpr int kTiles = kWgMTiles - kM0;
+          constexpr int kTiles = kMyTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           float tmp[kTiles][kNRegs];
           uint32_t a[kTiles][2][4];
@@ -1175,7 +1192,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
           auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
 #pragma unroll
-          for (int q = 0; q < kWgMTiles - kM0; ++q) {
+          for (int q = 0; q < kMyTiles - kM0; ++q) {
             v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
             wgmma_fence();
             wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
@@ -1187,14 +1204,14 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
             }
           }
           wgmma_wait<0>();
-          promote_whole(kWgMTiles - kM0 - 1);
+          promote_whole(kMyTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
         float tmp[2][kHalfN / 2];
         auto promote = [&](int q) { promote_half(q, tmp[q % 2]); };
 #pragma unroll
-        for (int m = kM0; m < kWgMTiles; ++m) {
+        for (int m = kM0; m < kMyTiles; ++m) {
           uint32_t a[2][4];
           v_fragments(i, m, edge_tag, a);
 #pragma unroll
@@ -1212,7 +1229,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           }
         }
         wgmma_wait<0>();
-        promote(2 * (kWgMTiles - kM0) - 1);
+        promote(2 * (kMyTiles - kM0) - 1);
         SEESAW_TRACE(i, kTrPvEnd);
       };
       using AllTiles = std::integral_constant<int, 0>;
@@ -1259,6 +1276,20 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           if (lane == 0) load_content_part(i + kStages, wg, page);
         }
       };
+      // kQuarters: this warpgroup's reads of block i's stage are over (its PV, and the owner's
+      // softmax before it). The last of the four warpgroups to say so refills the whole stage
+      // (its content chunks are read by up to two warpgroups each).
+      auto stage_done = [&](int i) {
+        if (warp == 0 && i + kStages < n) {
+          const int32_t page = page_of(i + kStages);
+          // (the counter only grows: every fourth arrival is a block's last; 2^32 is a multiple)
+          if (lane == 0 &&
+              atomicAdd(&s.stage_readers[(it0 + i) % kStages], 1u) % kWgs == kWgs - 1) {
+            for (int part = 0; part < kWgs; ++part) load_content_part(i + kStages, part, page);
+            load_rope_scale(i + kStages, page);
+          }
+        }
+      };
       auto refill_rope_scale = [&](int i) {  // the owner's QK and softmax of block i ran
         if (warp == kRefillWarp && i + kStages < n) {
           const int32_t page = page_of(i + kStages);
@@ -1279,15 +1310,19 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           SEESAW_TRACE(i, kTrPfreeArrived);
           if constexpr (kProducer) {
             release(i - 1);
+          } else if constexpr (kQuarters) {
+            stage_done(i - 1);
           } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kWgMTiles) {
             refill_content(i - 1);
           }
         }
-        if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
+        if constexpr (!kRefillInSoftmax && !kProducer && !kQuarters) refill_rope_scale(i);
         SEESAW_TRACE(i, kTrRefill);
         pv(i);
         if constexpr (kProducer) {
           release(i);
+        } else if constexpr (kQuarters) {
+          stage_done(i);
         } else if constexpr (!kRefillInSoftmax) {
           refill_content(i);
         }
@@ -1303,7 +1338,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           named_barrier(kBarReady + (i & (kPreadyIds - 1)), kConsumers);
           pv(i);
           if (i + kPTiles < n) named_barrier_arrive(kBarFree + i % kPTiles, kConsumers);
-          refill_content(i);
+          stage_done(i);
         }
       }
       // (the PV warpgroups start past the end)
@@ -1386,7 +1421,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
           if (fr >= rows_total) continue;
           const float inv_l = inv_l_of[row];
-          const int d0 = kWgDim * wg + 16 * warp + 2 * g;
+          const int d0 = (kQuarters ? 64 * tile0 : kWgDim * wg) + 16 * warp + 2 * g;
 #ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
           const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
 #else
@@ -1396,14 +1431,14 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
-            for (int m = 0; m < kWgMTiles; ++m) {
+            for (int m = 0; m < kMyTiles; ++m) {
               *reinterpret_cast<float2*>(dst + 64 * m) =
                   make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           } else if (to_out) {
             uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
 #pragma unroll
-            for (int m = 0; m < kWgMTiles; ++m) {
+            for (int m = 0; m < kMyTiles; ++m) {
               *reinterpret_cast<uint32_t*>(dst + 64 * m) =
                   pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
@@ -1434,11 +1469,20 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       run_requests(std::false_type{});
     }
   } else if constexpr (kQuarters) {
+    // (the side below 128 returns registers to the CTA's pool, the other takes them)
     if (wg >= 2) {
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPvWgRegs) : "memory");
+      if constexpr (kPvWgRegs < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPvWgRegs) : "memory");
+      } else if constexpr (kPvWgRegs > 128) {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPvWgRegs) : "memory");
+      }
       run_requests(std::integral_constant<int, kPvRole>{});
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOwnerRegs) : "memory");
+      if constexpr (kOwnerRegs < 128) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kOwnerRegs) : "memory");
+      } else if constexpr (kOwnerRegs > 128) {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOwnerRegs) : "memory");
+      }
       run_requests(std::integral_constant<int, kOwnerRole>{});
     }
   } else {
