@@ -35,7 +35,6 @@ fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n64_direct.cu
-     cpp/decode/seesaw/instantiations/n64_quarters.cu
      cpp/decode/seesaw/instantiations/n16_two_term.cu
      cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
@@ -60,11 +59,6 @@ builds=(
   # the whole QK in one fp32 accumulator (SNAPMLA_SEESAW_QK_ONE_ACC, experimental, off;
   # session 21: its accuracy, for the two-owner / four-PV-warpgroup schedule)
   "seesaw_trace_oneacc:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
-  # N = 64 on four consumer warpgroups, each a quarter of the latent (SNAPMLA_SEESAW_QUARTERS,
-  # experimental, off; session 21)
-  "seesaw_trace_quarters:-DSNAPMLA_SEESAW_QUARTERS=1"
-  "seesaw_trace_quarters2:-DSNAPMLA_SEESAW_QUARTERS=1 -DSNAPMLA_SEESAW_QUARTER_OWNER_TILES=2"
-  "seesaw_timeline_quarters:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QUARTERS=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

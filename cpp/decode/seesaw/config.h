@@ -107,7 +107,6 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
-  uint32_t stage_readers[kStages];  // kQuarters: warpgroups done reading a stage (kernel.cuh)
 };
 
 struct TensorMaps {
@@ -133,22 +132,9 @@ static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 #define SNAPMLA_SEESAW_PV_DIRECT 0
 #endif
 
-// SNAPMLA_SEESAW_QUARTERS (experimental, off; session 21): N = 64 with four consumer warpgroups
-// and no producer, 512 threads at 128 registers. Warpgroups 0 and 1 own alternate blocks for QK
-// (one fp32 accumulator) and softmax as above; every warpgroup w runs the PV of every block on
-// latent quarter [128 w, 128 w + 128) (2 m-tiles, O^T 64 registers), so warpgroups 2 and 3 run
-// only PV. Each warpgroup refills its own content chunk of a stage after its PV of the block,
-// an owner the RoPE tile and the scales after its softmax (five arrivals a stage). Why this
-// shape and not four owners: bench/NOTES.md, session 21. instantiations/n64_quarters.cu is
-// compiled only under this switch.
-#ifndef SNAPMLA_SEESAW_QUARTERS
-#define SNAPMLA_SEESAW_QUARTERS 0
-#endif
-
 // Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
-// kPvDirect, N = 64 only, experimental: n64_direct.cu, kernel.cuh says what it changes;
-// kQuarters, N = 64 only, experimental: n64_quarters.cu).
-template <int kN, bool kTwoTerm = false, bool kPvDirect = false, bool kQuarters = false>
+// kPvDirect, N = 64 only, experimental: n64_direct.cu, kernel.cuh says what it changes).
+template <int kN, bool kTwoTerm = false, bool kPvDirect = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 
 }  // namespace seesaw

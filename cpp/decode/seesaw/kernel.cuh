@@ -278,30 +278,6 @@ constexpr bool kProducerAt =
     SNAPMLA_SEESAW_PRODUCER < 0 ? kN >= 32 || kTwoTerm : SNAPMLA_SEESAW_PRODUCER != 0;
 template <int kN, bool kTwoTerm = false>
 constexpr int kCtaThreadsAt = kThreads + (kProducerAt<kN, kTwoTerm> ? kWgThreads : 0);
-// kQuarters (SNAPMLA_SEESAW_QUARTERS, config.h): four consumer warpgroups, no producer.
-constexpr int kQuarterWgs = 4;
-// The owners' m-tiles of O^T (1: an owner's chain is QK, softmax and one m-tile's PV a block;
-// 2: equal quarters), the PV warpgroups' the rest.
-#ifndef SNAPMLA_SEESAW_QUARTER_OWNER_TILES
-#define SNAPMLA_SEESAW_QUARTER_OWNER_TILES 1
-#endif
-// Its registers (512 threads at 128 at launch): the owners', whose softmax holds O^T's quarter
-// and S, and the PV warpgroups', whose temporaries are smaller; 2 x owners + 2 x PV <= 4 x 128.
-#ifndef SNAPMLA_SEESAW_QUARTER_OWNER_REGS
-#define SNAPMLA_SEESAW_QUARTER_OWNER_REGS (SNAPMLA_SEESAW_QUARTER_OWNER_TILES == 1 ? 112 : 144)
-#endif
-constexpr int kOwnerRegs = SNAPMLA_SEESAW_QUARTER_OWNER_REGS;
-constexpr int kPvWgRegs = 256 - kOwnerRegs;
-static_assert(kOwnerRegs % 8 == 0 && kPvWgRegs >= 24, "setmaxnreg: multiples of 8, >= 24");
-constexpr int kOwnerRole = 2, kPvRole = 3;  // run_requests' roles under kQuarters
-constexpr int kOwnerTiles = SNAPMLA_SEESAW_QUARTER_OWNER_TILES;
-constexpr int kPvTiles = (kContentDim / 64 - 2 * kOwnerTiles) / 2;
-static_assert(kOwnerTiles >= 1 && kPvTiles >= 1 && 2 * (kOwnerTiles + kPvTiles) == 8, "8 m-tiles");
-#ifndef SNAPMLA_SEESAW_QUARTER_HALF_N
-#define SNAPMLA_SEESAW_QUARTER_HALF_N 1
-#endif
-template <int kN, bool kTwoTerm, bool kQuarters>
-constexpr int kCtaThreadsOf = kQuarters ? kQuarterWgs * kWgThreads : kCtaThreadsAt<kN, kTwoTerm>;
 constexpr int kBarConsumers = kBarWg + 2;               // the two consumer warpgroups
 constexpr int kBarCta = kBarWg + 3;                     // all three, at a request's end
 constexpr int kBarStart = kBarWg + 4;  // all three at a request's start (the producer arrives)
@@ -325,34 +301,11 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // z = fmaf(rho, lo, hi) (rho = s2 / s1) in place, then the softmax runs on one row per thread
 // (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
 // epilogue index query rows as in the one-term kernel.
-template <int kN, bool kTwoTerm, bool kPvDirect, bool kQuarters>
-__global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
+template <int kN, bool kTwoTerm, bool kPvDirect>
+__global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
-  static_assert(!kQuarters || (kN == 64 && !kTwoTerm && !kPvDirect),
-                "four consumer warpgroups: N = 64, one-term, promoted PV");
-  // Consumer warpgroups and threads; the latent each warpgroup's PV covers (a half, or under
-  // kQuarters a quarter: one content chunk) and its PV m-tiles.
-  constexpr int kWgs = kQuarters ? kQuarterWgs : 2;
-  constexpr int kConsumers = kWgs * kWgThreads;
-  constexpr int kWgDim = kContentDim / kWgs;
-  constexpr int kWgMTiles = kWgDim / 64;
-  // The ring's arrivals a stage: the content in one part a warpgroup, then the RoPE and scales.
-  constexpr uint32_t kArrivals = kWgs + 1;
-  constexpr uint32_t kContentPartTx = kWgDim * kBlockN;
-  static_assert(kQuarters || (kArrivals == kFullArrivals && kContentPartTx == kContentHalfTx),
-                "the two-warpgroup ring as config.h states it");
-  // Named barriers: P8 ready per block, with a period that the P8 buffers bound (a PV warpgroup
-  // may run up to kPBuffers blocks behind the owner: 2 suffices with two warpgroups, where the
-  // owner's next publish waits for the other's softmax, which waited for this one), P8 free per
-  // buffer, one per warpgroup.
-  constexpr int kPreadyIds = kQuarters ? kPBuffers : 2;
-  static_assert((kPreadyIds & (kPreadyIds - 1)) == 0, "a power of two: ids by a mask");
-  constexpr int kBarReady = kBarPready, kBarFree = kBarReady + kPreadyIds;
-  constexpr int kBarOwn = kBarFree + kPBuffers;
-  static_assert(kQuarters || (kBarFree == kBarPfree && kBarOwn == kBarWg), "config.h's ids");
-  static_assert(kBarOwn + kWgs <= (kQuarters ? 16 : kBarConsumers), "16 named barriers");
   static_assert(!kTwoTerm || kN <= 32, "the two-term query: 8 query rows a warp, 32 a tile");
   // Query rows of a warp's S accumulator and of a thread's (rows g and g + 8 of the fragment:
   // two query rows, or one query row's high and low logits).
@@ -361,8 +314,8 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   // The two-term kernel at N = 32 also runs the one-term query (q_lo null: zero low rows) under
   // SNAPMLA_SEESAW_SPREAD32 (decode.h, launch_seesaw_decode).
   constexpr bool kSpread = kTwoTerm && kN == 32 && SNAPMLA_SEESAW_SPREAD32 != 0;
-  constexpr bool kProducer = !kQuarters && kProducerAt<kN, kTwoTerm>;
-  constexpr int kCtaThreads = kCtaThreadsOf<kN, kTwoTerm, kQuarters>;
+  constexpr bool kProducer = kProducerAt<kN, kTwoTerm>;
+  constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
@@ -374,7 +327,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
-                               : kN == 16  ? kWgMTiles
+                               : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
                                            : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
@@ -386,7 +339,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   // the softmax) it refills after that PV.
   constexpr bool kRefillInSoftmax =
       !kProducer && !kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
-      (kEarlyMTiles == kWgMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
+      (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
   static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
                 "the refill warp runs no softmax");
@@ -431,15 +384,12 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
     requests_ahead = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
   }
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kArrivals);
+    for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, 1);
-    if constexpr (kQuarters) {
-      for (int i = 0; i < kStages; ++i) s.stage_readers[i] = 0;
-    }
     mbar_fence_init();
   }
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
@@ -458,17 +408,10 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   // The request loop, one copy per role (the producer's runs under setmaxnreg's 24 registers,
   // the consumers' under 240; without a producer only the consumers' exists). Each role
   // computes its per-thread constants after setmaxnreg: live across it, they would spill.
-  // role_tag: std::true_type for the producer, std::false_type for the consumers; under
-  // kQuarters kOwnerRole or kPvRole (the same code, each copy compiled for its registers).
-  auto run_requests = [&](auto role_tag) {
-    constexpr int kRole = decltype(role_tag)::value;
-    constexpr bool kIsProducer = kRole == 1;
-    // The m-tiles of O^T this warpgroup holds: kMyTiles, from the latent's m-tile tile0 (under
-    // kQuarters the owners kOwnerTiles each, the PV warpgroups kPvTiles each, in wg order).
-    constexpr int kMyTiles = !kQuarters ? kWgMTiles : kRole == kPvRole ? kPvTiles : kOwnerTiles;
+  auto run_requests = [&](auto producer_tag) {
+    constexpr bool kIsProducer = decltype(producer_tag)::value;
     const int g = lane / 4, t = lane % 4;
     const int rows_total = p.q_len * p.num_heads;
-    const int tile0 = kRole == kPvRole ? 2 * kOwnerTiles + kPvTiles * (wg - 2) : kOwnerTiles * wg;
     // The query rows of this thread's S rows: r0 = 16 warp + g and r0 + 8 (two-term: 8 warp + g).
     const int r0 = kRowsPerWarp * warp + g;
     auto row_of = [&](int ri) { return r0 + 8 * ri; };
@@ -594,18 +537,16 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       // ---- loads. A page outside the layer loads nothing (the phase still turns); its rows
       // come out NaN.
       // The caller reads the page id (page_of below for the refills).
-      // Content part `part` of block i: warpgroup part's PV chunks (a half, or a quarter).
-      auto load_content_part = [&](int i, int part, int32_t page) {
-        constexpr int kPartChunks = kChunks / kWgs;  // (the producer's loads: two halves)
+      auto load_content_half = [&](int i, int half, int32_t page) {
         uint64_t* bar = full_of(i);
         if (!page_ok(page)) {
           s.bad_page = 1;
           return mbar_arrive(bar);
         }
-        mbar_arrive_expect_tx(bar, kContentPartTx);
+        mbar_arrive_expect_tx(bar, kContentHalfTx);
         const uint64_t policy = SNAPMLA_SEESAW_KV_EVICT_FIRST != 0 ? l2_evict_first_policy() : 0;
 #pragma unroll
-        for (int c = kPartChunks * part; c < kPartChunks * part + kPartChunks; ++c) {
+        for (int c = 2 * half; c < 2 * half + 2; ++c) {
           if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
             tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0,
                              page, policy);
@@ -659,12 +600,8 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           if (i == q_at) load_q();
           const int32_t page = pages[i];
           if (i == 0 && page_ok(page)) SEESAW_LOADER_TRACE(b == requests.begin, kTrPageRead);
-          load_content_part(i, 0, page);
-          load_content_part(i, 1, page);
-          if constexpr (kQuarters) {
-            load_content_part(i, 2, page);
-            load_content_part(i, 3, page);
-          }
+          load_content_half(i, 0, page);
+          load_content_half(i, 1, page);
           load_rope_scale(i, page);
         }
         if (q_at == first_pages) load_q();
@@ -753,8 +690,8 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           for (int j = kStages; j < n; ++j) {
             wait_empty((it0 + j) % kStages);
             const int32_t page = pages[j];
-            load_content_part(j, 0, page);
-            load_content_part(j, 1, page);
+            load_content_half(j, 0, page);
+            load_content_half(j, 1, page);
             load_rope_scale(j, page);
           }
         }
@@ -772,9 +709,9 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
-      float o[kMyTiles][kNRegs];  // O^T of latent half (quarter) wg
+      float o[kMTiles][kNRegs];  // O^T of latent half wg
 #pragma unroll
-      for (int m = 0; m < kMyTiles; ++m) {
+      for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
         for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
       }
@@ -786,7 +723,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       // BF16 steps, in one fp32 accumulator (sa), for a schedule whose owners cannot hold two
       // (bench/NOTES.md, session 21); here to measure what the longer FP8 chain costs in
       // accuracy. sb is then never written or read.
-      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0 || kQuarters;
+      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       float sa[32], sb[32];
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
@@ -959,9 +896,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         // The previous block's statistics (its owner is the other warpgroup).
         float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
         if (i > 0) {
-          if constexpr (kEarlyMTiles == 0) {
-            named_barrier(kBarReady + ((i - 1) & (kPreadyIds - 1)), kConsumers);
-          }
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
           SEESAW_TRACE(i, kTrStats);
           if (softmax_warp) {
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
@@ -1020,7 +955,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         }
         SEESAW_TRACE(i, kTrP8);
         // PV(i - kPTiles) by the other warpgroup read this P tile
-        if (i >= kPTiles) named_barrier(kBarFree + i % kPTiles, kConsumers);
+        if (i >= kPTiles) named_barrier(kBarPfree + i % kPTiles, kThreads);
         SEESAW_TRACE(i, kTrPfree);
         if (softmax_warp) {
           store_p8<kRowsPerThread>(smem_u32(p_tile(i)) + stsm_off, w);
@@ -1036,21 +971,16 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           }
         }
         fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
-        named_barrier_arrive(kBarReady + (i & (kPreadyIds - 1)), kConsumers);
+        named_barrier_arrive(kBarPready + (i & 1), kThreads);
         SEESAW_TRACE(i, kTrPublished);
-        named_barrier(kBarOwn + wg, kWgThreads);  // own P8 and statistics; the scales are read
+        named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
         SEESAW_TRACE(i, kTrWgSynced);
       };
 
       // ---- PV of block i on latent half wg: O = gamma O + P8 V (fp32 promotion every block)
       // V^T A fragments of m-tile m (both k-steps) of this warpgroup's half of block i's stage.
       auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
-        if constexpr (kQuarters) {
-          const int mt = tile0 + m;  // the latent's m-tile: half mt % 2 of chunk mt / 2
-          vt_chunk_fragments(i, mt >> 1, mt & 1, edge_tag, a);
-        } else {
-          vt_chunk_fragments(i, 2 * wg + m / 2, m & 1, edge_tag, a);
-        }
+        vt_chunk_fragments(i, 2 * wg + m / 2, m & 1, edge_tag, a);
       };
 
       // ---- the early PV (kEarlyMTiles > 0): m-tiles [0, kEarlyMTiles) of the other warpgroup's
@@ -1092,17 +1022,17 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         for (int m = 0; m < kEarlyMTiles; ++m) promote_cols(m, 0, early[m], ps);
       };
 
-      // ---- PV of m-tiles [kM0, kMyTiles) of block i (all of them for the own block)
+      // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
       auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
         mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
-          constexpr int kTiles = kMyTiles - kM0;
+          constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
 #pragma unroll
-          for (int m = kM0; m < kMyTiles; ++m) {
+          for (int m = kM0; m < kMTiles; ++m) {
 #pragma unroll
             for (int col = 0; col < kNTiles; ++col) {
               const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
@@ -1121,40 +1051,13 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           }
           wgmma_wait<0>();
 #pragma unroll
-          for (int m = kM0; m < kMyTiles; ++m) fence_regs(o[m]);
-          SEESAW_TRACE(i, kTrPvEnd);
-          return;
-        }
-        if constexpr (kQuarters) {
-          // One whole-N group at a time: the other three warpgroups' wgmmas keep the tensor
-          // cores busy meanwhile, and two in flight do not fit 128 registers (ptxas).
-          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-          // SNAPMLA_SEESAW_QUARTER_HALF_N (1): each m-tile in two half-N groups (16 registers of
-          // temporary instead of 32).
-          constexpr int kGroupN =
-              SNAPMLA_SEESAW_QUARTER_HALF_N && (kRole == kPvRole || kOwnerTiles > 1) ? kN / 2 : kN;
-#pragma unroll
-          for (int m = kM0; m < kMyTiles; ++m) {
-            uint32_t a[2][4];
-            v_fragments(i, m, edge_tag, a);
-#pragma unroll
-            for (int h = 0; h < kN / kGroupN; ++h) {
-              const uint32_t rows = h * kGroupN * kPRowBytes;  // P8 rows of this group
-              float tmp[kGroupN / 2];
-              wgmma_fence();
-              wgmma_pv<kGroupN, true>(tmp, a[0], p_desc.at(rows));
-              wgmma_pv<kGroupN, false>(tmp, a[1], p_desc.at(rows + 32));
-              wgmma_commit();
-              wgmma_wait<0>();
-              promote_cols(m, h * kGroupN / 8, tmp, ps);
-            }
-          }
+          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m]);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
         if constexpr (kPvDeep<kN>) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
-          constexpr int kTiles = kMyTiles - kM0;
+          constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           float tmp[kTiles][kNRegs];
           uint32_t a[kTiles][2][4];
@@ -1192,7 +1095,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
           auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
 #pragma unroll
-          for (int q = 0; q < kMyTiles - kM0; ++q) {
+          for (int q = 0; q < kMTiles - kM0; ++q) {
             v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
             wgmma_fence();
             wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
@@ -1204,14 +1107,14 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
             }
           }
           wgmma_wait<0>();
-          promote_whole(kMyTiles - kM0 - 1);
+          promote_whole(kMTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
         float tmp[2][kHalfN / 2];
         auto promote = [&](int q) { promote_half(q, tmp[q % 2]); };
 #pragma unroll
-        for (int m = kM0; m < kMyTiles; ++m) {
+        for (int m = kM0; m < kMTiles; ++m) {
           uint32_t a[2][4];
           v_fragments(i, m, edge_tag, a);
 #pragma unroll
@@ -1229,7 +1132,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           }
         }
         wgmma_wait<0>();
-        promote(2 * (kMyTiles - kM0) - 1);
+        promote(2 * (kMTiles - kM0) - 1);
         SEESAW_TRACE(i, kTrPvEnd);
       };
       using AllTiles = std::integral_constant<int, 0>;
@@ -1242,7 +1145,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         }
       };
       auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
-        if constexpr (kEarlyMTiles < kWgMTiles) {
+        if constexpr (kEarlyMTiles < kMTiles) {
           if (is_edge(i)) {
             pv_block(i, std::true_type{}, LateTiles{});
           } else {
@@ -1273,21 +1176,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       auto refill_content = [&](int i) {  // this warpgroup's half of block i's stage is free
         if (warp == kRefillWarp && i + kStages < n) {
           const int32_t page = page_of(i + kStages);
-          if (lane == 0) load_content_part(i + kStages, wg, page);
-        }
-      };
-      // kQuarters: this warpgroup's reads of block i's stage are over (its PV, and the owner's
-      // softmax before it). The last of the four warpgroups to say so refills the whole stage
-      // (its content chunks are read by up to two warpgroups each).
-      auto stage_done = [&](int i) {
-        if (warp == 0 && i + kStages < n) {
-          const int32_t page = page_of(i + kStages);
-          // (the counter only grows: every fourth arrival is a block's last; 2^32 is a multiple)
-          if (lane == 0 &&
-              atomicAdd(&s.stage_readers[(it0 + i) % kStages], 1u) % kWgs == kWgs - 1) {
-            for (int part = 0; part < kWgs; ++part) load_content_part(i + kStages, part, page);
-            load_rope_scale(i + kStages, page);
-          }
+          if (lane == 0) load_content_half(i + kStages, wg, page);
         }
       };
       auto refill_rope_scale = [&](int i) {  // the owner's QK and softmax of block i ran
@@ -1306,23 +1195,19 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
           if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
           pv_late(i - 1);
-          if (i - 1 + kPTiles < n) named_barrier_arrive(kBarFree + (i - 1) % kPTiles, kConsumers);
+          if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
           SEESAW_TRACE(i, kTrPfreeArrived);
           if constexpr (kProducer) {
             release(i - 1);
-          } else if constexpr (kQuarters) {
-            stage_done(i - 1);
-          } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kWgMTiles) {
+          } else if constexpr (!kRefillInSoftmax || kEarlyMTiles < kMTiles) {
             refill_content(i - 1);
           }
         }
-        if constexpr (!kRefillInSoftmax && !kProducer && !kQuarters) refill_rope_scale(i);
+        if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
         SEESAW_TRACE(i, kTrRefill);
         pv(i);
         if constexpr (kProducer) {
           release(i);
-        } else if constexpr (kQuarters) {
-          stage_done(i);
         } else if constexpr (!kRefillInSoftmax) {
           refill_content(i);
         }
@@ -1331,22 +1216,11 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-      // kQuarters: warpgroups 2 and 3 run only PV, every block in order, each as soon as its
-      // owner published it; their refills follow their PVs.
-      if constexpr (kRole == kPvRole) {
-        for (int i = 0; i < n; ++i) {
-          named_barrier(kBarReady + (i & (kPreadyIds - 1)), kConsumers);
-          pv(i);
-          if (i + kPTiles < n) named_barrier_arrive(kBarFree + i % kPTiles, kConsumers);
-          stage_done(i);
-        }
-      }
-      // (the PV warpgroups start past the end)
-      for (int i = kRole == kPvRole ? n : wg; i < n; i += 2) {
+      for (int i = wg; i < n; i += 2) {
         issue_qk(i);
         if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
-            named_barrier(kBarReady + ((i - 1) & (kPreadyIds - 1)), kConsumers);
+            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
             if (is_edge(i - 1)) {
               pv_issue_early(i - 1, std::true_type{});
             } else {
@@ -1366,16 +1240,14 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
               refill_content(i - 2);
               refill_rope_scale(i - 2);
             }
-            if (kEarlyMTiles == kWgMTiles && i > 0) refill_content(i - 1);
+            if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
           }
         }
         softmax_publish(i);
         pv_seesaw_rest(i);
       }
-      // The last block is the other owner's (the PV warpgroups ran it in their loop).
-      constexpr bool owner = kRole != kPvRole;
-      if (owner && n > 0 && ((n - 1) & 1) != wg) {
-        named_barrier(kBarReady + ((n - 1) & (kPreadyIds - 1)), kConsumers);
+      if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
+        named_barrier(kBarPready + ((n - 1) & 1), kThreads);
         pv(n - 1);
       }
       // Every PV done; the last block's statistics visible.
@@ -1385,7 +1257,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
         __syncthreads();
       }
 
-      // ---- epilogue: thread holds latent d = kWgDim wg + 64 m + 16 warp + 2 g (+1) of query rows
+      // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
       // 8 nn + 2 t + (c & 1).
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueStart);
       // A row's 1/l and lse, once per row and warpgroup: thread wtid of each warpgroup computes
@@ -1393,27 +1265,21 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       // (n + wg) % kPBuffers is neither warpgroup's (n - 1) % kPBuffers), and its warpgroup reads
       // them there. Computed by each of a row's 32 threads, the IEEE reciprocal and logf took
       // ~11,000 cycles a request-part at N = 64 (session 11's timeline, bench/NOTES.md).
-      // (kQuarters: four warpgroups would meet the last block's buffer; each takes its P8
-      // buffer wg instead, free as every PV is done.)
-      static_assert(sizeof(s.p8[0]) >= kRowsM * sizeof(float), "a row's 1/l in a P8 buffer");
-      auto inv_l_buf = [&]() -> float* {
-        return kQuarters ? reinterpret_cast<float*>(s.p8[wg]) : s.stats[(n + wg) % kPBuffers].l;
-      };
       {
         const RowStats& fin = s.stats[(n - 1) % kPBuffers];
-        float* const res_l = inv_l_buf();
+        RowStats& res_of = s.stats[(n + wg) % kPBuffers];
         const int fr = tile * kRowsM + wtid;
         if (wtid < kN && fr < rows_total) {
           const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
-          res_l[wtid] = res.inv_l;
+          res_of.l[wtid] = res.inv_l;
 #ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
           if (wg == 0) store_lse(p, b, fr, seg, res.lse);
 #endif
         }
-        named_barrier_unaligned(kBarOwn + wg, kWgThreads);
+        named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
-      const float* inv_l_of = inv_l_buf();
+      const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
 #pragma unroll
       for (int nn = 0; nn < kNTiles; ++nn) {
 #pragma unroll
@@ -1421,7 +1287,7 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
           const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
           if (fr >= rows_total) continue;
           const float inv_l = inv_l_of[row];
-          const int d0 = (kQuarters ? 64 * tile0 : kWgDim * wg) + 16 * warp + 2 * g;
+          const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
 #ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
           const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
 #else
@@ -1431,14 +1297,14 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
             float* dst = p.partial_o +
                          (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
-            for (int m = 0; m < kMyTiles; ++m) {
+            for (int m = 0; m < kMTiles; ++m) {
               *reinterpret_cast<float2*>(dst + 64 * m) =
                   make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           } else if (to_out) {
             uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
 #pragma unroll
-            for (int m = 0; m < kMyTiles; ++m) {
+            for (int m = 0; m < kMTiles; ++m) {
               *reinterpret_cast<uint32_t*>(dst + 64 * m) =
                   pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
@@ -1468,23 +1334,6 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
       asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
       run_requests(std::false_type{});
     }
-  } else if constexpr (kQuarters) {
-    // (the side below 128 returns registers to the CTA's pool, the other takes them)
-    if (wg >= 2) {
-      if constexpr (kPvWgRegs < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kPvWgRegs) : "memory");
-      } else if constexpr (kPvWgRegs > 128) {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPvWgRegs) : "memory");
-      }
-      run_requests(std::integral_constant<int, kPvRole>{});
-    } else {
-      if constexpr (kOwnerRegs < 128) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kOwnerRegs) : "memory");
-      } else if constexpr (kOwnerRegs > 128) {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kOwnerRegs) : "memory");
-      }
-      run_requests(std::integral_constant<int, kOwnerRole>{});
-    }
   } else {
     run_requests(std::false_type{});
   }
@@ -1492,16 +1341,15 @@ __global__ void __launch_bounds__((kCtaThreadsOf<kN, kTwoTerm, kQuarters>), 1)
   if constexpr (SNAPMLA_PDL >= 2) griddep_launch_dependents();
 }
 
-template <int kN, bool kTwoTerm, bool kPvDirect, bool kQuarters>
+template <int kN, bool kTwoTerm, bool kPvDirect>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
   const cudaError_t err =
-      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kQuarters>,
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kQuarters>,
-                          dim3(p.num_parts, p.row_tiles),
-                          dim3(kCtaThreadsOf<kN, kTwoTerm, kQuarters>), kSmemBytes, stream, p,
-                          maps);
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
+                          kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw
