@@ -1883,8 +1883,9 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.softmax_scale")
     if not 0 <= a["kernel"] <= 2:
         bad.add("args.kernel")
-    # The two-term query: the reference kernel, or fast (experimental) where q_len x heads <= 32.
-    fast_two_term = a["kernel"] == 2 and c["q_len"] * c["num_heads"] <= 32
+    # The two-term query: the reference kernel, or AUTO / FAST (the seesaw kernel) where
+    # q_len x heads <= 32.
+    fast_two_term = a["kernel"] in (0, 2) and c["q_len"] * c["num_heads"] <= 32
     if c["q_precision"] == 1 and a["kernel"] != 1 and not fast_two_term:
         bad.add("args.kernel")
     if a["q"] == 0 or a["q"] % 2:
