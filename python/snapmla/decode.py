@@ -67,6 +67,7 @@ _ARGS_FIELDS = (
     ("q_pe_stride_batch", "q"),
     ("q_pe_stride_token", "q"),
     ("q_pe_stride_head", "q"),
+    ("out_dtype", "i"),
 )
 _ARGS_PACKED = "=" + "".join(code for _, code in _ARGS_FIELDS)
 _ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
@@ -110,9 +111,11 @@ def pack_decode_args(
     lse_ptr: int,
     q_pe_ptr: int = 0,
     q_pe_strides: tuple[int, int, int] = (0, 0, 0),
+    out_dtype: int = 0,
 ) -> Any:
     """A ``snapmla_decode_args_t`` of checked values, written in one pack_into (``decode`` and
-    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them."""
+    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them.
+    ``out_dtype``: snapmla_out_dtype_t (0 BF16, 1 fp32)."""
     ffi = _lib.ffi
     args = ffi.new(_ARGS_T)
     _ARGS.pack_into(
@@ -132,6 +135,7 @@ def pack_decode_args(
         lse_ptr & _U64,
         q_pe_ptr & _U64,
         *q_pe_strides,
+        out_dtype,
     )
     return args
 
