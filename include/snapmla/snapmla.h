@@ -461,9 +461,10 @@ typedef enum snapmla_out_dtype {
   SNAPMLA_OUT_BF16 = 0, /* the contract's out = bf16(O / l), round to nearest even */
   SNAPMLA_OUT_FP32 = 1  /* the fp32 values the kernels round to BF16 (O / l, or the combine's
                            merge of split partials), unrounded: rounded to nearest even, they
-                           are the BF16 out of the same call bit for bit (NaN rows NaN). For
-                           callers who keep the two-term query's precision, which the BF16
-                           rounding (about 1.7e-3 relative) would mostly hide. Since 0.2 */
+                           are bit for bit the BF16 out that the same call writes with
+                           SNAPMLA_OUT_BF16 (NaN rows NaN). For callers who keep the two-term
+                           query's precision, which the BF16 rounding (about 1.7e-3 relative)
+                           would mostly hide. Since 0.2 (not yet run on a GPU) */
 } snapmla_out_dtype_t;
 
 typedef struct snapmla_decode_args {
