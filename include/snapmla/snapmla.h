@@ -499,11 +499,10 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
-  int32_t out_dtype;            /* since 0.2, optional: snapmla_out_dtype_t, 0 (BF16; what an
-                                   older caller's struct_size reads) or 1 (FP32: `out` holds
-                                   the fp32 values the BF16 out rounds, from every kernel and
-                                   path: split or not, empty and NaN rows); any other value is
-                                   refused */
+  int32_t out_dtype; /* since 0.2, optional: snapmla_out_dtype_t, 0 (BF16; what an older caller's
+                        struct_size reads) or 1 (FP32: `out` holds the fp32 values the BF16 out
+                        rounds, from every kernel and path: split or not, empty and NaN rows);
+                        any other value is refused */
 } snapmla_decode_args_t;
 
 /* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
