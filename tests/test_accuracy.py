@@ -437,14 +437,18 @@ def test_two_term_query_reaches_the_bf16_query(study: dict) -> None:
 
 
 class _StandInKernel:
-    """Plays the GPU kernel: the contract's model with a BF16 output and an fp32 lse."""
+    """Plays the GPU kernel: the contract's model with a BF16 output (fp32 with
+    ``out_dtype="float32"``) and an fp32 lse."""
 
     version = "stand-in"
 
-    def __init__(self, fail_at: int | None = None, two_term: bool = True) -> None:
+    def __init__(
+        self, fail_at: int | None = None, two_term: bool = True, out_dtype: str = "bfloat16"
+    ) -> None:
         self.calls = 0  # one-term calls (fail_at counts these)
         self.fail_at = fail_at
         self.two_term = two_term  # False: the two-term query fails (an older library)
+        self.out_dtype = out_dtype
 
     def append(self, layer: int, w: wl.MLAWorkload) -> None:
         pass
@@ -463,7 +467,10 @@ class _StandInKernel:
         out, lse = ref.decode_reference(
             w.q, [kv], [w.context], w.softmax_scale, True, q_terms=q_terms
         )
-        return ref._to_f64(out.astype(np.float32).astype(ref.BF16)), lse.astype(np.float32)
+        out = out.astype(np.float32)
+        if self.out_dtype != "float32":
+            out = out.astype(ref.BF16)
+        return ref._to_f64(out), lse.astype(np.float32)
 
 
 def test_the_kernel_is_reported_as_ours() -> None:
@@ -499,6 +506,35 @@ def test_the_kernels_two_term_query_is_reported_and_can_fail_alone() -> None:
     assert out["kernel_error"] is None and "q_precision" in out["two_term_kernel_error"]
 
 
+def test_the_kernels_fp32_output_is_compared_without_the_bf16_rounding() -> None:
+    """--out-dtype float32: the kernel runs write fp32 (the values BF16 rounds), so the
+    two-term kernel meets the float64 BF16-query diagnostic as the emulation does, and the
+    summary line says the output is fp32."""
+    settings = acc.Settings(contexts=(512,), layers=wl.DEFAULT_LAYERS[:2], heads=4)
+    reports = {}
+    for dtype in ("bfloat16", "float32"):
+        kernel = _StandInKernel(out_dtype=dtype)
+        out = acc.evaluate(settings, acc.Backend("numpy"), kernel, log=lambda *a: None)
+        report = {
+            **out,
+            "settings": {"contexts": [512], "out_dtype": dtype},
+            "claims": acc.check_claims(out["results"]),
+        }
+        reports[dtype] = (report, acc.format_tables(report))
+    q2e = acc.two_term_query_ratios(reports["float32"][0]["results"])
+    q2k = acc.two_term_query_ratios(reports["float32"][0]["results"], "ours-fp8x2")
+    q2k_bf16 = acc.two_term_query_ratios(reports["bfloat16"][0]["results"], "ours-fp8x2")
+    # fp32: the stand-in's ratio to ours-q-bf16 is the emulation's (no BF16 rounding in it)
+    assert q2k["vs_q_bf16"]["max"] == pytest.approx(q2e["vs_q_bf16"]["max"], rel=0.01)
+    assert q2k_bf16["vs_q_bf16"]["max"] > q2k["vs_q_bf16"]["max"]
+    text = reports["float32"][1]
+    assert "two-term FP8 query in the kernel (ours-fp8x2, fp32 output, no BF16 rounding)" in text
+    assert "ours-q-bf16-out, as the kernel writes it" not in text
+    text = reports["bfloat16"][1]
+    assert "two-term FP8 query in the kernel (ours-fp8x2, BF16 output) / BF16 query" in text
+    assert "(ours-q-bf16-out, as the kernel writes it)" in text
+
+
 def test_a_failing_kernel_leaves_an_emulation_only_study() -> None:
     settings = acc.Settings(contexts=(256, 512), layers=wl.DEFAULT_LAYERS[:2], heads=4)
     out = acc.evaluate(settings, acc.Backend("numpy"), _StandInKernel(fail_at=2),
@@ -517,6 +553,7 @@ def test_command_line_on_cpu(tmp_path, capsys) -> None:
     report = json.loads(j.read_text())
     assert report["mode"] == "cpu" and report["kernel"] is None
     assert report["settings"]["contexts"] == [1024] and report["settings"]["heads"] == 8
+    assert report["settings"]["out_dtype"] == "bfloat16"
     assert {r["config"] for r in report["results"]} == set(acc.CONFIGS) - {"ours", "ours-fp8x2"}
     for key in ("commit", "date", "device", "backend", "claims", "shares", "layers"):
         assert key in report
@@ -541,3 +578,7 @@ def test_command_line_arguments() -> None:
     assert [p.name for p in acc._parse_layers("mid,0")] == ["mid", "early"]
     with pytest.raises(SystemExit):
         acc._parse(["--heads", "0"])
+    assert acc._parse([]).out_dtype == "bfloat16"
+    assert acc._parse(["--out-dtype", "float32"]).out_dtype == "float32"
+    with pytest.raises(SystemExit):
+        acc._parse(["--out-dtype", "float16"])

@@ -1062,6 +1062,18 @@ def _lse_overlap() -> dict[str, Any]:
     return {"out": out, "lse": f32(2, 16, 1, address=out.data.ctypes.data)}
 
 
+def _fp32_out_overlap() -> dict[str, Any]:
+    # an out 40 KiB before q: its BF16 bytes (32 KiB) would end before q, its fp32 bytes reach q
+    q = bf16(2, 1, 16, 576)
+    return {"q": q, "out": f32(2, 1, 16, 512, address=q.data.ctypes.data - 40960)}
+
+
+def _fp32_lse_overlap() -> dict[str, Any]:
+    # lse right after where a BF16 out would end: inside the fp32 out
+    out = f32(2, 1, 16, 512)
+    return {"out": out, "lse": f32(2, 16, 1, address=out.data.ctypes.data + 2 * 16 * 512 * 2)}
+
+
 DECODE_CASES: list[Case] = [
     ("layer", lambda: {"layer": 2}, "layer", r"\[0, 1\], got 2"),
     ("kernel-name", lambda: {"kernel": "fastest"}, "kernel", "'auto', 'reference', 'fast'"),
@@ -1103,8 +1115,48 @@ DECODE_CASES: list[Case] = [
     ("sl-dtype", lambda: {"cache_seqlens": i64(2)}, "cache_seqlens", "int32, got int64"),
     ("sl-shape", lambda: {"cache_seqlens": i32(3)}, "cache_seqlens", r"\[2\] .*got \[3\]"),
     ("sl-strided", lambda: {"cache_seqlens": i32(2, strides=(2,))}, "cache_seqlens", "contig"),
-    ("out-dtype", lambda: {"out": f32(2, 1, 16, 512)}, "out", "bfloat16 .*got float32"),
+    (
+        "out-dtype",
+        lambda: {"out": FakeTensor((2, 1, 16, 512), "float16")},
+        "out",
+        r"dtype bfloat16 \(or uint16 raw bits\) or float32, got float16",
+    ),
     ("out-shape", lambda: {"out": bf16(2, 1, 16, 576)}, "out", r"\[2, 1, 16, 512\]"),
+    # fp32 out (0.2): the same shape, layout, alignment and overlap rules as BF16
+    ("out-fp32-shape", lambda: {"out": f32(2, 1, 16, 256)}, "out", r"\[2, 1, 16, 512\]"),
+    (
+        "out-fp32-strided",
+        lambda: {"out": f32(2, 1, 16, 512, strides=(16384, 8192, 512, 1))},
+        "out",
+        "a contiguous tensor",
+    ),
+    (
+        "out-fp32-align",
+        lambda: {"out": at(f32, 2, 1, 16, 512, offset=8)},
+        "out",
+        "16-byte aligned address \\(the combine kernel's 16-byte stores\\)",
+    ),
+    ("out-fp32-alias-q", _fp32_out_overlap, "out", "does not overlap q"),
+    ("out-fp32-alias-lse", _fp32_lse_overlap, "out", "does not overlap lse"),
+    (
+        "out_dtype-name",
+        lambda: {"out_dtype": "float16"},
+        "out_dtype",
+        "'bfloat16' or 'float32' or None, got 'float16'",
+    ),
+    ("out_dtype-type", lambda: {"out_dtype": np.float32}, "out_dtype", "got <class"),
+    (
+        "out_dtype-not-out",
+        lambda: {"out": bf16(2, 1, 16, 512), "out_dtype": "float32"},
+        "out",
+        "expected dtype float32, got bfloat16",
+    ),
+    (
+        "out_dtype-not-fp32-out",
+        lambda: {"out": f32(2, 1, 16, 512), "out_dtype": "bfloat16"},
+        "out",
+        r"expected dtype bfloat16 \(or uint16 raw bits\), got float32",
+    ),
     (
         "out-strided",
         lambda: {"out": bf16(2, 1, 16, 512, strides=(16384, 8192, 512, 1))},
@@ -1175,6 +1227,26 @@ def test_decode_accepts_strided_inputs() -> None:
     assert call.block_table_stride == 16
     assert (call.layer, call.kernel, call.causal) == (1, 1, False)
     assert call.softmax_scale == pytest.approx(192**-0.5)
+
+
+def test_decode_out_dtype() -> None:
+    """out's dtype is the output's (0.2): BF16 (or raw uint16 bits) or fp32; with no out,
+    out_dtype says what to allocate (None: BF16)."""
+    assert _validate_decode().out_dtype == "bfloat16"
+    assert _validate_decode(out_dtype="float32").out_dtype == "float32"
+    assert _validate_decode(out_dtype="bfloat16").out_dtype == "bfloat16"
+    for out, dtype in (
+        (f32(2, 1, 16, 512), "float32"),
+        (bf16(2, 1, 16, 512), "bfloat16"),
+        (FakeTensor((2, 1, 16, 512), "uint16"), "bfloat16"),
+    ):
+        call = _validate_decode(out=out)
+        assert call.out is not None and call.out_dtype == dtype
+        assert _validate_decode(out=out, out_dtype=dtype).out_dtype == dtype
+    # an lse right after an fp32 out is apart from it
+    out = f32(2, 1, 16, 512)
+    lse = f32(2, 16, 1, address=out.data.ctypes.data + 2 * 16 * 512 * 4)
+    assert _validate_decode(out=out, lse=lse).lse is not None
 
 
 def test_decode_accepts_q_nope_and_q_pe_apart() -> None:

@@ -725,7 +725,12 @@ def _decode_cases() -> list[Case]:
     cases = _decode_config_cases(fn)
     q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")  # 0.1's layout ends here
     cases += _struct_cases(fn, "args", "snapmla_decode_args_t", q_pe_at)
-    for name, size in (("q_pe", q_pe_at + 4), ("q_pe_stride_head", q_pe_at + 8 * 3 + 5)):
+    out_dtype_at = ffi.offsetof("snapmla_decode_args_t", "out_dtype")
+    for name, size in (
+        ("q_pe", q_pe_at + 4),
+        ("q_pe_stride_head", q_pe_at + 8 * 3 + 5),
+        ("out_dtype", out_dtype_at + 2),
+    ):
         cases.append(
             (
                 f"{fn}/args-size-{size}",
@@ -748,6 +753,39 @@ def _decode_cases() -> list[Case]:
             + rf"num_heads > 32 \(the fast kernel takes it only up to 32; here 33\), got {kernel}",
         )
         for kernel in (0, 2)
+    ]
+    # The output's dtype (args.out_dtype, 0.2): 0 (BF16) or 1 (fp32, 4 bytes an element for
+    # the alignment, span and overlap checks of out).
+    cases += [
+        (
+            f"{fn}/out_dtype={bad}",
+            fn,
+            {"args.out_dtype": bad},
+            "args.out_dtype",
+            rf"expected 0 \(bf16\) or 1 \(fp32\), got {bad}",
+        )
+        for bad in (2, -1, INT32_MAX)
+    ]
+    fp32_out = {"args.out_dtype": 1}
+    out_end_bf16 = dev(4) + 2 * 2 * 16 * 512 * 2  # base_decode_config: b 2, s_q 2, h 16
+    cases += [
+        (
+            f"{fn}/fp32-out-misaligned",
+            fn,
+            {**fp32_out, "args.out": dev(4) + 8},
+            "args.out",
+            "expected a 16-byte aligned address",
+        ),
+        # out's bf16 bytes end at the address space's end; its fp32 bytes would run past it
+        (f"{fn}/fp32-out-wraps", fn, {**fp32_out, "args.out": TOP - 2**16}, "args.out", "runs"),
+        # an lse right after a BF16 out lies inside an fp32 one
+        (
+            f"{fn}/fp32-out-on-lse",
+            fn,
+            {**fp32_out, "args.lse": out_end_bf16},
+            "args.out",
+            r"bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\] overlap argument 'args.lse' at",
+        ),
     ]
     # q_nope and q_pe apart (0.2): q's rows are 512 elements, q_pe's 64.
     split = {"args.q_pe": dev(6), "args.q_pe_stride_batch": 2 * 16 * 64}
@@ -1288,6 +1326,38 @@ def test_decode_outputs_next_to_each_other_are_accepted() -> None:
     assert result.message.startswith(f"{fn}: argument 'args.out': bytes "), result.message
 
 
+def test_fp32_out_spans_four_bytes_an_element() -> None:
+    # args.out_dtype FP32 (0.2): out's span, end and overlaps count 4 bytes an element. An lse
+    # right after the fp32 out is apart; the BF16 out's end is inside it (fp32-out-on-lse); an
+    # out whose BF16 bytes end at the top of the address space is accepted as BF16 only.
+    fn = "snapmla_decode"
+    fp32_end = dev(4) + 2 * 2 * 16 * 512 * 4  # base_decode_config()
+    for overrides in ({"args.lse": fp32_end}, {"args.out": TOP - 2**17, "args.lse": 0}):
+        result = invoke(fn, with_overrides(fn, {"args.out_dtype": 1, **overrides}))
+        assert result.status == VALIDATED, (overrides, result.message)
+    result = invoke(fn, with_overrides(fn, {"args.out": TOP - 2**16}))
+    assert result.status == VALIDATED, result.message
+    result = invoke(fn, with_overrides(fn, {"args.out_dtype": 1, "args.lse": fp32_end - 4}))
+    assert result.status == INVALID, result.message
+    assert result.message.startswith(f"{fn}: argument 'args.out': bytes "), result.message
+
+
+def test_decode_args_without_out_dtype_read_bf16() -> None:
+    # A struct_size that ends before args.out_dtype (0.2's q_pe layout) reads it as 0 (BF16),
+    # whatever the bytes past struct_size hold: the lse right after a BF16 out is then apart
+    # (as FP32 it would overlap), and one byte more of struct_size ends inside the field.
+    fn = "snapmla_decode"
+    out_dtype_at = ffi.offsetof("snapmla_decode_args_t", "out_dtype")
+    lse = {"args.lse": dev(4) + 2 * 2 * 16 * 512 * 2, "args.out_dtype": 1}
+    result = invoke(fn, with_overrides(fn, {**lse, "args.struct_size": out_dtype_at}))
+    assert result.status == VALIDATED, result.message
+    result = invoke(fn, with_overrides(fn, lse))
+    assert result.status == INVALID and "overlap argument 'args.lse'" in result.message
+    result = invoke(fn, with_overrides(fn, {**lse, "args.struct_size": out_dtype_at + 1}))
+    assert result.status == INVALID, result.message
+    assert "ends inside field 'args.out_dtype'" in result.message
+
+
 def test_every_entry_point_is_covered() -> None:
     import pycparser
     from pycparser import c_ast
@@ -1566,6 +1636,7 @@ int main(void) {
          (long long)da.q_stride_batch, (long long)da.q_stride_token, (long long)da.q_stride_head,
          da.block_table == NULL, (long long)da.block_table_stride, da.cache_seqlens == NULL,
          da.out == NULL, da.lse == NULL);
+  printf("%d %lld %d\n", da.q_pe == NULL, (long long)da.q_pe_stride_head, da.out_dtype);
   return 0;
 }
 """
@@ -1613,6 +1684,7 @@ def test_initializer_macros(tmp_path: Path, compiler: str) -> None:
     assert lines[1] == f"{sizes[1]} 1 0 0 0"
     assert lines[2] == f"{sizes[2]} 0 1 0 0 0"  # q_len 1, num_sm_parts 0 (from the device)
     assert lines[3] == f"{sizes[3]} 0 1 0 0 1 0 0 0 1 0 1 1 1"  # causal, AUTO, no lse
+    assert lines[4] == "1 0 0"  # no q_pe, BF16 out
 
 
 # ================================================================================ fuzz
@@ -1872,6 +1944,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     # snapmla_decode
     q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")
     optional = tuple((q_pe_at + 8 * k, 8) for k in range(4))  # q_pe and its three strides
+    optional += ((ffi.offsetof("snapmla_decode_args_t", "out_dtype"), 4),)
     if not struct_ok(v["args"], q_pe_at, optional):
         return {"args"}, VALIDATED
     a = v["args"].read_back()
@@ -1883,10 +1956,14 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad.add("args.softmax_scale")
     if not 0 <= a["kernel"] <= 2:
         bad.add("args.kernel")
-    # The two-term query: the reference kernel, or fast (experimental) where q_len x heads <= 32.
-    fast_two_term = a["kernel"] == 2 and c["q_len"] * c["num_heads"] <= 32
+    # The two-term query: the reference kernel, or AUTO / FAST (the seesaw kernel) where
+    # q_len x heads <= 32.
+    fast_two_term = a["kernel"] in (0, 2) and c["q_len"] * c["num_heads"] <= 32
     if c["q_precision"] == 1 and a["kernel"] != 1 and not fast_two_term:
         bad.add("args.kernel")
+    if a["out_dtype"] not in (0, 1):
+        bad.add("args.out_dtype")
+    out_elem = 4 if a["out_dtype"] == 1 else 2  # (a refused out_dtype: any size is wrong anyway)
     if a["q"] == 0 or a["q"] % 2:
         bad.add("args.q")
     # q_pe given: q's rows are the 512 content elements, q_pe's the 64 RoPE ones
@@ -1916,7 +1993,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         bad |= {"args.block_table", "args.block_table_stride"}
     for name, align, count, elem in (
         ("cache_seqlens", 4, b, 4),
-        ("out", 16, b * s_q * h * 512, 2),
+        ("out", 16, b * s_q * h * 512, out_elem),
         ("lse", 4, b * h * s_q, 4),
     ):
         pointer = a[name]
@@ -1949,7 +2026,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         extent(a["cache_seqlens"], 4, b, []),
     ]
     inputs.insert(0, (CACHE_MEMORY, CACHE_MEMORY + CACHE_BYTES - 1))  # the live cache, all of it
-    out, lse = extent(a["out"], 2, b * s_q * h * 512, []), extent(a["lse"], 4, b * h * s_q, [])
+    out = extent(a["out"], out_elem, b * s_q * h * 512, [])
+    lse = extent(a["lse"], 4, b * h * s_q, [])
     if any(overlap(out, x) for x in [*inputs, lse]):
         bad.add("args.out")
     if any(overlap(lse, x) for x in inputs):
@@ -2112,6 +2190,10 @@ DECODE_ARGS = struct_arg(
             "q_pe_stride_batch": row_stride(64 * 128 * 4),
             "q_pe_stride_token": row_stride(64 * 128),
             "q_pe_stride_head": row_stride(64),
+            # BF16 out mostly, fp32 (0.2) in a fifth of the calls, now and then a bad value
+            "out_dtype": often(
+                st.sampled_from([0, 0, 0, 0, 1]), st.one_of(st.integers(-1, 2), INT32)
+            ),
         }
     ),
 )

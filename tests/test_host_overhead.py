@@ -308,6 +308,7 @@ def _call(cache: Any, plan: Any, inputs: dict[str, Any], **overrides: Any) -> No
         {"causal": False},
         {"kernel": "reference"},
         {"out": FakeTensor((2, 1, 16, 512), "bfloat16", address=0x7F0000100000)},
+        {"out": FakeTensor((2, 1, 16, 512), "float32")},  # an fp32 out (0.2)
         {"block_table": FakeTensor((2, 8), "int32", address=0x7F0000200000)},
         {"q": FakeTensor((2, 1, 16, 576), "bfloat16", address=0x7F0000300000)},
     ],
@@ -325,6 +326,27 @@ def test_decode_memo_misses_on_any_change(
         cache.close()
     assert len(validations) == 2  # the changed call was checked again
     assert len(recorder.args) == 3 and recorder.args[2] != recorder.args[1]
+
+
+def test_decode_packs_the_out_dtype(recorder: _ArgsRecorder) -> None:
+    """args.out_dtype (0.2) from out's dtype, in the memo's hits too; out_dtype, checked
+    before the memo, must agree with out (a hit of the same tensors is refused all the same)."""
+    cache, plan, inputs = _cache(), _plan(), _decode_inputs()
+    fp32 = {**inputs, "out": FakeTensor((2, 1, 16, 512), "float32", address=0x7F0000100000)}
+    at = _lib.ffi.offsetof("snapmla_decode_args_t", "out_dtype")
+    try:
+        for _ in range(2):  # a miss, then a hit
+            _decode(cache, plan, fp32, stream=STREAM)
+            _decode(cache, plan, inputs, stream=STREAM)
+        for dtype, bad in (("bfloat16", fp32), ("float32", inputs)):
+            with pytest.raises(SnapMLAError, match="argument 'out': expected dtype " + dtype):
+                _decode(cache, plan, bad, stream=STREAM, out_dtype=dtype)
+        with pytest.raises(SnapMLAError, match="argument 'out_dtype'"):
+            _decode(cache, plan, inputs, stream=STREAM, out_dtype=["float32"])  # unhashable
+    finally:
+        cache.close()
+    codes = [int.from_bytes(a[at : at + 4], "little") for a in recorder.args]
+    assert codes == [1, 0, 1, 0]
 
 
 def test_decode_memo_never_keeps_a_refused_call(recorder: _ArgsRecorder) -> None:

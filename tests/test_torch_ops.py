@@ -109,6 +109,7 @@ def test_fake_decode_checks_name_the_argument() -> None:
             (3, cuda(1, 4, dtype=torch.int32), "block_table"),
             (4, cuda(2, dtype=torch.int64), "cache_seqlens"),
             (7, lse, "out"),
+            (7, cuda(2, 1, 16, 512, dtype=torch.float16), "out"),
             (8, out, "lse"),
             (0, cuda(2, 8, 100, dtype=torch.uint8), "cache"),
             (6, cuda(1024, dtype=torch.uint8, strides=(2,)), "workspace"),
@@ -117,6 +118,29 @@ def test_fake_decode_checks_name_the_argument() -> None:
             wrong[index] = bad
             with pytest.raises(snapmla.SnapMLAError, match=f"argument '{name}'"):
                 torch.ops.snapmla.decode(*wrong)
+
+
+def test_fp32_out_through_the_op_and_the_function() -> None:
+    """An fp32 out (0.2: the values the BF16 out rounds) passes the op's checks; decode
+    allocates one for out_dtype=torch.float32 and refuses an out_dtype it cannot write, or one
+    that is not the given out's dtype, naming the argument."""
+    with FakeTensorMode():
+        x = _fake_step_inputs()
+        out = torch.empty(2, 1, 16, 512, dtype=torch.float32, device="cuda")
+        lse = torch.empty(2, 16, 1, dtype=torch.float32, device="cuda")
+        ops_args = (x["cache"], 0, x["q"], x["bt"], x["sl"], x["plan"], x["ws"])
+        torch.ops.snapmla.decode(*ops_args, out, lse, 0.1, True, 0, 0)
+        call = (x["cache"], 0, x["q"], x["bt"], x["sl"], x["plan"], x["ws"])
+        got, _ = smt.decode(*call, softmax_scale=0.1, out_dtype=torch.float32)
+        assert got.dtype == torch.float32 and tuple(got.shape) == (2, 1, 16, 512)
+        got, _ = smt.decode(*call, softmax_scale=0.1, out=out)
+        assert got is out
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'out_dtype'"):
+            smt.decode(*call, softmax_scale=0.1, out_dtype=torch.float16)
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'out_dtype'"):
+            smt.decode(*call, softmax_scale=0.1, out_dtype="float32")
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'out': expected bfloat16"):
+            smt.decode(*call, softmax_scale=0.1, out=out, out_dtype=torch.bfloat16)
 
 
 def test_fake_append_and_fetch_checks() -> None:
@@ -299,6 +323,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
         {"q": q.view(1, 16, 1, 576)},  # another shape
         {"q": torch.zeros(1, 1, 16, 1152, dtype=torch.bfloat16)[..., :576]},  # strides
         {"q": q.view(torch.float16)},  # dtype
+        {"out": torch.zeros(1, 1, 16, 512, dtype=torch.float32)},  # an fp32 out (0.2)
         {"plan": base[1024:2040]},  # a shorter plan buffer
     ]
     for i, change in enumerate(changes):

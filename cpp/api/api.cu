@@ -1047,7 +1047,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       {{"q_pe", offsetof(snapmla_decode_args_t, q_pe), sizeof(void*)},
        {"q_pe_stride_batch", offsetof(snapmla_decode_args_t, q_pe_stride_batch), sizeof(int64_t)},
        {"q_pe_stride_token", offsetof(snapmla_decode_args_t, q_pe_stride_token), sizeof(int64_t)},
-       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)}}));
+       {"q_pe_stride_head", offsetof(snapmla_decode_args_t, q_pe_stride_head), sizeof(int64_t)},
+       {"out_dtype", offsetof(snapmla_decode_args_t, out_dtype), sizeof(int32_t)}}));
   snapmla_cache cache;
   SNAPMLA_TRY(check_cache_layer(op, handle, "args.layer", a.layer, &cache));
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
@@ -1068,6 +1069,11 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "(fp8x2) where q_len * num_heads > 32 (the fast kernel takes it only up to 32; "
                   "here %d), got %d",
                   op, c.q_len * c.num_heads, a.kernel);
+  SNAPMLA_REQUIRE(a.out_dtype == SNAPMLA_OUT_BF16 || a.out_dtype == SNAPMLA_OUT_FP32,
+                  "%s: argument 'args.out_dtype': expected 0 (bf16) or 1 (fp32), got %d", op,
+                  a.out_dtype);
+  const bool fp32_out = a.out_dtype == SNAPMLA_OUT_FP32;
+  const int64_t out_elem = fp32_out ? 4 : 2;  // bytes an element of out
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},
@@ -1089,7 +1095,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       check_pointer(op, "args.cache_seqlens", a.cache_seqlens, kAlignInt32, "int32 elements"));
   SNAPMLA_TRY(check_span(op, "args.cache_seqlens", a.cache_seqlens, 4, b, {}));
   SNAPMLA_TRY(check_pointer(op, "args.out", a.out, kAlignOut, "the combine's 16-byte stores"));
-  SNAPMLA_TRY(check_span(op, "args.out", a.out, 2, b * s_q * h * kContentDim, {}));
+  SNAPMLA_TRY(check_span(op, "args.out", a.out, out_elem, b * s_q * h * kContentDim, {}));
   if (a.lse != nullptr) {
     SNAPMLA_TRY(check_pointer(op, "args.lse", a.lse, kAlignInt32, "fp32 elements"));
     SNAPMLA_TRY(check_span(op, "args.lse", a.lse, 4, b * h * s_q, {}));
@@ -1105,7 +1111,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   const Extent bt_ext = extent_of("args.block_table", a.block_table, 4, c.max_pages,
                                   {{b, a.block_table_stride, ""}});
   const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
-  const Extent out_ext = extent_of("args.out", a.out, 2, b * s_q * h * kContentDim, {});
+  const Extent out_ext = extent_of("args.out", a.out, out_elem, b * s_q * h * kContentDim, {});
   const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
   // the cache: all of it when it is one block, the layer's own memory when each layer has one
   const Extent cache_ext =
@@ -1188,7 +1194,11 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   p.row_tiles = row_tiles_of(c);
   p.causal = a.causal != 0;
   p.scale_log2 = a.softmax_scale * kLog2e;
-  p.out = static_cast<uint16_t*>(a.out);
+  if (fp32_out) {
+    p.out_f32 = static_cast<float*>(a.out);
+  } else {
+    p.out = static_cast<uint16_t*>(a.out);
+  }
   p.lse = a.lse;
   p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
   p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);

@@ -55,16 +55,26 @@ __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot
   return w;
 }
 
-// Row fr of request b: the lane's 16 columns as BF16 (two 16-byte stores), and the lse.
+// Row fr of request b: the lane's 16 columns as BF16 (two 16-byte stores), or as the fp32
+// values that BF16 rounds where the caller asked for fp32 (p.out_f32; four 16-byte stores),
+// and the lse.
 __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int rows_total, int fr,
                                           int lane, const float (&acc)[kColsPerLane], float lse) {
-  uint32_t packed[kColsPerLane / 2];
+  const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + lane * kColsPerLane;
+  if (p.out_f32 != nullptr) {
+    float4* dst = reinterpret_cast<float4*>(p.out_f32 + at);
 #pragma unroll
-  for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
-  uint4* dst = reinterpret_cast<uint4*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim +
-                                        lane * kColsPerLane);
-  dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+    for (int v = 0; v < kColsPerLane / 4; ++v) {
+      dst[v] = make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]);
+    }
+  } else {
+    uint32_t packed[kColsPerLane / 2];
+#pragma unroll
+    for (int c = 0; c < kColsPerLane / 2; ++c) packed[c] = pack_bf16x2(acc[2 * c], acc[2 * c + 1]);
+    uint4* dst = reinterpret_cast<uint4*>(p.out + at);
+    dst[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    dst[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  }
   if (lane == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse;
 }
 
@@ -331,8 +341,13 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
     out = make_float4(r.acc.x * inv, r.acc.y * inv, r.acc.z * inv, r.acc.w * inv);
     lse = r.m + logf(r.w);
   }
-  *reinterpret_cast<uint2*>(p.out + (int64_t{b} * rows_total + fr) * kContentDim + 4 * c) =
-      make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
+  const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + 4 * c;
+  if (p.out_f32 != nullptr) {  // the fp32 values the BF16 store below rounds
+    *reinterpret_cast<float4*>(p.out_f32 + at) = out;
+  } else {
+    *reinterpret_cast<uint2*>(p.out + at) =
+        make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
+  }
   if (c == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse;
 }
 

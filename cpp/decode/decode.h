@@ -155,8 +155,10 @@ struct DecodeParams {
   int32_t row_tiles;  // ceil(q_len * num_heads / 64)
   int32_t causal;
   float scale_log2;  // softmax_scale * log2(e)
-  // outputs
+  // outputs; exactly one of out and out_f32 is set (args.out_dtype), and each store of out
+  // writes there the fp32 value it would round to BF16 (store_out2, the combine's stores)
   uint16_t* out;       // bf16 [b, s_q, h, 512]
+  float* out_f32;      // fp32 [b, s_q, h, 512]
   float* lse;          // fp32 [b, h, s_q]; may be null
   float* partial_o;    // workspace
   float* partial_lse;  // workspace

@@ -23,13 +23,24 @@ struct Segment {
 
 enum class SegmentKind { kSkip, kEmptyWritten, kRun };
 
-// Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
-// the part where the request starts.
 // Where row fr (flattened s_q x heads) of request b puts its lse in the final [b, h, s_q] array.
 __device__ __forceinline__ int64_t lse_index(const DecodeParams& p, int b, int fr) {
   return (int64_t{b} * p.num_heads + fr % p.num_heads) * p.q_len + fr / p.num_heads;
 }
 
+// out's elements i and i + 1 (i even: 8-byte aligned in fp32): BF16, rounded to nearest even,
+// or, where the caller asked for fp32 (p.out_f32), the values themselves, which that rounding
+// would take. A uniform branch on a kernel parameter, in epilogues only.
+__device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, float lo, float hi) {
+  if (p.out_f32 != nullptr) {
+    *reinterpret_cast<float2*>(p.out_f32 + i) = make_float2(lo, hi);
+  } else {
+    *reinterpret_cast<uint32_t*>(p.out + i) = pack_bf16x2(lo, hi);
+  }
+}
+
+// Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
+// the part where the request starts.
 __device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
   const int rows_total = p.q_len * p.num_heads;
   const float fill_out = invalid ? __int_as_float(0x7fffffff) : 0.f;
@@ -37,8 +48,12 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
   for (int i = threadIdx.x; i < kTileRows * kContentDim; i += blockDim.x) {
     const int fr = tile * kTileRows + i / kContentDim;
     if (fr >= rows_total) break;
-    p.out[(int64_t{b} * rows_total + fr) * kContentDim + i % kContentDim] =
-        float_to_bf16_bits(fill_out);
+    const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + i % kContentDim;
+    if (p.out_f32 != nullptr) {
+      p.out_f32[at] = fill_out;
+    } else {
+      p.out[at] = float_to_bf16_bits(fill_out);
+    }
   }
   if (p.lse == nullptr) return;
   for (int r = threadIdx.x; r < kTileRows; r += blockDim.x) {
@@ -152,11 +167,10 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
           make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
   } else {
-    uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + col0;
+    const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + col0;
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      *reinterpret_cast<uint32_t*>(dst + 8 * n + 2 * t4) =
-          pack_bf16x2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
+      store_out2(p, at + 8 * n + 2 * t4, o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
   }
   if (writes_lse) store_lse(p, b, fr, seg, res.lse);

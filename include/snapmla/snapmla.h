@@ -113,7 +113,8 @@
  *     g_k    = exp(m_{k-1} - m_k) * sig_{k-1} / sig_k
  *     l_k    = l_{k-1} * g_k + sum_j e_j / sig_k                          (paper eq. 12)
  *     O_k    = O_{k-1} * g_k + sum_j P8_j * content_j     (FP8 x FP8, fp32; paper eq. 13)
- *   out = bf16(O / l), lse = m + ln(sig * l) (natural log, fp32).
+ *   out = bf16(O / l), lse = m + ln(sig * l) (natural log, fp32). (Since 0.2 a caller may ask
+ *   for out as fp32, args.out_dtype: the fp32 O / l that the kernel rounds to BF16.)
  *   The split-KV schedule may cut a row's blocks into segments processed independently and
  *   merged by log-sum-exp; P8 is invariant to the running max, so this changes rounding only.
  *   A row with no visible token (empty context) gets out = 0 and lse = +inf.
@@ -455,6 +456,16 @@ typedef enum snapmla_decode_kernel {
                                           contract's tensor-core tier (see the contract) */
 } snapmla_decode_kernel_t;
 
+/* The element type of snapmla_decode's `out` (args.out_dtype). */
+typedef enum snapmla_out_dtype {
+  SNAPMLA_OUT_BF16 = 0, /* the contract's out = bf16(O / l), round to nearest even */
+  SNAPMLA_OUT_FP32 = 1  /* the fp32 values the kernels round to BF16 (O / l, or the combine's
+                           merge of split partials), unrounded: rounded to nearest even, they
+                           are bit for bit the BF16 out that the same call writes with
+                           SNAPMLA_OUT_BF16 (NaN rows NaN). For callers who keep the two-term
+                           query's precision, which the BF16 rounding (about 1.7e-3 relative)
+                           would mostly hide. Since 0.2 (not yet run on a GPU) */
+} snapmla_out_dtype_t;
 
 typedef struct snapmla_decode_args {
   size_t struct_size;         /* sizeof(snapmla_decode_args_t) */
@@ -472,7 +483,9 @@ typedef struct snapmla_decode_args {
   const int32_t* cache_seqlens; /* int32 [b], 4-byte aligned: context length per request
                                    INCLUDING the s_q new tokens (already appended); 0 = empty */
   void* out;                    /* BF16 [b, s_q, h, 512] out, contiguous, 16-byte aligned
-                                   (the combine's 16-byte stores) */
+                                   (the combine's 16-byte stores); fp32 [b, s_q, h, 512]
+                                   (4 bytes an element, same alignment) where out_dtype is
+                                   FP32 */
   float* lse;                   /* fp32 [b, h, s_q] out, contiguous, 4-byte aligned; may be
                                    NULL */
   const void* q_pe;             /* since 0.2, optional: the RoPE part of the queries in its own
@@ -486,14 +499,18 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
+  int32_t out_dtype; /* since 0.2, optional: snapmla_out_dtype_t, 0 (BF16; what an older caller's
+                        struct_size reads) or 1 (FP32: `out` holds the fp32 values the BF16 out
+                        rounds, from every kernel and path: split or not, empty and NaN rows);
+                        any other value is refused */
 } snapmla_decode_args_t;
 
 /* Defaults: q, block_table, cache_seqlens, out, the strides and softmax_scale must be set;
- * layer 0, causal, kernel AUTO, no lse. */
+ * layer 0, causal, kernel AUTO, no lse, BF16 out. */
 /* clang-format off */
 #define SNAPMLA_DECODE_ARGS_INIT \
   {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
-   NULL, NULL, NULL, NULL, 0, 0, 0}
+   NULL, NULL, NULL, NULL, 0, 0, 0, SNAPMLA_OUT_BF16}
 /* clang-format on */
 
 /* Device bytes for the plan and the workspace of a decode config. The caller allocates both

@@ -165,6 +165,11 @@ typedef enum snapmla_decode_kernel {
   SNAPMLA_DECODE_KERNEL_FAST = 2
 } snapmla_decode_kernel_t;
 
+typedef enum snapmla_out_dtype {
+  SNAPMLA_OUT_BF16 = 0,
+  SNAPMLA_OUT_FP32 = 1
+} snapmla_out_dtype_t;
+
 typedef struct snapmla_decode_args {
   size_t struct_size;
   int32_t layer;
@@ -184,6 +189,7 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_batch;
   int64_t q_pe_stride_token;
   int64_t q_pe_stride_head;
+  int32_t out_dtype;
 } snapmla_decode_args_t;
 
 snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,

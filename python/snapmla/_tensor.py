@@ -61,11 +61,15 @@ ADDRESS_SPACE = 2**64
 
 
 def _dtype_text(dtypes: Sequence[str]) -> str:
-    if len(dtypes) == 1:
-        return f"dtype {dtypes[0]}"
-    if dtypes in (BF16, FP8):
-        return f"dtype {dtypes[0]} (or {dtypes[1]} {_RAW_NOTE[dtypes[1]]})"
-    return "dtype " + " or ".join(dtypes)
+    """``dtype bfloat16 (or uint16 raw bits) or float32``: a raw dtype that follows its real one
+    (BF16, FP8) is shown as its stand-in."""
+    names: list[str] = []
+    for i, d in enumerate(dtypes):
+        if i and (dtypes[i - 1], d) in (BF16, FP8):
+            names[-1] += f" (or {d} {_RAW_NOTE[d]})"
+        else:
+            names.append(d)
+    return "dtype " + " or ".join(names)
 
 
 def _shape_text(shape: Sequence[int | str]) -> str:

@@ -20,6 +20,8 @@ roundings that each scheme prescribes is float64.
   pre-divided by ``s``; FP8 P per 64-token block with the V scale fused). On a GPU it is the
   real kernel (``snapmla.decode``, ``kernel="auto"``), reported as ``ours``; its step-by-step
   NumPy model (``reference.decode_reference``) is ``ours-model`` and is what a CPU run reports.
+  The kernel runs (``ours``, ``ours-fp8x2``) write BF16 out, or with ``--out-dtype float32``
+  the fp32 values that BF16 rounds (``snapmla.decode(out_dtype="float32")``).
 * ``ours-p-exact``: the contract with unquantized P (``decode_reference(quantize_p=False)``):
   the difference to ``ours-model`` is the error of the FP8 probabilities alone.
 * ``ours-q-fp8x2``: the contract's KV cache and FP8 P with the two-term FP8 query of issue #9
@@ -102,7 +104,7 @@ CONFIGS: dict[str, str] = {
     "ours-q-fp8x2": "the contract with the two-term FP8 query (q_hi + q_lo, emulated)",
     "ours-fp8x2": "snapmla kernel (GPU) with the two-term FP8 query (--two-term-kernel)",
     "ours-q-bf16": "the contract with the BF16 query left unquantized (emulated diagnostic)",
-    "ours-q-bf16-out": "ours-q-bf16 with its output rounded to BF16, as a kernel writes it",
+    "ours-q-bf16-out": "ours-q-bf16 with its output rounded to BF16, as a BF16 out holds it",
     "bf16": "exact attention on the BF16 inputs, output rounded to BF16",
     "A": "per-token scale over content and RoPE together, RoPE in FP8",
     "B": "per-tensor content scale, RoPE BF16",
@@ -554,13 +556,15 @@ class KernelRunner:
         kernel: str = "auto",
         two_term_kernel: str = "auto",
         num_sm_parts: int = 0,
+        out_dtype: str = "bfloat16",
     ) -> None:
         """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages).
         ``two_term_kernel``: the kernel of the two-term query's runs ("auto": the library's
         AUTO where q_len * heads <= 32, where it takes the two-term query, else "reference";
         "reference"; or "fast", where q_len * heads <= 32). ``num_sm_parts``: the plans' split count (0:
         the device's default; 1: one CTA a row tile takes the whole context, the longest
-        chain of blocks a CTA's accumulators can see)."""
+        chain of blocks a CTA's accumulators can see). ``out_dtype``: the kernel's output,
+        ``"bfloat16"`` or ``"float32"`` (the values the BF16 output rounds, unrounded)."""
         import cupy
 
         import snapmla
@@ -570,6 +574,7 @@ class KernelRunner:
         self.kernel = kernel
         self.two_term_kernel = two_term_kernel
         self.num_sm_parts = num_sm_parts
+        self.out_dtype = out_dtype
         self.pages = -(-max_context // ref.PAGE_SIZE)
         self.cache = snapmla.KVCache(num_layers, self.pages)
         self.version = ".".join(str(v) for v in snapmla.version())
@@ -607,10 +612,11 @@ class KernelRunner:
             self.cache, layer, _to_cupy(w.q), block_table, seqlens, plan,
             softmax_scale=w.softmax_scale, causal=True,
             kernel=self.kernel if q_precision == "fp8" else self._two_term_kernel_for(w),
+            out_dtype=self.out_dtype,
         )
         cupy.cuda.get_current_stream().synchronize()
         out_h = out.get()
-        if out_h.dtype == np.uint16:
+        if out_h.dtype == np.uint16:  # BF16 bits (CuPy without the dtype); fp32 stays fp32
             out_h = out_h.view(ref.BF16)
         return ref._to_f64(out_h), lse.get().astype(np.float64)
 
@@ -747,9 +753,10 @@ def evaluate(
                 )
             outs["ours-q-fp8x2"] = emulate("ours", w, ops, kv_in=kv_in, q_terms=2)
             outs["ours-q-bf16"] = emulate("ours", w, ops, kv_in=kv_in, quantize_q=False)
-            # The kernels write BF16 out and fp32 lse; the emulations keep float64. The BF16
-            # rounding alone is about 1.7e-3 relative L2 (session 13: the whole gap between the
-            # two-term kernel and ours-q-bf16), so the kernel's like-for-like diagnostic is this.
+            # The kernels write BF16 out (unless --out-dtype float32) and fp32 lse; the
+            # emulations keep float64. The BF16 rounding alone is about 1.7e-3 relative L2
+            # (session 13: the whole gap between the two-term kernel and ours-q-bf16), so the
+            # BF16 kernel's like-for-like diagnostic is this.
             q_out, q_lse = outs["ours-q-bf16"]
             outs["ours-q-bf16-out"] = (
                 ref._to_f64(q_out.astype(np.float32).astype(ref.BF16)),
@@ -949,16 +956,20 @@ def format_tables(report: dict[str, Any]) -> str:
     q2k = two_term_query_ratios(results, "ours-fp8x2")
     if q2k is not None:
         b = q2k["vs_q_bf16"]
+        # (reports before --out-dtype have none: their kernels wrote BF16)
+        fp32_out = report["settings"].get("out_dtype", "bfloat16") == "float32"
+        output = "fp32 output, no BF16 rounding" if fp32_out else "BF16 output"
         lines.append(
-            f"two-term FP8 query in the kernel (ours-fp8x2) / BF16 query: largest "
+            f"two-term FP8 query in the kernel (ours-fp8x2, {output}) / BF16 query: largest "
             f"{b['max']:.3f}x, geometric mean {b['geomean']:.3f}x over {q2k['cases']} "
             f"(layer, context) ({'within' if q2k['within_1_1x'] else 'above'} issue #9's 1.1x)"
         )
         bo = q2k.get("vs_q_bf16_out")
         if bo is not None:
+            as_written = "" if fp32_out else ", as the kernel writes it"
             lines.append(
-                f"  the same against the BF16 query with a BF16 output (ours-q-bf16-out, as the "
-                f"kernel writes it): largest {bo['max']:.3f}x, geometric mean {bo['geomean']:.3f}x"
+                f"  the same against the BF16 query with a BF16 output (ours-q-bf16-out"
+                f"{as_written}): largest {bo['max']:.3f}x, geometric mean {bo['geomean']:.3f}x"
             )
     if report.get("two_term_kernel_error"):
         lines.append(f"two-term query in the kernel: not run ({report['two_term_kernel_error']})")
@@ -1182,6 +1193,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--two-term-kernel", choices=("auto", "reference", "fast"), default="auto",
                    help="the decode kernel of 'ours-fp8x2' (auto: the library's AUTO where "
                    "q_len x heads <= 32, else reference; fast: only where q_len x heads <= 32)")
+    p.add_argument("--out-dtype", choices=("bfloat16", "float32"), default="bfloat16",
+                   help="the kernel runs' output (ours, ours-fp8x2): bfloat16, as served, or "
+                   "float32, the values BF16 rounds (the two-term query's precision, compared "
+                   "with the float64 ours-q-bf16 without the BF16 rounding)")
     p.add_argument("--num-sm-parts", type=int, default=0,
                    help="the kernel's split count (0: the device's default; 1: one CTA takes a "
                    "whole context)")
@@ -1260,6 +1275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             kernel = KernelRunner(
                 len(layers), max(contexts), kernel=args.kernel,
                 two_term_kernel=args.two_term_kernel, num_sm_parts=args.num_sm_parts,
+                out_dtype=args.out_dtype,
             )
         except Exception as exc:  # noqa: BLE001 - reported, the run falls back to emulation
             kernel_error = f"{type(exc).__name__}: {exc}"
@@ -1311,6 +1327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "batch": 1,
             "softmax_scale": settings.softmax_scale,
             "rope": {"dim": wl.ROPE_DIM, "base": wl.ROPE_BASE, "interleaved": True},
+            "out_dtype": args.out_dtype,  # the kernel runs' output (ours, ours-fp8x2)
         },
         "configs": {c: CONFIGS[c] for c in CONFIGS if c != "ours" or measured},
         **{k: v for k, v in study.items() if k != "kernel_error"},

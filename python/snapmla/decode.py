@@ -39,6 +39,10 @@ KERNELS = {"auto": 0, "reference": 1, "fast": 2}
 Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
 # The seesaw kernel's two-term query: q_len * num_heads at most this (the C library's rule).
 TWO_TERM_FAST_ROWS = 32
+# decode(out_dtype=...) names -> snapmla_out_dtype_t, and the dtypes of ``out`` each takes (BF16
+# also as raw uint16 bits).
+OUT_DTYPES = {"bfloat16": 0, "float32": 1}
+_OUT_DTYPE_NAMES = {"bfloat16": BF16, "float32": FP32, None: (*BF16, *FP32)}
 
 MAX_BATCH = 65536
 MAX_SM_PARTS = 65535
@@ -67,6 +71,7 @@ _ARGS_FIELDS = (
     ("q_pe_stride_batch", "q"),
     ("q_pe_stride_token", "q"),
     ("q_pe_stride_head", "q"),
+    ("out_dtype", "i"),
 )
 _ARGS_PACKED = "=" + "".join(code for _, code in _ARGS_FIELDS)
 _ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
@@ -110,9 +115,11 @@ def pack_decode_args(
     lse_ptr: int,
     q_pe_ptr: int = 0,
     q_pe_strides: tuple[int, int, int] = (0, 0, 0),
+    out_dtype: int = 0,
 ) -> Any:
     """A ``snapmla_decode_args_t`` of checked values, written in one pack_into (``decode`` and
-    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them."""
+    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them.
+    ``out_dtype``: snapmla_out_dtype_t (0 BF16, 1 fp32)."""
     ffi = _lib.ffi
     args = ffi.new(_ARGS_T)
     _ARGS.pack_into(
@@ -132,6 +139,7 @@ def pack_decode_args(
         lse_ptr & _U64,
         q_pe_ptr & _U64,
         *q_pe_strides,
+        out_dtype,
     )
     return args
 
@@ -433,6 +441,7 @@ class _DecodeCall(NamedTuple):
     lse: TensorView | None
     q_pe: TensorView | None = None  # the RoPE part apart (q then holds q_nope only)
     q_pe_strides: tuple[int, int, int] = (0, 0, 0)
+    out_dtype: str = "bfloat16"  # out's (given or to allocate): a key of OUT_DTYPES
 
 
 def _decode_scalars(
@@ -464,6 +473,17 @@ def _decode_scalars(
     return layer, KERNELS[kernel], _check_softmax_scale(op, softmax_scale)
 
 
+def _check_out_dtype(op: str, out_dtype: Any) -> None:
+    """``decode``'s ``out_dtype``: ``None``, ``"bfloat16"`` or ``"float32"``."""
+    if out_dtype is not None and (type(out_dtype) is not str or out_dtype not in OUT_DTYPES):
+        raise argument_error(
+            op,
+            "out_dtype",
+            " or ".join(repr(k) for k in OUT_DTYPES) + " or None",
+            repr(out_dtype),
+        )
+
+
 def _validate_decode_args(
     num_layers: int,
     device: int,
@@ -484,6 +504,7 @@ def _validate_decode_args(
     q_pe: Any = None,
     checker: Checker | None = None,
     scalars: tuple[int, int, float] | None = None,
+    out_dtype: Any = None,
 ) -> _DecodeCall:
     """Checks of ``decode`` against the cache (``num_layers``, ``device``, ``cache_extent`` =
     ``(data_ptr, nbytes)``) and the plan (``config``, ``plan_device``). ``_decode``'s call memo
@@ -492,6 +513,7 @@ def _validate_decode_args(
     op = "decode"
     if scalars is None:
         scalars = _decode_scalars(num_layers, config, layer, kernel, softmax_scale)
+    _check_out_dtype(op, out_dtype)
     layer, kernel_code, scale = scalars
     spec = _decode_spec(config)
     s_q, h, max_pages = config.q_len, config.num_heads, config.max_pages
@@ -540,10 +562,11 @@ def _validate_decode_args(
     )
     ov = None
     if out is not None:
+        # out's dtype is the output's (BF16 or fp32); out_dtype, if given, must agree
         ov = checker.tensor(
             out,
             "out",
-            dtypes=BF16,
+            dtypes=_OUT_DTYPE_NAMES[out_dtype],
             shape=spec.out_shape,
             writable=True,
             shape_note=spec.note,
@@ -570,6 +593,8 @@ def _validate_decode_args(
             checker.no_overlap("out", ov, [*inputs, ("lse", lv)])
         if lv is not None:
             checker.no_overlap("lse", lv, inputs)
+    if ov is not None:
+        out_dtype = "float32" if ov.dtype in FP32 else "bfloat16"
     return _DecodeCall(
         layer,
         kernel_code,
@@ -584,6 +609,7 @@ def _validate_decode_args(
         lv,
         pv,
         pe_strides,
+        out_dtype or "bfloat16",
     )
 
 
@@ -670,6 +696,7 @@ def decode(
     kernel: str = "auto",
     stream: Any = None,
     q_pe: Any = None,
+    out_dtype: str | None = None,
 ) -> tuple[Any, Any]:
     """FP8 MLA decode attention of one layer for one step (graph-safe: only enqueues work).
 
@@ -685,7 +712,10 @@ def decode(
         softmax_scale: Finite and > 0 (also in fp32), e.g. ``192 ** -0.5``.
         causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
         out: Output BF16 ``[b, s_q, h, 512]``, contiguous, 16-byte aligned, or ``None`` for a
-            new CuPy array.
+            new CuPy array. Since 0.2 also fp32 (same shape and alignment): it then receives
+            the fp32 values the BF16 output rounds, ``O / l`` unrounded (rounded to nearest
+            even, bit for bit the BF16 output of the same call): the two-term query's
+            precision (``q_precision="fp8x2"``) that BF16 rounding would mostly hide.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
         kernel: ``"auto"`` (runs ``"fast"``: it meets the numerics contract's tensor-core
             tier and was faster than ``"reference"`` at every measured shape), ``"fast"``
@@ -703,6 +733,9 @@ def decode(
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
             and step.
+        out_dtype: Optional (since 0.2): ``"bfloat16"`` or ``"float32"``, the dtype of the
+            ``out`` allocated when none is given; with ``out`` given, ``out``'s dtype decides
+            and ``out_dtype``, if not ``None``, must be that dtype. ``None``: ``"bfloat16"``.
 
     All tensors must be CUDA tensors on the cache's device, aligned to their element size
     (``out``: 16 bytes); outputs must not overlap inputs.
@@ -712,8 +745,9 @@ def decode(
 
     Returns:
         ``(out, lse)``: the given outputs, or new CuPy arrays (``out`` of dtype
-        ``ml_dtypes.bfloat16``, or ``uint16`` holding the bits if CuPy refuses that dtype;
-        ``lse`` float32), allocated under the call's stream.
+        ``ml_dtypes.bfloat16``, or ``uint16`` holding the bits if CuPy refuses that dtype, or
+        float32 with ``out_dtype="float32"``; ``lse`` float32), allocated under the call's
+        stream.
 
     Raises:
         SnapMLAError: An argument is refused (nothing is written) or the library failed.
@@ -743,6 +777,7 @@ def decode(
                 kernel,
                 stream,
                 q_pe,
+                out_dtype,
             )
         finally:
             plan._in_use.exit()
@@ -765,6 +800,7 @@ def _decode(
     kernel: Any,
     stream: Any,
     q_pe: Any,
+    out_dtype: Any = None,
 ) -> tuple[Any, Any]:
     s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse, q_pe))
     c = plan.config
@@ -784,6 +820,7 @@ def _decode(
     scalars = None
     if out is not None and lse is not None:
         scalars = _decode_scalars(num_layers, c, layer, kernel, softmax_scale)
+        _check_out_dtype(op, out_dtype)  # (before it enters the memo key: a str or None)
         keys = checker.read_keys(
             (
                 ("q", q),
@@ -795,7 +832,7 @@ def _decode(
             )
         )
         if keys is not None:
-            memo_key = (c, plan.device, scalars, bool(causal), q_pe is not None, keys)
+            memo_key = (c, plan.device, scalars, bool(causal), q_pe is not None, out_dtype, keys)
             args = cache._decode_memo.get(memo_key)
     if args is None:
         call = _validate_decode_args(
@@ -817,12 +854,13 @@ def _decode(
             q_pe=q_pe,
             checker=checker,
             scalars=scalars,
+            out_dtype=out_dtype,
         )
     with on_device(op, device):
         if args is None:
             if call.out is None:
                 out, out_ptr = empty(
-                    op, (c.batch_size, c.q_len, c.num_heads, CONTENT_DIM), "bfloat16", device, s
+                    op, (c.batch_size, c.q_len, c.num_heads, CONTENT_DIM), call.out_dtype, device, s
                 )
             else:
                 out_ptr = call.out.ptr
@@ -844,6 +882,7 @@ def _decode(
                 lse_ptr,
                 call.q_pe.ptr if call.q_pe is not None else 0,
                 call.q_pe_strides,
+                OUT_DTYPES[call.out_dtype],
             )
             if memo_key is not None:  # read-only from here on (the C call only reads it)
                 remember(cache._decode_memo, memo_key, args, _DECODE_MEMO_SIZE)

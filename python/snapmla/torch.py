@@ -40,7 +40,7 @@ from . import _lib
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
 from .cache import page_stride_ok
-from .decode import KERNELS, MAX_BATCH, MAX_SM_PARTS, pack_decode_args
+from .decode import KERNELS, MAX_BATCH, MAX_SM_PARTS, OUT_DTYPES, pack_decode_args
 
 __all__ = [
     "append",
@@ -54,6 +54,8 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
+# decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (snapmla.decode.OUT_DTYPES).
+_OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 # ----------------------------------------------------------------------------- checks
 
@@ -589,7 +591,8 @@ def _decode_checks(
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (b,), contiguous=True, device=d)
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=d)
     _check(op, "workspace", workspace, (torch.uint8,), (None,), contiguous=True, device=d)
-    _check(op, "out", out, (torch.bfloat16,), (b, s_q, h, CONTENT_DIM), contiguous=True, device=d)
+    # out: BF16, or (since 0.2) fp32: the values the BF16 output rounds (snapmla.decode's out)
+    _check(op, "out", out, _OUT_DTYPES, (b, s_q, h, CONTENT_DIM), contiguous=True, device=d)
     _check(op, "lse", lse, (torch.float32,), (b, h, s_q), contiguous=True, device=d)
     return b, s_q, h, block_table.shape[1]
 
@@ -692,6 +695,7 @@ def _decode_prepare(
         cache_seqlens.data_ptr(),
         out.data_ptr(),
         lse.data_ptr(),
+        out_dtype=OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
     )
     return args, key, _ptr(plan), _ptr(workspace, "void*")
 
@@ -805,20 +809,31 @@ def decode(
     num_sm_parts: int = 0,
     out: Tensor | None = None,
     lse: Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor]:
     """FP8 MLA decode of one layer (``snapmla.decode``'s contract) with a plan built by
     ``plan`` for the same ``cache_seqlens``: ``q`` BF16 ``[b, s_q, h, 576]``, ``block_table``
     int32 ``[b, max_pages]``; returns ``(out bf16 [b, s_q, h, 512], lse fp32 [b, h, s_q])``,
-    the given outputs or new tensors. ``kernel``: ``"auto"``, ``"fast"`` or ``"reference"``."""
+    the given outputs or new tensors. ``kernel``: ``"auto"``, ``"fast"`` or ``"reference"``.
+    ``out`` may also be fp32 (since 0.2): the values the BF16 output rounds, unrounded
+    (``snapmla.decode``'s ``out``). ``out_dtype``: ``torch.bfloat16`` or ``torch.float32``, the
+    dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
+    or ``out``'s dtype."""
+    op = "snapmla.torch.decode"
     if kernel not in KERNELS:
+        raise argument_error(op, "kernel", " or ".join(map(repr, KERNELS)), repr(kernel))
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise argument_error(
-            "snapmla.torch.decode", "kernel", " or ".join(map(repr, KERNELS)), repr(kernel)
+            op, "out_dtype", "torch.bfloat16, torch.float32 or None", repr(out_dtype)
         )
+    if out is not None and out_dtype is not None:
+        _check(op, "out", out, (out_dtype,), (None, None, None, CONTENT_DIM))
     if out is None or lse is None:
-        _check("snapmla.torch.decode", "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM))
+        _check(op, "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM))
         b, s_q, h = q.shape[0], q.shape[1], q.shape[2]
         if out is None:
-            out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=torch.bfloat16, device=q.device)
+            dtype = torch.bfloat16 if out_dtype is None else out_dtype
+            out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=dtype, device=q.device)
         if lse is None:
             lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
     torch.ops.snapmla.decode(

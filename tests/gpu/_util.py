@@ -329,9 +329,10 @@ def make_plan(case: DecodeCase, seqlens_dev: Any, num_sm_parts: int = 0, **kw: A
     )
 
 
-def poisoned_outputs(b: int, s_q: int, h: int) -> tuple[Any, Any]:
-    """NaN-filled torch ``out [b, s_q, h, 512]`` (bf16) and ``lse [b, h, s_q]`` (fp32)."""
-    return nan_torch((b, s_q, h, ref.CONTENT_DIM)), nan_torch((b, h, s_q), "float32")
+def poisoned_outputs(b: int, s_q: int, h: int, out_dtype: str = "bfloat16") -> tuple[Any, Any]:
+    """NaN-filled torch ``out [b, s_q, h, 512]`` (bf16, or ``out_dtype``) and
+    ``lse [b, h, s_q]`` (fp32)."""
+    return nan_torch((b, s_q, h, ref.CONTENT_DIM), out_dtype), nan_torch((b, h, s_q), "float32")
 
 
 def run_decode(
@@ -348,9 +349,10 @@ def run_decode(
     block_table: np.ndarray | None = None,
     plan: Any = None,
     q_precision: str = "fp8",
+    out_dtype: str = "bfloat16",
 ) -> tuple[Any, Any]:
     """Plans (unless given ``plan``; ``q_precision`` is the plan's) and runs one decode into
-    poisoned (NaN) torch outputs.
+    poisoned (NaN) torch outputs (``out`` of ``out_dtype``: "bfloat16" or "float32").
 
     ``q`` / ``seqlens`` / ``block_table`` override the case's. Returns ``(out, lse)`` after a
     device synchronization.
@@ -362,7 +364,7 @@ def run_decode(
         bt_dev = to_device(np.asarray(block_table, np.int32), framework)
     if plan is None:
         plan = make_plan(case, sl_dev, num_sm_parts, q_precision=q_precision)
-    out, lse = poisoned_outputs(b, s_q, h)
+    out, lse = poisoned_outputs(b, s_q, h, out_dtype)
     got = snapmla.decode(
         cache,
         layer,
@@ -463,6 +465,25 @@ def assert_bytes_equal(got: np.ndarray, want: np.ndarray, num_pages: int, label:
     if diff.size:
         where = "; ".join(describe_offset(o, num_pages) for o in diff[:3])
         raise AssertionError(f"{label}: {diff.size} bytes differ, first at {where}")
+
+
+def bf16_round_nearest_even(x: np.ndarray) -> np.ndarray:
+    """fp32 -> BF16, round to nearest even (what the kernels' BF16 stores do), written out
+    on the bits: add 0x7FFF plus the kept part's lowest bit, keep the high half. Finite values
+    past the largest BF16 round to +-inf; a NaN stays a NaN (its payload is not modelled)."""
+    x = np.ascontiguousarray(x, np.float32)
+    bits = x.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    rounded[np.isnan(x)] = 0x7FC0
+    return rounded.view(BF16)
+
+
+def assert_rounds_to(out_fp32: Any, out_bf16: Any, label: str) -> None:
+    """An fp32 decode output (``out_dtype="float32"``) is what the BF16 one rounds: rounded to
+    nearest even, the BF16 output bit for bit (any NaN matching any NaN)."""
+    o32 = to_numpy(out_fp32)
+    assert o32.dtype == np.float32, f"{label}: out is {o32.dtype}, not float32"
+    assert_bf16_equal(bf16_round_nearest_even(o32), to_numpy(out_bf16, BF16), label)
 
 
 def assert_bf16_equal(got: np.ndarray, want: np.ndarray, label: str) -> None:

@@ -10,6 +10,8 @@ exactly 0 / +inf, rows that see a NaN all NaN, every kernel.
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 import pytest
 from _util import (
@@ -22,6 +24,7 @@ from _util import (
     FRAMEWORKS,
     SM_SCALE,
     assert_all_nan,
+    assert_rounds_to,
     check_decode,
     cupy_module,
     device_inputs,
@@ -46,6 +49,7 @@ from hypothesis import strategies as st
 
 import snapmla
 from snapmla import reference as ref
+from snapmla.decode import TWO_TERM_FAST_ROWS
 
 pytestmark = pytest.mark.gpu
 
@@ -809,3 +813,112 @@ def test_two_term_query_on_auto(rng: np.random.Generator) -> None:
     out, lse = run_decode(cache, wide, kernel="reference", q_precision="fp8x2")
     want = wide.reference(q_terms=2)
     check_decode(out, lse, *want, **tolerances("reference"), label="fp8x2 reference h=11 s_q=3")
+
+
+# ------------------------------------------------------------ fp32 output (args.out_dtype)
+
+
+class _Fp32OutCase(NamedTuple):
+    case: Any
+    seqlens: np.ndarray  # the case's, one past the block table
+    block_table: np.ndarray  # the case's, one page outside the layer
+    nan_requests: list[int]
+    empty_request: int
+
+
+def _fp32_out_case(rng: np.random.Generator, h: int, s_q: int) -> _Fp32OutCase:
+    """Contexts 0, 1, 63, 64, 65 and 1000, and three requests of NaN rows: a NaN token every
+    row sees (1000 tokens: split where the plan splits), a length past the block table (the
+    kernels' invalid-request rows) and a page outside the layer (their bad-page rows)."""
+    case = make_case(rng, [0, 1, 63, 64, 65, 1000, 1000, 300, 200], num_heads=h, q_len=s_q)
+    nan_c = case.c_kv[0][6][3].copy()
+    nan_c[5] = np.nan
+    case.set_token(0, 6, 3, nan_c, case.k_pe[0][6][3])
+    seqlens = case.seqlens.copy()
+    seqlens[7] = case.max_pages * 64 + 1
+    block_table = case.block_table.copy()
+    block_table[8, 1] = case.num_pages
+    return _Fp32OutCase(case, seqlens, block_table, [6, 7, 8], 0)
+
+
+def _check_fp32_out(cache: Any, c: _Fp32OutCase, label: str, **run_kwargs: Any) -> None:
+    """One decode with BF16 out and one with fp32 out into NaN-poisoned outputs: the fp32 out
+    rounds (to nearest even) to the BF16 one bit for bit, the lse are the same bits, the
+    requests' rows are what they must be (NaN, 0 or finite: nothing left unwritten), and the
+    fp32 values are not BF16 values (the output kept its precision)."""
+    kw = {"seqlens": c.seqlens, "block_table": c.block_table, **run_kwargs}
+    out16, lse16 = run_decode(cache, c.case, out_dtype="bfloat16", **kw)
+    out32, lse32 = run_decode(cache, c.case, out_dtype="float32", **kw)
+    assert_rounds_to(out32, out16, label)
+    l16, l32 = to_numpy(lse16, np.float32), to_numpy(lse32, np.float32)
+    assert np.array_equal(l16.view(np.uint32), l32.view(np.uint32)), f"{label}: lse differs"
+    o32 = to_numpy(out32)
+    healthy = [r for r in range(c.case.batch) if r not in c.nan_requests]
+    assert np.isnan(o32[c.nan_requests]).all(), f"{label}: NaN requests"
+    assert np.isfinite(o32[healthy]).all(), f"{label}: unwritten or poisoned rows"
+    empty = c.empty_request
+    assert (o32[empty] == 0).all() and np.isposinf(l32[empty]).all(), f"{label}: empty request"
+    o16 = to_numpy(out16, BF16).astype(np.float32)[healthy]
+    assert (o32[healthy] != o16).any(), f"{label}: the fp32 out holds only BF16 values"
+
+
+@pytest.mark.parametrize("num_sm_parts", [1, 64])
+@pytest.mark.parametrize(("h", "s_q"), [(16, 1), (16, 2), (128, 1), (128, 2)])
+@pytest.mark.parametrize("q_precision", ["fp8", "fp8x2"])
+def test_fp32_out_is_what_the_bf16_out_rounds(
+    rng: np.random.Generator, q_precision: str, h: int, s_q: int, num_sm_parts: int
+) -> None:
+    """out_dtype="float32" (args.out_dtype FP32): every kernel, both query precisions (the
+    two-term query on "fast" and "auto" where s_q * h <= 32), one part a row tile (every
+    request written by the attention kernel itself, the seesaw epilogue's direct store) and
+    64 (the long requests split, written by the combine), empty and NaN rows."""
+    c = _fp32_out_case(rng, h, s_q)
+    cache = make_cache(c.case)
+    two_term_fast = s_q * h <= TWO_TERM_FAST_ROWS
+    kernels = KERNELS if q_precision == "fp8" or two_term_fast else ("reference",)
+    for kernel in kernels:
+        label = f"fp32 out {q_precision} h={h} s_q={s_q} parts={num_sm_parts} {kernel}"
+        run = {"kernel": kernel, "num_sm_parts": num_sm_parts, "q_precision": q_precision}
+        _check_fp32_out(cache, c, label, **run)
+
+
+@pytest.mark.parametrize(
+    ("path", "h", "lens", "parts"), COMBINE_PATHS, ids=[c[0] for c in COMBINE_PATHS]
+)
+def test_fp32_out_on_every_combine_path(
+    rng: np.random.Generator, path: str, h: int, lens: list, parts: int
+) -> None:
+    """Each of the combine's kernels (test_combine_paths) writes fp32 out as the values its
+    BF16 store rounds, for every kernel."""
+    case = make_case(rng, lens, num_heads=h, q_len=1)
+    cache = make_cache(case)
+    for kernel in KERNELS:
+        out16, lse16 = run_decode(cache, case, kernel=kernel, num_sm_parts=parts)
+        out32, lse32 = run_decode(
+            cache, case, kernel=kernel, num_sm_parts=parts, out_dtype="float32"
+        )
+        label = f"fp32 out, combine {path}, {kernel}"
+        assert_rounds_to(out32, out16, label)
+        l16, l32 = to_numpy(lse16, np.float32), to_numpy(lse32, np.float32)
+        assert np.array_equal(l16.view(np.uint32), l32.view(np.uint32)), f"{label}: lse"
+        assert np.isfinite(to_numpy(out32)).all(), f"{label}: unwritten rows"
+
+
+def test_fp32_out_allocated_and_from_cupy(rng: np.random.Generator) -> None:
+    """decode(out_dtype="float32") allocates a float32 CuPy out; a CuPy fp32 out works as a
+    torch one; both round to the BF16 output."""
+    cupy = cupy_module()
+    case = make_case(rng, [777, 64, 0], num_heads=16, q_len=2)
+    cache = make_cache(case)
+    q_dev, bt_dev, sl_dev = device_inputs(case, "cupy")
+    plan = make_plan(case, sl_dev)
+    want, _ = snapmla.decode(cache, 0, q_dev, bt_dev, sl_dev, plan, softmax_scale=SM_SCALE)
+    got, _ = snapmla.decode(
+        cache, 0, q_dev, bt_dev, sl_dev, plan, softmax_scale=SM_SCALE, out_dtype="float32"
+    )
+    given = nan_cupy((3, 2, 16, 512), np.float32)
+    snapmla.decode(cache, 0, q_dev, bt_dev, sl_dev, plan, softmax_scale=SM_SCALE, out=given)
+    synchronize()
+    assert got.dtype == cupy.float32 and tuple(got.shape) == (3, 2, 16, 512)
+    assert_rounds_to(got, want, "allocated fp32 out")
+    assert_rounds_to(given, want, "CuPy fp32 out")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from _util import (
     SM_SCALE,
+    assert_rounds_to,
     device_inputs,
     make_case,
     make_plan,
@@ -69,6 +70,43 @@ def test_decode_matches_the_generic_api_bit_for_bit(
     assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
     assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
     assert torch.isfinite(out[torch.from_numpy(np.asarray(seqlens) > 0)].float()).all()
+
+
+@pytest.mark.parametrize("kernel", ["auto", "reference"])
+def test_decode_fp32_out(rng: np.random.Generator, kernel: str) -> None:
+    """An fp32 out through the op (0.2, args.out_dtype FP32): bit for bit the generic API's
+    fp32 out on the same memory, the same lse as the op's BF16 call, and rounded to nearest
+    even its BF16 out; opcheck passes with it."""
+    seqlens, heads = [700, 0, 130, 64], 16
+    case, cache, q, bt, sl = _torch_case(rng, seqlens, heads)
+    kv = snapmla.KVCache(case.num_layers, case.num_pages, buffer=cache.view(-1))
+    want, want_lse = poisoned_outputs(len(seqlens), 1, heads, "float32")
+    snapmla.decode(
+        kv,
+        1,
+        q,
+        bt,
+        sl,
+        make_plan(case, sl),
+        softmax_scale=SM_SCALE,
+        out=want,
+        lse=want_lse,
+        kernel=kernel,
+    )
+    plan, workspace = smt.decode_buffers(len(seqlens), num_heads=heads, max_pages=case.max_pages)
+    smt.plan(plan, sl, num_heads=heads, max_pages=case.max_pages)
+    args = (cache, 1, q, bt, sl, plan, workspace)
+    out16, lse16 = smt.decode(*args, softmax_scale=SM_SCALE, kernel=kernel)
+    out32, lse32 = smt.decode(*args, softmax_scale=SM_SCALE, kernel=kernel, out_dtype=torch.float32)
+    synchronize()
+    assert out32.dtype == torch.float32
+    assert torch.equal(out32.view(torch.int32), want.view(torch.int32))
+    assert torch.equal(lse32.view(torch.int32), lse16.view(torch.int32))
+    assert_rounds_to(out32, out16, f"snapmla.torch fp32 out ({kernel})")
+    torch.library.opcheck(
+        torch.ops.snapmla.decode.default,
+        (*args, out32, lse32, SM_SCALE, True, 0 if kernel == "auto" else 1, 0),
+    )
 
 
 def test_append_fetch_quantize_match_the_generic_api(rng: np.random.Generator) -> None:

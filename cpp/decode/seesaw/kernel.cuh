@@ -1302,11 +1302,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
                   make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           } else if (to_out) {
-            uint16_t* dst = p.out + (int64_t{b} * rows_total + fr) * kContentDim + d0;
+            const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
 #pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              *reinterpret_cast<uint32_t*>(dst + 64 * m) =
-                  pack_bf16x2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+            for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
+              store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
             }
           }
         }
