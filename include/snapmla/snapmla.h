@@ -464,7 +464,7 @@ typedef enum snapmla_out_dtype {
                            are bit for bit the BF16 out that the same call writes with
                            SNAPMLA_OUT_BF16 (NaN rows NaN). For callers who keep the two-term
                            query's precision, which the BF16 rounding (about 1.7e-3 relative)
-                           would mostly hide. Since 0.2 (not yet run on a GPU) */
+                           would mostly hide. Since 0.2 (tested on the H200) */
 } snapmla_out_dtype_t;
 
 typedef struct snapmla_decode_args {
