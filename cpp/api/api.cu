@@ -1059,8 +1059,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "got %d",
                   op, a.kernel);
   // The two-term query: the reference kernel at every shape (REFERENCE); the seesaw kernel
-  // (FAST or AUTO) where its QK tile holds both terms, q_len x heads <= 32, at the one-term
-  // kernel's time (bench/NOTES.md, session 20). Past that AUTO refuses rather than fall back to
+  // (FAST or AUTO) where its QK tile holds both terms, q_len x heads <= 32, near the one-term
+  // kernel's time (bench/NOTES.md, sessions 20-21). Past that AUTO refuses rather than fall back to
   // the reference kernel, several times slower: that is a choice the caller makes by name.
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   const bool two_term_fast = c.q_len * c.num_heads <= kTwoTermFastRows;
