@@ -280,7 +280,8 @@ class DecodePlan(Closable):
                 reserves 516 more workspace bytes per query row. ``decode`` with this plan
                 runs the tensor-core kernel (``"auto"`` or ``"fast"``) where
                 ``q_len * num_heads <= 32``, its QK tile's empty half holding the low rows,
-                within 3% of the one-term time (bench/NOTES.md, session 20); past 32 it
+                0.93-1.02x the one-term time at up to 16 rows and 1.02-1.04x at 32 (H200,
+                bench/NOTES.md, session 21); past 32 it
                 needs ``kernel="reference"`` (several times slower), which ``"auto"`` does
                 not pick for you. Since 0.2, tested on the H200.
         """
@@ -458,7 +459,7 @@ def _decode_scalars(
         )
     if config.q_precision == "fp8x2" and kernel != "reference":
         # The seesaw kernel ("auto" or "fast") takes the two-term query where its QK tile
-        # holds both terms, at the one-term time; past that only the reference kernel, by
+        # holds both terms, near the one-term time; past that only the reference kernel, by
         # name ("auto" refuses rather than run a kernel several times slower unasked).
         rows = config.q_len * config.num_heads
         if rows > TWO_TERM_FAST_ROWS:
@@ -511,9 +512,9 @@ def _validate_decode_args(
     may give a ``checker`` that has ``read()`` some of the tensors already, and the
     ``_decode_scalars`` result of these same arguments."""
     op = "decode"
-    if scalars is None:
+    if scalars is None:  # (else _decode checked them and out_dtype for its memo key)
         scalars = _decode_scalars(num_layers, config, layer, kernel, softmax_scale)
-    _check_out_dtype(op, out_dtype)
+        _check_out_dtype(op, out_dtype)
     layer, kernel_code, scale = scalars
     spec = _decode_spec(config)
     s_q, h, max_pages = config.q_len, config.num_heads, config.max_pages
