@@ -841,18 +841,26 @@ def _fp32_out_case(rng: np.random.Generator, h: int, s_q: int) -> _Fp32OutCase:
     return _Fp32OutCase(case, seqlens, block_table, [6, 7, 8], 0)
 
 
-def _check_fp32_out(cache: Any, c: _Fp32OutCase, label: str, **run_kwargs: Any) -> None:
+def _decode_both_outputs(
+    cache: Any, case: Any, label: str, **run_kwargs: Any
+) -> tuple[Any, np.ndarray, np.ndarray]:
     """One decode with BF16 out and one with fp32 out into NaN-poisoned outputs: the fp32 out
-    rounds (to nearest even) to the BF16 one bit for bit, the lse are the same bits, the
-    requests' rows are what they must be (NaN, 0 or finite: nothing left unwritten), and the
-    fp32 values are not BF16 values (the output kept its precision)."""
-    kw = {"seqlens": c.seqlens, "block_table": c.block_table, **run_kwargs}
-    out16, lse16 = run_decode(cache, c.case, out_dtype="bfloat16", **kw)
-    out32, lse32 = run_decode(cache, c.case, out_dtype="float32", **kw)
+    rounds (to nearest even) to the BF16 one bit for bit and the lse are the same bits.
+    Returns ``(out16, out32, lse32)``, the last two as NumPy arrays."""
+    out16, lse16 = run_decode(cache, case, out_dtype="bfloat16", **run_kwargs)
+    out32, lse32 = run_decode(cache, case, out_dtype="float32", **run_kwargs)
     assert_rounds_to(out32, out16, label)
     l16, l32 = to_numpy(lse16, np.float32), to_numpy(lse32, np.float32)
     assert np.array_equal(l16.view(np.uint32), l32.view(np.uint32)), f"{label}: lse differs"
-    o32 = to_numpy(out32)
+    return out16, to_numpy(out32), l32
+
+
+def _check_fp32_out(cache: Any, c: _Fp32OutCase, label: str, **run_kwargs: Any) -> None:
+    """_decode_both_outputs, and the requests' rows are what they must be (NaN, 0 or finite:
+    nothing left unwritten), and the fp32 values are not BF16 values (the output kept its
+    precision)."""
+    kw = {"seqlens": c.seqlens, "block_table": c.block_table, **run_kwargs}
+    out16, o32, l32 = _decode_both_outputs(cache, c.case, label, **kw)
     healthy = [r for r in range(c.case.batch) if r not in c.nan_requests]
     assert np.isnan(o32[c.nan_requests]).all(), f"{label}: NaN requests"
     assert np.isfinite(o32[healthy]).all(), f"{label}: unwritten or poisoned rows"
@@ -893,15 +901,9 @@ def test_fp32_out_on_every_combine_path(
     case = make_case(rng, lens, num_heads=h, q_len=1)
     cache = make_cache(case)
     for kernel in KERNELS:
-        out16, lse16 = run_decode(cache, case, kernel=kernel, num_sm_parts=parts)
-        out32, lse32 = run_decode(
-            cache, case, kernel=kernel, num_sm_parts=parts, out_dtype="float32"
-        )
         label = f"fp32 out, combine {path}, {kernel}"
-        assert_rounds_to(out32, out16, label)
-        l16, l32 = to_numpy(lse16, np.float32), to_numpy(lse32, np.float32)
-        assert np.array_equal(l16.view(np.uint32), l32.view(np.uint32)), f"{label}: lse"
-        assert np.isfinite(to_numpy(out32)).all(), f"{label}: unwritten rows"
+        _, o32, _ = _decode_both_outputs(cache, case, label, kernel=kernel, num_sm_parts=parts)
+        assert np.isfinite(o32).all(), f"{label}: unwritten rows"
 
 
 def test_fp32_out_allocated_and_from_cupy(rng: np.random.Generator) -> None:
