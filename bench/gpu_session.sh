@@ -4,7 +4,7 @@
 #
 #   bash bench/gpu_session.sh [use:<name>] [tests] [tests-decode] [frag] [ctest] [sanitize] [sass]
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
-#                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-fast2]
+#                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-f32out]
 #                             [probe] [accuracy-layers] [bench-cases] [dump-save] [dump-compare]
 #                             [use:<name>] [stage ...]
 #
@@ -298,9 +298,9 @@ for stage in "$@"; do
       log "demo (the README's main job)"
       timeout 240 python3 -m snapmla.demo 2>&1 | tee "$OUT/demo$TAG.log" || status=1
       ;;
-    accuracy | accuracy-fast2)  # since session 21 the same study (AUTO runs the two-term query)
+    accuracy | accuracy-f32out)  # accuracy-f32out: the kernel runs write fp32 out (issue 9)
       extra=(); sfx=$TAG
-      [ "$stage" = accuracy-fast2 ] && { extra=(--two-term-kernel auto); sfx="-fast2$TAG"; }
+      [ "$stage" = accuracy-f32out ] && { extra=(--out-dtype float32); sfx="-f32out$TAG"; }
       log "accuracy study ${extra[*]}"
       timeout 420 python3 -m snapmla.accuracy "${extra[@]}" --out "$OUT/accuracy$sfx.json" \
         --figure "$OUT/accuracy$sfx.png" 2>&1 | tee "$OUT/accuracy$sfx.log" | tail -30 || status=1
