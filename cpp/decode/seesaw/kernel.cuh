@@ -9,6 +9,7 @@
 #include "common/launch.h"
 #include "common/row_quant.cuh"
 #include "decode/seesaw/config.h"
+#include "decode/merge.cuh"
 #include "decode/seesaw/fragments.cuh"
 #include "decode/segment.cuh"
 #include "decode/sm90.cuh"
@@ -189,6 +190,103 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
     case 1: wgmma_wait<1>(); break;
     case 2: wgmma_wait<2>(); break;
     default: wgmma_wait<3>(); break;
+  }
+}
+
+// SNAPMLA_SEESAW_MERGE (decode.h): the partials of the split requests this CTA wrote a part of
+// (its range's first and last request only: the others are whole in it), merged by the CTAs
+// that wrote them, at the end of the grid's work. CTA k of a request's P parts merges items
+// [k W / P, (k + 1) W / P) of the tile's W = rows x 128 float4 columns, each over all P partials
+// (merge.cuh). The consumer threads only (`threads` of them, tid < threads); `sync` is their
+// barrier, `flag` a shared word no one else uses by now.
+__device__ __forceinline__ int ld_acquire_gpu(const int* at) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint64_t globaltimer_ns() {
+  uint64_t v;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
+  return v;
+}
+// A merge waits for its request's other parts at most this long (they are resident: the
+// launch is cooperative), then writes its items NaN: a plan whose first and last parts do not
+// describe the CTAs that arrive (device data overwritten between plan and decode) cannot hang.
+constexpr uint64_t kMergeTimeoutNs = 10'000'000'000ull;
+
+template <typename Sync>
+__device__ void merge_split_requests(const DecodeParams& p, int part, int tile,
+                                     RequestRange requests, int tid, int threads, Sync sync,
+                                     volatile int32_t* flag) {
+  // The range's first and last request (once where they are one), where this part wrote a
+  // partial of a split request: slot 0, then 1 (selects, no local-memory arrays).
+  int bs[2], first[2], last[2];
+  bool in[2];
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    bs[k] = k == 0 ? requests.begin : requests.end;
+    in[k] = bs[k] <= requests.end && !(k == 1 && bs[k] == requests.begin) &&
+            split_parts(p, bs[k], &first[k], &last[k]) && first[k] <= part && part <= last[k];
+  }
+  const int nreq = in[0] + in[1];
+  if (!in[0]) {
+    bs[0] = bs[1];
+    first[0] = first[1];
+    last[0] = last[1];
+  }
+  if (nreq == 0) return;
+  int32_t* counters =
+      const_cast<int32_t*>(p.plan) + PlanLayout::make(p.batch, p.num_parts).merge_counters;
+  auto counter_of = [&](int k) { return counters + (int64_t{bs[k]} * kMaxRowTiles + tile) * 2; };
+  sync();  // every consumer's partial stores issued
+  if (tid == 0) {
+    __threadfence();  // ... and visible before the arrivals
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      if (k < nreq) atomicAdd(counter_of(k), 1);
+    }
+  }
+  const int rows_total = p.q_len * p.num_heads;
+  const int rows = min(kTileRows, rows_total - tile * kTileRows);
+  const int rows_pad = p.row_tiles * kTileRows;
+  constexpr int kCols4 = kContentDim / 4;
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {  // (unrolled: bs, first and last stay in registers)
+    if (k >= nreq) break;
+    const int parts = last[k] - first[k] + 1;
+    if (tid == 0) {
+      const uint64_t t0 = globaltimer_ns();
+      int ok = 1;
+      while (ld_acquire_gpu(counter_of(k)) < parts) {
+        if (globaltimer_ns() - t0 > kMergeTimeoutNs) {
+          ok = 0;
+          break;
+        }
+        __nanosleep(64);
+      }
+      *flag = ok;
+    }
+    sync();  // the arrivals seen (thread 0's acquire, ordered before the others' loads)
+    const bool ok = *flag != 0;
+    const int64_t items = int64_t{rows} * kCols4, kk = part - first[k];
+    const int lo = static_cast<int>(items * kk / parts), hi = static_cast<int>(items * (kk + 1) / parts);
+    for (int item = lo + tid; item < hi; item += threads) {
+      const int fr = tile * kTileRows + item / kCols4, c = item % kCols4;
+      RunningMerge r;
+      if (ok) {
+        merge_parts<true>(p, first[k], last[k], 0, 1, rows_pad, fr, c, r);
+      } else {
+        r.nan_seen = true;
+      }
+      store_merged(p, bs[k], fr, c, r);
+    }
+    sync();  // (flag is rewritten for the next request)
+    if (tid == 0) {  // the last CTA to finish resets the counters for the next decode
+      if (atomicAdd(counter_of(k) + 1, 1) == parts - 1) {
+        counter_of(k)[0] = 0;
+        counter_of(k)[1] = 0;
+      }
+    }
   }
 }
 
@@ -1324,6 +1422,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         __syncthreads();
       }
     }
+    if constexpr (SNAPMLA_SEESAW_MERGE != 0 && !kIsProducer) {
+      if (p.merge != 0) {
+        merge_split_requests(
+            p, part, tile, requests, tid, kThreads,
+            [] { named_barrier_unaligned(kBarConsumers, kThreads); },
+            reinterpret_cast<volatile int32_t*>(&s.bad_page));
+      }
+    }
   };
   if constexpr (kProducer) {
     if (wg == 2) {
@@ -1346,9 +1452,10 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
       cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
-                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
-                          kSmemBytes, stream, p, maps);
+  // SNAPMLA_SEESAW_MERGE: every CTA resident at once (merge_split_requests waits for others)
+  return launch_dependent_ex(p.merge != 0, seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                             dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
+                             kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw
