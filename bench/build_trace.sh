@@ -15,7 +15,6 @@
 #                                                     # promoted PV everywhere)
 #   .carry/bin/seesaw_trace_pvdirect2 16 128 131072   # =2: PV into O^T at every N = 64 call
 #   .carry/bin/seesaw_trace_nopdl 1 128 1024         # SNAPMLA_PDL=0 ("decode call")
-#   .carry/bin/seesaw_trace_merge 8 128 4096          # SNAPMLA_SEESAW_MERGE=1: no combine launch
 #   .carry/bin/seesaw_trace_base 1 128 8192           # SNAPMLA_TRACE_BASE=<commit>: seesaw_trace
 #                                                     # of that commit, for a same-call A/B
 set -euo pipefail
@@ -95,11 +94,6 @@ builds=(
   # 19: after the Q's)
   "seesaw_trace_early0:-DSNAPMLA_SEESAW_EARLY_START=0"
   "seesaw_timeline_early0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_EARLY_START=0"
-  # the kernel merges its split requests itself, no combine launch (SNAPMLA_SEESAW_MERGE,
-  # experimental, off; session 22: compare "kernel + combine" and "decode call")
-  "seesaw_trace_merge:-DSNAPMLA_SEESAW_MERGE=1"
-  # ... launched without the cooperative attribute (timing only: what the attribute costs)
-  "seesaw_trace_merge_nocoop:-DSNAPMLA_SEESAW_MERGE=1 -DSNAPMLA_SEESAW_MERGE_COOP=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -173,9 +173,6 @@ int main(int argc, char** argv) {
       !two_term && seesaw_fuses_q(seesaw_pv_width(int64_t{q_len} * heads));
   if (fused_q) p.q_in = qp;
   CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, min_part_cost, plan, 0));
-  // SNAPMLA_SEESAW_MERGE builds: the kernel merges (the combine launches nothing), as the API's
-  p.merge = seesaw_merges(p, sms) ? 1 : 0;
-  if (p.merge != 0) std::printf("in-kernel merge (SNAPMLA_SEESAW_MERGE): no combine launch\n");
   for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));
   CHECK(cudaDeviceSynchronize());
 

@@ -436,10 +436,8 @@ constexpr int64_t kWorstWorkspace =
     kWorstRows * (2 * kContentDim + 2 * kRopeDim + 2 * 4) +  // with the two-term query's low row
     int64_t{2} * kMaxSmParts * kWorstRowTiles * decode::kTileRows * (kContentDim * 4 + 4) + 8 * 256;
 constexpr int64_t kWorstPlanWords =
-    decode::PlanLayout::kHeaderWords + 4 * (int64_t{kMaxBatch} + 1) + 2 * int64_t{kMaxSmParts} +
-    int64_t{kMaxBatch} * decode::kMaxRowTiles * 2;
-static_assert(kWorstRowTiles <= decode::kMaxRowTiles, "the plan's merge counters cover every tile");
-static_assert(kWorstWorkspace < (int64_t{1} << 40) && kWorstPlanWords < (int64_t{1} << 24),
+    decode::PlanLayout::kHeaderWords + 4 * (int64_t{kMaxBatch} + 1) + 2 * int64_t{kMaxSmParts};
+static_assert(kWorstWorkspace < (int64_t{1} << 40) && kWorstPlanWords < (int64_t{1} << 20),
               "decode buffer sizes stay far from int64 overflow");
 
 int row_tiles_of(const snapmla_decode_config_t& c) {
@@ -1213,11 +1211,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   if (a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE) {
     SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
   } else {
-    if constexpr (SNAPMLA_SEESAW_MERGE != 0) {  // (experimental: decode.h)
-      int sms = 0;
-      SNAPMLA_CUDA(op, current_device_sm_count(&sms));
-      p.merge = decode::seesaw_merges(p, sms) ? 1 : 0;
-    }
     SNAPMLA_CUDA(op, decode::launch_seesaw_decode(p, s));
   }
   SNAPMLA_CUDA(op, decode::launch_combine(p, s));

@@ -95,31 +95,6 @@ inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 b
   return cudaGetLastError();
 #endif
 }
-// launch_dependent, and where `cooperative` a cooperative launch (every CTA of the grid
-// resident at once, or the launch fails: cudaErrorCooperativeLaunchTooLarge).
-template <typename... Params, typename... Args>
-inline cudaError_t launch_dependent_ex(bool cooperative, void (*kernel)(Params...), dim3 grid,
-                                       dim3 block, size_t smem, cudaStream_t stream,
-                                       Args&&... args) {
-  if (!cooperative) {
-    return launch_dependent(kernel, grid, block, smem, stream, static_cast<Args&&>(args)...);
-  }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[2];
-  attribute[0].id = cudaLaunchAttributeCooperative;
-  attribute[0].val.cooperative = 1;
-  attribute[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[1].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = SNAPMLA_PDL >= 1 ? 2 : 1;
-  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
-  const cudaError_t last = cudaGetLastError();
-  return err != cudaSuccess ? err : last;
-}
 #endif  // __CUDACC__
 
 }  // namespace snapmla

@@ -6,7 +6,6 @@
 #include "common/launch.h"
 #include "common/numerics.cuh"
 #include "decode/decode.h"
-#include "decode/merge.cuh"
 #include "decode/segment.cuh"
 
 namespace snapmla {
@@ -17,6 +16,25 @@ constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
 constexpr int kColsPerLane = kContentDim / 32;
 static_assert(kColsPerLane == 16, "four float4 per lane");
+
+// The parts [first, last] holding request b's partials, or false where the decode kernel wrote
+// the request's rows itself (a plan that does not match, no blocks, or a single part).
+// The request's words are read with the header's, one round trip (the host checked the plan
+// buffer's size for these parameters: in bounds whatever the words hold).
+__device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* first, int* last) {
+  const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+  const int32_t first_word = p.plan[L.first_part + b], last_word = p.plan[L.last_part + b];
+  const int32_t nb_word = p.plan[L.nblocks + b];
+  if (!plan_matches(p)) return false;  // the decode kernel wrote NaN rows
+  *first = clamp_part(p, first_word);
+  *last = clamp_part(p, last_word);
+  return nb_word > 0 && *first != *last;
+}
+
+// The workspace slot of a part's partial for a request whose first part is `first`.
+__device__ __forceinline__ int64_t partial_slot(int part, int first) {
+  return 2 * part + (part == first ? 1 : 0);
+}
 
 // acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
 // returns w.
@@ -189,7 +207,9 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
 // The grouped combine (SNAPMLA_COMBINE_GROUPED, on): one CTA a row, kGroups groups of 128
 // threads; thread c of a group owns latent columns [4c, 4c + 4) (a row's partial, 2 KB, read by
 // one float4 a thread, coalesced); group g walks parts first + g, first + g + kGroups, ... in
-// chunks of kMergeChunk (merge.cuh: one L2 round trip a chunk, merged online); then the groups merge through shared memory, in group order. The launcher picks
+// chunks of kChunk with every load of a chunk (its LSEs and its float4s) in flight at once, one
+// L2 round trip a chunk, merging chunk by chunk online (the running maximum rescales what it
+// has added); then the groups merge through shared memory, in group order. The launcher picks
 // kGroups for about one chunk a group and uses it only where its CTAs fit one wave: with 8
 // groups at 2x128x4096 and 4x128x1024 (256 and 512 CTAs of 1024 threads, 2 and 4 waves) it was
 // 2.9 and 7.7 us slower than the wide kernel in graph replays; at batch 1, 0.7-1.6 us faster
@@ -198,6 +218,69 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
 #define SNAPMLA_COMBINE_GROUPED 1
 #endif
 constexpr int kRowThreads = kContentDim / 4;  // 128: a float4 each
+constexpr int kChunk = 8;
+
+// A group's running merge: acc = sum_s exp(lse_s - m) O_s (its 4 columns),
+// w = sum_s exp(lse_s - m).
+struct RunningMerge {
+  float m = -INFINITY, w = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  bool nan_seen = false;
+  // Rescale to the maximum m_new >= m (a no-op while both are -inf: nothing added yet).
+  __device__ __forceinline__ void raise_to(float m_new) {
+    if (m_new == m) return;
+    const float f = expf(m - m_new);  // m = -inf: 0 (acc and w are 0 then anyway)
+    w *= f;
+    acc.x *= f;
+    acc.y *= f;
+    acc.z *= f;
+    acc.w *= f;
+    m = m_new;
+  }
+  __device__ __forceinline__ void add(float lse, float4 x) {  // lse <= m, not NaN
+    const float f = expf(lse - m);
+    w += f;
+    acc.x += f * x.x;
+    acc.y += f * x.y;
+    acc.z += f * x.z;
+    acc.w += f * x.w;
+  }
+};
+
+// Parts first + g, first + g + stride, ... <= last of row fr, column group c, into r.
+__device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, int last, int g,
+                                            int stride, int rows_pad, int fr, int c,
+                                            RunningMerge& r) {
+  for (int base = first + g; base <= last; base += kChunk * stride) {
+    float lse[kChunk];
+    float4 x[kChunk];
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {  // every load of the chunk first
+      const int part = base + k * stride;
+      if (part <= last) {
+        const int64_t slot = partial_slot(part, first);
+        lse[k] = p.partial_lse[slot * rows_pad + fr];
+        const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
+        x[k] = reinterpret_cast<const float4*>(row)[c];
+      } else {
+        lse[k] = -INFINITY;
+        x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+    }
+    float m_chunk = r.m;
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      r.nan_seen |= lse[k] != lse[k];
+      m_chunk = fmaxf(m_chunk, lse[k]);  // (fmaxf drops a NaN: nan_seen keeps it)
+    }
+    if (m_chunk == -INFINITY) continue;  // nothing visible yet
+    r.raise_to(m_chunk);
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) {
+      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k]);
+    }
+  }
+}
 
 template <int kGroups>
 __global__ void __launch_bounds__(kRowThreads* kGroups)
@@ -245,13 +328,32 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
       r.acc.w += f * a.w;
     }
   }
-  store_merged(p, b, fr, c, r);
+  float4 out;
+  float lse;
+  if (r.nan_seen) {
+    lse = __int_as_float(0x7fffffff);
+    out = make_float4(lse, lse, lse, lse);
+  } else if (r.m == -INFINITY) {  // no visible token in any segment
+    lse = INFINITY;
+    out = make_float4(0.f, 0.f, 0.f, 0.f);
+  } else {
+    const float inv = 1.f / r.w;
+    out = make_float4(r.acc.x * inv, r.acc.y * inv, r.acc.z * inv, r.acc.w * inv);
+    lse = r.m + logf(r.w);
+  }
+  const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + 4 * c;
+  if (p.out_f32 != nullptr) {  // the fp32 values the BF16 store below rounds
+    *reinterpret_cast<float4*>(p.out_f32 + at) = out;
+  } else {
+    *reinterpret_cast<uint2*>(p.out + at) =
+        make_uint2(pack_bf16x2(out.x, out.y), pack_bf16x2(out.z, out.w));
+  }
+  if (c == 0 && p.lse != nullptr) p.lse[lse_index(p, b, fr)] = lse;
 }
 
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
-  if (p.merge != 0) return cudaSuccess;  // the seesaw kernel merged (SNAPMLA_SEESAW_MERGE)
   const int rows_total = p.q_len * p.num_heads;
   const int64_t rows = int64_t{p.batch} * rows_total;
   if (rows_total <= 65535) {  // (the grid's y)
@@ -260,7 +362,7 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
     // takes more chunks), at most one per two blocks.
     const int parts = std::max(1, std::min(p.num_parts / p.batch, (p.max_pages + 1) / 2));
     int groups = 1;
-    while (groups < 8 && groups * kMergeChunk < parts) groups *= 2;
+    while (groups < 8 && groups * kChunk < parts) groups *= 2;
     // The grouped CTAs in one wave: 1024 threads an SM at their 64 registers, and the plan's
     // num_parts x row_tiles CTAs are about the SMs (no device query on the decode path).
     const int64_t sms = int64_t{p.num_parts} * p.row_tiles;

@@ -44,7 +44,6 @@ constexpr int kFixedCost = SNAPMLA_FIXED_COST;
 #endif
 constexpr int kMinPartCost = SNAPMLA_MIN_PART_COST;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
-constexpr int kMaxRowTiles = 8;  // 64-row tiles of SNAPMLA_MAX_Q_LEN x SNAPMLA_MAX_HEADS rows
 
 // The plan's first words: what it was built for, and the schedule's part cost T.
 struct PlanHeader {
@@ -67,9 +66,6 @@ struct PlanLayout {
   int64_t last_part;   // [batch]
   int64_t part_begin;  // [num_parts] first request touching the part
   int64_t part_end;    // [num_parts] last request touching the part (inclusive)
-  // [batch][kMaxRowTiles][2]: the arrivals and the finished merges of a split request's row
-  // tile (SNAPMLA_SEESAW_MERGE); zero after the plan kernel and after every decode that merges
-  int64_t merge_counters;
   int64_t total_words;
 
   __host__ __device__ static PlanLayout make(int batch, int num_parts) {
@@ -80,8 +76,7 @@ struct PlanLayout {
     l.last_part = l.first_part + batch;
     l.part_begin = l.last_part + batch;
     l.part_end = l.part_begin + num_parts;
-    l.merge_counters = l.part_end + num_parts;
-    l.total_words = l.merge_counters + int64_t{batch} * kMaxRowTiles * 2;
+    l.total_words = l.part_end + num_parts;
     return l;
   }
 };
@@ -139,18 +134,6 @@ constexpr bool seesaw_fuses_q(int n) {
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 
-// SNAPMLA_SEESAW_MERGE (experimental, off; session 22): the seesaw kernel merges the partials
-// of its split requests itself, so a decode call has no combine launch. At its end each CTA that
-// wrote a request's partial arrives on the request's counter (the plan's merge_counters), waits
-// until every part of the request has, and merges its share of the request's rows x columns
-// from L2 (merge.cuh, as the grouped combine does). The wait needs every CTA of the grid
-// resident at once: the launch is cooperative, and only where the grid is at most one CTA an
-// SM (seesaw_merges); a plan whose counters do not add up times out into NaN rows rather than
-// hanging. The counters make the plan a buffer of one decode call at a time, as the workspace is.
-#ifndef SNAPMLA_SEESAW_MERGE
-#define SNAPMLA_SEESAW_MERGE 0
-#endif
-
 struct DecodeParams {
   // queries, quantized (workspace)
   const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]
@@ -193,9 +176,6 @@ struct DecodeParams {
   // seesaw_fuses_q): the seesaw kernel quantizes its own tile, and q_content, q_rope and q_scale
   // above (and q_in's outputs) are not read.
   QuantizeQParams q_in;
-  // Nonzero (the launcher, where seesaw_merges says so): the seesaw kernel merges the split
-  // requests' partials itself, and launch_combine launches nothing.
-  int32_t merge;
 };
 
 int default_num_parts(int sm_count, int row_tiles);
@@ -206,10 +186,6 @@ cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_he
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
 // The tensor-core kernel (seesaw/): FP8 wgmma QK and transposed PV, two warpgroups.
 cudaError_t launch_seesaw_decode(const DecodeParams& params, cudaStream_t stream);
-// Whether the seesaw kernel merges its split requests itself (SNAPMLA_SEESAW_MERGE): compiled
-// in, and the grid (num_parts x row_tiles CTAs, one an SM by their shared memory) resident at
-// once on sm_count SMs. The launcher sets params.merge from it before either launch.
-bool seesaw_merges(const DecodeParams& params, int sm_count);
 cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace decode

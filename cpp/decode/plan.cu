@@ -132,10 +132,6 @@ __global__ void __launch_bounds__(kPlanThreads)
       plan[L.part_end + p] = last_le(prefix, batch, c1);
     }
   }
-  // The merge counters (SNAPMLA_SEESAW_MERGE) start at zero; each merging decode leaves them so.
-  for (int64_t i = threadIdx.x; i < int64_t{batch} * kMaxRowTiles * 2; i += kPlanThreads) {
-    plan[L.merge_counters + i] = 0;
-  }
   for (int b = threadIdx.x; b < batch; b += kPlanThreads) {
     const int32_t nb = nblocks[b];
     const int32_t first_cost = nb > 0 ? prefix[b] + kFixedCost : prefix[b];

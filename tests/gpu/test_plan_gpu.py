@@ -33,7 +33,6 @@ FIXED_COST = 2  # decode::kFixedCost
 MIN_PART_COST = 2  # decode::kMinPartCost, with the default split count
 BLOCK_N = 64
 TILE_ROWS = 64
-MAX_ROW_TILES = 8  # decode::kMaxRowTiles
 KERNELS = ("fast", "reference")
 
 pytestmark = pytest.mark.gpu
@@ -87,11 +86,7 @@ def plan_model(seqlens, q_len: int, num_heads: int, max_pages: int, num_parts: i
     for b, nb in enumerate(nblocks):
         first.append((prefix[b] + FIXED_COST if nb > 0 else prefix[b]) // t)
         last.append((prefix[b] + FIXED_COST + nb - 1 if nb > 0 else prefix[b]) // t)
-    # the merge counters ([batch][8 row tiles][2], SNAPMLA_SEESAW_MERGE): zero after every build
-    counters = [0] * (batch * MAX_ROW_TILES * 2)
-    return np.array(
-        header + prefix + nblocks + first + last + part_begin + part_end + counters, np.int32
-    )
+    return np.array(header + prefix + nblocks + first + last + part_begin + part_end, np.int32)
 
 
 def device_plan(seqlens, q_len: int, num_heads: int, max_pages: int, num_sm_parts: int):

@@ -9,7 +9,6 @@
 #include "common/launch.h"
 #include "common/row_quant.cuh"
 #include "decode/seesaw/config.h"
-#include "decode/merge.cuh"
 #include "decode/seesaw/fragments.cuh"
 #include "decode/segment.cuh"
 #include "decode/sm90.cuh"
@@ -190,233 +189,6 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
     case 1: wgmma_wait<1>(); break;
     case 2: wgmma_wait<2>(); break;
     default: wgmma_wait<3>(); break;
-  }
-}
-
-// SNAPMLA_SEESAW_MERGE (decode.h): the partials of the split requests this CTA wrote a part of
-// (its range's first and last request only: the others are whole in it), merged by the CTAs
-// that wrote them, at the end of the grid's work. CTA k of a request's P parts merges items
-// [k W / P, (k + 1) W / P) of the tile's W = rows x 128 float4 columns over all P partials, in
-// two phases: (A) its rows' P partial LSEs into shared memory, each row's maximum m, weights
-// f_s = exp(lse_s - m) and their sum w (a warp a row); (B) out = sum_s f_s O_s / w with many
-// loads in flight a thread (4 items x 4 parts), and where a CTA has fewer
-// items than threads, up to 8 groups of threads splitting the parts, added in group order.
-// The consumer threads only (kThreads of them, tid < kThreads); `sync` is their barrier,
-// `flag` a shared word and `scratch` shared memory (8 KB) no one else uses by now.
-__device__ __forceinline__ int ld_acquire_gpu(const int* at) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(at) : "memory");
-  return v;
-}
-__device__ __forceinline__ uint64_t globaltimer_ns() {
-  uint64_t v;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(v));
-  return v;
-}
-// A merge waits for its request's other parts at most this long (they are resident: the
-// launch is cooperative), then writes its items NaN: a plan whose first and last parts do not
-// describe the CTAs that arrive (device data overwritten between plan and decode) cannot hang.
-constexpr uint64_t kMergeTimeoutNs = 10'000'000'000ull;
-// SNAPMLA_SEESAW_MERGE_COOP (1; 0 for timing only: unsafe, the wait may then never end where
-// the grid is not resident at once): the merging launch is cooperative.
-#ifndef SNAPMLA_SEESAW_MERGE_COOP
-#define SNAPMLA_SEESAW_MERGE_COOP 1
-#endif
-
-// Phase B of one item group: items lo + i + kStride j (j < kJ) of group g's parts g, g + G, ...
-// (kS a round), summed with the weights f[row][part] (shared memory) into acc.
-template <int kJ, int kS>
-__device__ __forceinline__ void merge_items(const DecodeParams& p, int first, int parts, int g,
-                                            int groups, int item0, int stride, int hi, int fr0,
-                                            int r0, const float* f, float4 (&acc)[kJ]) {
-  constexpr int kCols4 = kContentDim / 4;
-  const int rows_pad = p.row_tiles * kTileRows;
-#pragma unroll
-  for (int j = 0; j < kJ; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int s0 = g; s0 < parts; s0 += groups * kS) {
-    float4 x[kJ][kS];
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const int item = item0 + stride * j;
-#pragma unroll
-      for (int q = 0; q < kS; ++q) {
-        const int s = s0 + groups * q;
-        x[j][q] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (item < hi && s < parts) {
-          const int64_t slot = partial_slot(first + s, first);
-          const int fr = fr0 + item / kCols4;
-          x[j][q] = __ldcg(reinterpret_cast<const float4*>(
-                               p.partial_o + (slot * rows_pad + fr) * kContentDim) +
-                           item % kCols4);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kJ; ++j) {
-      const int item = item0 + stride * j;
-      const float* fr_w = f + (item / kCols4 - r0) * parts;
-#pragma unroll
-      for (int q = 0; q < kS; ++q) {
-        const int s = s0 + groups * q;
-        if (item < hi && s < parts) {
-          const float w = fr_w[s];
-          acc[j].x = fmaf(w, x[j][q].x, acc[j].x);
-          acc[j].y = fmaf(w, x[j][q].y, acc[j].y);
-          acc[j].z = fmaf(w, x[j][q].z, acc[j].z);
-          acc[j].w = fmaf(w, x[j][q].w, acc[j].w);
-        }
-      }
-    }
-  }
-}
-
-template <int kThreadsM, typename Sync>
-__device__ __forceinline__ void merge_split_requests(const DecodeParams& p, int part, int tile,
-                                     RequestRange requests, int tid, Sync sync,
-                                     volatile int32_t* flag, float* scratch) {
-  // The range's first and last request (once where they are one), where this part wrote a
-  // partial of a split request: slot 0, then 1 (selects, no local-memory arrays).
-  int bs[2], first[2], last[2];
-  bool in[2];
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    bs[k] = k == 0 ? requests.begin : requests.end;
-    in[k] = bs[k] <= requests.end && !(k == 1 && bs[k] == requests.begin) &&
-            split_parts(p, bs[k], &first[k], &last[k]) && first[k] <= part && part <= last[k];
-  }
-  const int nreq = in[0] + in[1];
-  if (!in[0]) {
-    bs[0] = bs[1];
-    first[0] = first[1];
-    last[0] = last[1];
-  }
-  if (nreq == 0) return;
-  int32_t* counters =
-      const_cast<int32_t*>(p.plan) + PlanLayout::make(p.batch, p.num_parts).merge_counters;
-  auto counter_of = [&](int k) { return counters + (int64_t{bs[k]} * kMaxRowTiles + tile) * 2; };
-  sync();  // every consumer's partial stores issued
-  if (tid == 0) {
-    __threadfence();  // ... and visible before the arrivals
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      if (k < nreq) atomicAdd(counter_of(k), 1);
-    }
-  }
-  constexpr int kCols4 = kContentDim / 4;
-  const int rows_total = p.q_len * p.num_heads;
-  const int rows = min(kTileRows, rows_total - tile * kTileRows);
-  const int rows_pad = p.row_tiles * kTileRows;
-  const int fr0 = tile * kTileRows;
-  const int warp = tid / 32, lane = tid % 32;
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {  // (unrolled: bs, first and last stay in registers)
-    if (k >= nreq) break;
-    const int parts = last[k] - first[k] + 1;
-    if (tid == 0) {
-      const uint64_t t0 = globaltimer_ns();
-      int ok = 1;
-      while (ld_acquire_gpu(counter_of(k)) < parts) {
-        if (globaltimer_ns() - t0 > kMergeTimeoutNs) {
-          ok = 0;
-          break;
-        }
-        __nanosleep(32);
-      }
-      *flag = ok;
-    }
-    sync();  // the arrivals seen (thread 0's acquire, ordered before the others' loads)
-    const bool ok = *flag != 0;
-    const int64_t items = int64_t{rows} * kCols4, kk = part - first[k];
-    const int lo = static_cast<int>(items * kk / parts);
-    const int hi = static_cast<int>(items * (kk + 1) / parts);
-    if (lo < hi) {  // (uniform)
-      // Phase A: f[r][s] = exp(lse_s - m_r) for rows r0 + r of this CTA's items, m_r and w_r.
-      const int r0 = lo / kCols4, nr = (hi - 1) / kCols4 - r0 + 1;
-      float* f = scratch;              // [nr][parts]
-      float* row_m = f + nr * parts;   // [nr]: NaN where a partial is NaN
-      float* row_w = row_m + nr;       // [nr]
-      float4* red = reinterpret_cast<float4*>(scratch + 1024);  // [groups][threads / groups]
-      for (int i = tid; i < nr * parts; i += kThreadsM) {
-        const int r = i / parts, s = i % parts;
-        f[i] = ok ? __ldcg(p.partial_lse + partial_slot(first[k] + s, first[k]) * rows_pad +
-                           fr0 + r0 + r)
-                  : __int_as_float(0x7fffffff);
-      }
-      sync();
-      for (int r = warp; r < nr; r += kThreadsM / 32) {
-        float m = -INFINITY;
-        bool nan_seen = false;
-        for (int s = lane; s < parts; s += 32) {
-          const float v = f[r * parts + s];
-          nan_seen |= v != v;
-          m = fmaxf(m, v);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        nan_seen = __any_sync(0xffffffffu, nan_seen);
-        float w = 0.f;
-        for (int s = lane; s < parts; s += 32) {
-          const float v = f[r * parts + s];
-          const float e = m == -INFINITY || v != v ? 0.f : expf(v - m);
-          f[r * parts + s] = e;
-          w += e;
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) w += __shfl_xor_sync(0xffffffffu, w, o);
-        if (lane == 0) {
-          row_m[r] = nan_seen ? __int_as_float(0x7fffffff) : m;
-          row_w[r] = w;
-        }
-      }
-      sync();
-      // Phase B: groups of threads over the parts where the items are fewer than the threads.
-      const int n = hi - lo;
-      int groups = 1;
-      while (groups < 8 && 2 * groups <= parts && n * 2 * groups <= kThreadsM) groups *= 2;
-      const int per_group = kThreadsM / groups, g = tid / per_group, i = tid % per_group;
-      auto finish = [&](int item, float4 acc) {  // (item < hi)
-        const int r = item / kCols4 - r0;
-        RunningMerge res;
-        res.m = row_m[r];
-        res.nan_seen = res.m != res.m;
-        res.w = row_w[r];
-        res.acc = acc;
-        store_merged(p, bs[k], fr0 + item / kCols4, item % kCols4, res);
-      };
-      if (groups == 1) {
-        constexpr int kJ = 4, kS = 4;  // 16 float4 loads in flight a thread
-        for (int item0 = lo + i; item0 < hi; item0 += per_group * kJ) {
-          float4 acc[kJ];
-          merge_items<kJ, kS>(p, first[k], parts, 0, 1, item0, per_group, hi, fr0, r0, f, acc);
-#pragma unroll
-          for (int j = 0; j < kJ; ++j) {
-            if (item0 + per_group * j < hi) finish(item0 + per_group * j, acc[j]);
-          }
-        }
-      } else {  // one item a thread at most (n <= per_group)
-        float4 acc[1];
-        merge_items<1, 8>(p, first[k], parts, g, groups, lo + i, per_group, hi, fr0, r0, f, acc);
-        if (g > 0 && i < n) red[(g - 1) * per_group + i] = acc[0];
-        sync();
-        if (g == 0 && i < n) {
-          for (int q = 1; q < groups; ++q) {  // in group order: deterministic
-            const float4 a = red[(q - 1) * per_group + i];
-            acc[0].x += a.x;
-            acc[0].y += a.y;
-            acc[0].z += a.z;
-            acc[0].w += a.w;
-          }
-          finish(lo + i, acc[0]);
-        }
-      }
-    }
-    sync();  // (flag and scratch are rewritten for the next request)
-    if (tid == 0) {  // the last CTA to finish resets the counters for the next decode
-      if (atomicAdd(counter_of(k) + 1, 1) == parts - 1) {
-        counter_of(k)[0] = 0;
-        counter_of(k)[1] = 0;
-      }
-    }
   }
 }
 
@@ -1552,15 +1324,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         __syncthreads();
       }
     }
-    if constexpr (SNAPMLA_SEESAW_MERGE != 0 && !kIsProducer) {
-      if (p.merge != 0) {
-        merge_split_requests<kThreads>(
-            p, part, tile, requests, tid,
-            [] { named_barrier_unaligned(kBarConsumers, kThreads); },
-            reinterpret_cast<volatile int32_t*>(&s.bad_page),
-            reinterpret_cast<float*>(s.stage[0].content[0]));
-      }
-    }
   };
   if constexpr (kProducer) {
     if (wg == 2) {
@@ -1583,11 +1346,9 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
       cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  // SNAPMLA_SEESAW_MERGE: every CTA resident at once (merge_split_requests waits for others)
-  return launch_dependent_ex(p.merge != 0 && SNAPMLA_SEESAW_MERGE_COOP != 0,
-                             seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
-                             dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
-                             kSmemBytes, stream, p, maps);
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
+                          kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw

@@ -148,11 +148,6 @@ bool use_pv_direct(const DecodeParams& p) {
 
 }  // namespace
 
-bool seesaw_merges(const DecodeParams& p, int sm_count) {
-  return SNAPMLA_SEESAW_MERGE != 0 && p.row_tiles <= kMaxRowTiles &&
-         int64_t{p.num_parts} * p.row_tiles <= sm_count;
-}
-
 cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
   const int rows = p.q_len * p.num_heads;
   // The two-term query: s_q x heads <= 32, one tile a request (the API refuses the rest); the
