@@ -31,6 +31,29 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
   return nb_word > 0 && *first != *last;
 }
 
+// SNAPMLA_COMBINE_PLAN_FIRST (experimental, off; session 22): the combine reads the plan's words
+// (split_parts) before it waits for the attention kernel, so that its L2 round trip overlaps the
+// attention kernel's end instead of following it. The plan is older than that wait: the plan
+// kernel completed before the call's first kernel began (a plain launch, or the seesaw kernel's
+// entry wait where it is the first), and the combine starts only after every attention CTA
+// triggered, past that kernel's own wait.
+#ifndef SNAPMLA_COMBINE_PLAN_FIRST
+#define SNAPMLA_COMBINE_PLAN_FIRST 0
+#endif
+// The wait for the attention kernel's partials and request b's parts, in the order
+// SNAPMLA_COMBINE_PLAN_FIRST says; false where the request is not split (nothing to merge).
+__device__ __forceinline__ bool wait_and_split_parts(const DecodeParams& p, int b, int* first,
+                                                     int* last) {
+  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0) {
+    const bool split = split_parts(p, b, first, last);
+    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+    return split;
+  } else {
+    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+    return split_parts(p, b, first, last);
+  }
+}
+
 // The workspace slot of a part's partial for a request whose first part is `first`.
 __device__ __forceinline__ int64_t partial_slot(int part, int first) {
   return 2 * part + (part == first ? 1 : 0);
@@ -79,14 +102,13 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int rows
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
-  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x;
   const int lane = threadIdx.x % 32;
   const int fr = blockIdx.y * kRowsPerBlock + threadIdx.x / 32;
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
   int first, last;
-  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
 
   // Pass 1: the largest partial LSE; NaN anywhere poisons the row.
@@ -137,13 +159,12 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   // consecutive (no bank conflicts)
   __shared__ float4 slice[kWideWarps][kColsPerLane / 4][32];
   __shared__ float slice_w[kWideWarps];                        // and its weight sum
-  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x, fr = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
   int first, last;
-  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
 
   // Pass 1, in every warp: the largest partial LSE, the lanes over the parts; NaN anywhere
@@ -290,13 +311,12 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
   __shared__ float4 g_acc[kOthers][kRowThreads];
   __shared__ float g_m[kOthers], g_w[kOthers];
   __shared__ int g_nan[kOthers];
-  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
   const int b = blockIdx.x, fr = blockIdx.y;
   const int c = threadIdx.x % kRowThreads, g = threadIdx.x / kRowThreads;
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
   int first, last;
-  if (!split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
   const int rows_pad = p.row_tiles * kTileRows;
 
   RunningMerge r;

@@ -194,6 +194,9 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
+#ifndef SNAPMLA_SEESAW_EARLY_TRIGGER
+#define SNAPMLA_SEESAW_EARLY_TRIGGER 0
+#endif
 #ifndef SNAPMLA_SEESAW_LOCAL_MAX
 #define SNAPMLA_SEESAW_LOCAL_MAX 0
 #endif
@@ -1257,6 +1260,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         __syncthreads();
       }
 
+      // SNAPMLA_SEESAW_EARLY_TRIGGER (experimental, off; session 22): under SNAPMLA_PDL=2 the
+      // combine may launch from the start of the CTA's last epilogue (its stores then overlap
+      // the combine's launch), not from the CTA's end. The combine still waits for this grid.
+      if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
+        if (b == requests.end) griddep_launch_dependents();
+      }
       // ---- epilogue: thread holds latent d = 256 wg + 64 m + 16 warp + 2 g (+1) of query rows
       // 8 nn + 2 t + (c & 1).
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueStart);
