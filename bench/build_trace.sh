@@ -94,12 +94,9 @@ builds=(
   # 19: after the Q's)
   "seesaw_trace_early0:-DSNAPMLA_SEESAW_EARLY_START=0"
   "seesaw_timeline_early0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_EARLY_START=0"
-  # the combine's launch from the CTAs' last epilogue (SNAPMLA_SEESAW_EARLY_TRIGGER), its plan
-  # words before its wait (SNAPMLA_COMBINE_PLAN_FIRST), both (session 22: compare "kernel +
-  # combine" and "decode call")
-  "seesaw_trace_trig:-DSNAPMLA_SEESAW_EARLY_TRIGGER=1"
-  "seesaw_trace_cplan:-DSNAPMLA_COMBINE_PLAN_FIRST=1"
-  "seesaw_trace_trig_cplan:-DSNAPMLA_SEESAW_EARLY_TRIGGER=1 -DSNAPMLA_COMBINE_PLAN_FIRST=1"
+  # the combine's launch from the CTAs' end and its plan words after its wait (the defaults
+  # before session 22: SNAPMLA_SEESAW_EARLY_TRIGGER=0, SNAPMLA_COMBINE_PLAN_FIRST=0)
+  "seesaw_trace_trig0_cplan0:-DSNAPMLA_SEESAW_EARLY_TRIGGER=0 -DSNAPMLA_COMBINE_PLAN_FIRST=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -31,14 +31,15 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
   return nb_word > 0 && *first != *last;
 }
 
-// SNAPMLA_COMBINE_PLAN_FIRST (experimental, off; session 22): the combine reads the plan's words
-// (split_parts) before it waits for the attention kernel, so that its L2 round trip overlaps the
-// attention kernel's end instead of following it. The plan is older than that wait: the plan
+// SNAPMLA_COMBINE_PLAN_FIRST (1, the default since session 22; 0: after the wait): the combine
+// reads the plan's words (split_parts) before it waits for the attention kernel, so that its L2
+// round trip overlaps the attention kernel's end instead of following it (measured with
+// SNAPMLA_SEESAW_EARLY_TRIGGER: seesaw/kernel.cuh has the figures). The plan is older than that wait: the plan
 // kernel completed before the call's first kernel began (a plain launch, or the seesaw kernel's
 // entry wait where it is the first), and the combine starts only after every attention CTA
 // triggered, past that kernel's own wait.
 #ifndef SNAPMLA_COMBINE_PLAN_FIRST
-#define SNAPMLA_COMBINE_PLAN_FIRST 0
+#define SNAPMLA_COMBINE_PLAN_FIRST 1
 #endif
 // The wait for the attention kernel's partials and request b's parts, in the order
 // SNAPMLA_COMBINE_PLAN_FIRST says; false where the request is not split (nothing to merge).

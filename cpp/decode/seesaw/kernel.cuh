@@ -195,7 +195,7 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
 #ifndef SNAPMLA_SEESAW_EARLY_TRIGGER
-#define SNAPMLA_SEESAW_EARLY_TRIGGER 0
+#define SNAPMLA_SEESAW_EARLY_TRIGGER 1
 #endif
 #ifndef SNAPMLA_SEESAW_LOCAL_MAX
 #define SNAPMLA_SEESAW_LOCAL_MAX 0
@@ -1260,9 +1260,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         __syncthreads();
       }
 
-      // SNAPMLA_SEESAW_EARLY_TRIGGER (experimental, off; session 22): under SNAPMLA_PDL=2 the
-      // combine may launch from the start of the CTA's last epilogue (its stores then overlap
-      // the combine's launch), not from the CTA's end. The combine still waits for this grid.
+      // SNAPMLA_SEESAW_EARLY_TRIGGER (1, the default since session 22; 0: from the CTA's end):
+      // under SNAPMLA_PDL=2 the combine may launch from the start of the CTA's last epilogue
+      // (its stores then overlap the combine's launch). The combine still waits for this grid.
+      // With SNAPMLA_COMBINE_PLAN_FIRST, same-call A/B/A on the H200 (graph replays of the whole
+      // call, bench/results/2026-12-03-s22/decode-cases-*ed9c37a*.json): 1x1x128x1024 13.5 ->
+      // 12.8 us, 1x1x128x8192 19.2 -> 18.4, 8x1x128x4096 30.7 -> 30.0, 64x1x128x1024 42.0 ->
+      // 41.2, 1x1x16x8192 14.4 -> 14.1; the long cases within their run-to-run spread.
       if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
         if (b == requests.end) griddep_launch_dependents();
       }
