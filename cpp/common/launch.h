@@ -62,9 +62,11 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 // rather than before every launch (a driver call on each decode: bench/NOTES.md, issue 10), and
 // then the launch. `set_on` is the kernel's own record (bit d: set on device d). A launch that
 // fails after the record said "set" sets the attribute again and launches once more (a reset
-// context forgets it). SNAPMLA_SMEM_ATTR_ONCE=0: the attribute before every launch.
+// context forgets it). SNAPMLA_SMEM_ATTR_ONCE (experimental, off; session 22: written when the
+// session's device time ran out, not yet run on a GPU): 0 sets the attribute before every
+// launch, as every GPU-tested build did.
 #ifndef SNAPMLA_SMEM_ATTR_ONCE
-#define SNAPMLA_SMEM_ATTR_ONCE 1
+#define SNAPMLA_SMEM_ATTR_ONCE 0
 #endif
 template <typename Kernel, typename Launch>
 inline cudaError_t with_smem_attribute(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& set_on,
