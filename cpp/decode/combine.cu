@@ -34,10 +34,10 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
 // SNAPMLA_COMBINE_PLAN_FIRST (1, the default since session 22; 0: after the wait): the combine
 // reads the plan's words (split_parts) before it waits for the attention kernel, so that its L2
 // round trip overlaps the attention kernel's end instead of following it (measured with
-// SNAPMLA_SEESAW_EARLY_TRIGGER: seesaw/kernel.cuh has the figures). The plan is older than that wait: the plan
-// kernel completed before the call's first kernel began (a plain launch, or the seesaw kernel's
-// entry wait where it is the first), and the combine starts only after every attention CTA
-// triggered, past that kernel's own wait.
+// SNAPMLA_SEESAW_EARLY_TRIGGER: seesaw/kernel.cuh has the figures). The plan is older than that
+// wait: the plan kernel completed before the call's first kernel began (a plain launch, or the
+// seesaw kernel's entry wait where it is the first), and the combine starts only after every
+// attention CTA triggered, past that kernel's own wait.
 #ifndef SNAPMLA_COMBINE_PLAN_FIRST
 #define SNAPMLA_COMBINE_PLAN_FIRST 1
 #endif

@@ -194,9 +194,6 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 
 // kN: query rows the PV computes (16, 32 or 64); QK always computes 64 (one wgmma M tile) and
 // the rows past kN are discarded.
-#ifndef SNAPMLA_SEESAW_EARLY_TRIGGER
-#define SNAPMLA_SEESAW_EARLY_TRIGGER 1
-#endif
 #ifndef SNAPMLA_SEESAW_LOCAL_MAX
 #define SNAPMLA_SEESAW_LOCAL_MAX 0
 #endif
@@ -261,6 +258,11 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // 31.3 / 31.4 -> 30.6 us, 64x1x128x1024 41.6 / 41.5 -> 41.4, three other short cases level.
 #ifndef SNAPMLA_SEESAW_PLAN_AHEAD
 #define SNAPMLA_SEESAW_PLAN_AHEAD 1
+#endif
+// SNAPMLA_SEESAW_EARLY_TRIGGER (1, the default since session 22): the combine's launch from the
+// start of each CTA's last epilogue (at its use, below, with the figures).
+#ifndef SNAPMLA_SEESAW_EARLY_TRIGGER
+#define SNAPMLA_SEESAW_EARLY_TRIGGER 1
 #endif
 
 // The producer warpgroup: a third warpgroup issues every load (its elected thread waits on
