@@ -1,6 +1,7 @@
 """The Q-quant kernel alone, one FP8 row against the two-term query's two (issue 9's cost at 32
 rows a request: bench/NOTES.md, session 22). GPU only (PyTorch): 100 calls captured in a CUDA
-graph with outputs given, replayed and timed by CUDA events, so that host time is left out.
+graph with torch outputs given, replayed and timed by CUDA events, so that host time is left
+out. (Not yet run: session 22's first try gave CuPy outputs, whose export left the capture.)
 
     python3 bench/time_qquant.py [--rows 2048,4096] [--heads 16]
 """
@@ -44,12 +45,17 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         tokens = rows // args.heads
         q = torch.randn(tokens, args.heads, 576, device="cuda").to(torch.bfloat16)
-        one = snapmla.quantize_q(q)
-        two = snapmla.quantize_q(q, precision="fp8x2")
-        # the capture's stream by name (the outputs may be CuPy arrays)
-        st = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
-        t1 = time_graph(lambda: snapmla.quantize_q(q, out=one, stream=st()))
-        t2 = time_graph(lambda: snapmla.quantize_q(q, out=two, stream=st(), precision="fp8x2"))
+        # torch outputs (CuPy ones would be exported on CuPy's stream, outside the capture)
+        def outputs(two_term: bool) -> tuple:
+            fp8 = lambda: torch.empty(tokens, args.heads, 512, dtype=torch.float8_e4m3fn,  # noqa: E731
+                                      device="cuda")
+            f32 = lambda: torch.empty(tokens, args.heads, device="cuda")  # noqa: E731
+            rope = torch.empty(tokens, args.heads, 64, dtype=torch.bfloat16, device="cuda")
+            return (fp8(), rope, f32()) + ((fp8(), f32()) if two_term else ())
+
+        one, two = outputs(False), outputs(True)
+        t1 = time_graph(lambda: snapmla.quantize_q(q, out=one))
+        t2 = time_graph(lambda: snapmla.quantize_q(q, out=two, precision="fp8x2"))
         print(f"{rows} rows ({tokens} tokens x {args.heads} heads): one term {t1:.2f} us, "
               f"two terms {t2:.2f} us ({t2 / t1:.3f}x) per call in a graph")
 
