@@ -6,6 +6,7 @@
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-f32out]
 #                             [probe] [accuracy-layers] [bench-cases] [dump-save] [dump-compare]
+#                             [qquant]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -240,6 +241,11 @@ for stage in "$@"; do
       timeout 240 python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 \
         | tee "$OUT/bench-dataflow$TAG.log" | tail -15 || status=1
       python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
+      ;;
+    qquant)  # issue 9: the Q-quant kernel alone, one and two terms (bench/time_qquant.py)
+      log "Q-quant kernel alone, one and two terms"
+      timeout 120 python3 bench/time_qquant.py --rows 1024,2048,4096 2>&1 \
+        | tee "$OUT/time-qquant$TAG.txt" | tail -5 || status=1
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
       log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
