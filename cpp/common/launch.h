@@ -4,8 +4,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include <atomic>
-
 namespace snapmla {
 
 inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) / b); }
@@ -57,40 +55,6 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 #ifndef SNAPMLA_PDL
 #define SNAPMLA_PDL 2
 #endif
-
-// The dynamic shared memory a kernel may take, set with cudaFuncSetAttribute once per device
-// rather than before every launch (a driver call on each decode: bench/NOTES.md, issue 10), and
-// then the launch. `set_on` is the kernel's own record (bit d: set on device d). A launch that
-// fails after the record said "set" sets the attribute again and launches once more (a reset
-// context forgets it). SNAPMLA_SMEM_ATTR_ONCE (experimental, off; session 22: written when the
-// session's device time ran out, not yet run on a GPU): 0 sets the attribute before every
-// launch, as every GPU-tested build did.
-#ifndef SNAPMLA_SMEM_ATTR_ONCE
-#define SNAPMLA_SMEM_ATTR_ONCE 0
-#endif
-template <typename Kernel, typename Launch>
-inline cudaError_t with_smem_attribute(Kernel kernel, int smem_bytes, std::atomic<uint64_t>& set_on,
-                                       Launch launch) {
-  int device = 0;
-  const bool once = SNAPMLA_SMEM_ATTR_ONCE != 0 && cudaGetDevice(&device) == cudaSuccess &&
-                    device >= 0 && device < 64;
-  const uint64_t bit = once ? uint64_t{1} << device : 0;
-  const bool recorded = once && (set_on.load(std::memory_order_acquire) & bit) != 0;
-  auto set = [&] {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err == cudaSuccess && once) set_on.fetch_or(bit, std::memory_order_release);
-    return err;
-  };
-  if (!recorded) {
-    const cudaError_t err = set();
-    if (err != cudaSuccess) return err;
-  }
-  const cudaError_t err = launch();
-  if (err == cudaSuccess || !recorded) return err;
-  set_on.fetch_and(~bit, std::memory_order_acq_rel);
-  return set() == cudaSuccess ? launch() : err;
-}
 
 #ifdef __CUDACC__
 // Wait until the grids this one depends on programmatically have completed and their memory

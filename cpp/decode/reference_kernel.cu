@@ -367,12 +367,12 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
 template <bool kStrided, bool kTwoTerm>
 cudaError_t launch_reference(const DecodeParams& p, cudaStream_t stream) {
   const int smem = static_cast<int>(sizeof(SharedStorage<kTwoTerm>));
-  static std::atomic<uint64_t> smem_set_on{0};  // (with_smem_attribute, common/launch.h)
-  auto kernel = reference_decode_kernel<kStrided, kTwoTerm>;
-  return with_smem_attribute(kernel, smem, smem_set_on, [&] {
-    kernel<<<dim3(p.num_parts, p.row_tiles), kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
-  });
+  cudaError_t err = cudaFuncSetAttribute(reference_decode_kernel<kStrided, kTwoTerm>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(p.num_parts, p.row_tiles);
+  reference_decode_kernel<kStrided, kTwoTerm><<<grid, kThreads, smem, stream>>>(p);
+  return cudaGetLastError();
 }
 
 cudaError_t launch_reference_decode(const DecodeParams& p, cudaStream_t stream) {

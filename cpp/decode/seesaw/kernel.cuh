@@ -1357,12 +1357,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 
 template <int kN, bool kTwoTerm, bool kPvDirect>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
-  static std::atomic<uint64_t> smem_set_on{0};  // (with_smem_attribute, common/launch.h)
-  auto kernel = seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>;
-  return with_smem_attribute(kernel, int{kSmemBytes}, smem_set_on, [&] {
-    return launch_dependent(kernel, dim3(p.num_parts, p.row_tiles),
-                            dim3(kCtaThreadsAt<kN, kTwoTerm>), kSmemBytes, stream, p, maps);
-  });
+  const cudaError_t err =
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
+  if (err != cudaSuccess) return err;
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+                          dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
+                          kSmemBytes, stream, p, maps);
 }
 
 }  // namespace seesaw
