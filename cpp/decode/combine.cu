@@ -41,11 +41,28 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
 #ifndef SNAPMLA_COMBINE_PLAN_FIRST
 #define SNAPMLA_COMBINE_PLAN_FIRST 1
 #endif
+// SNAPMLA_COMBINE_EARLY_EXIT (0, under evaluation; needs SNAPMLA_COMBINE_PLAN_FIRST): a CTA
+// whose rows are not split leaves without waiting for the attention kernel, except CTA (0, 0),
+// whose wait keeps the combine from completing before the attention kernel does (a kernel
+// after the combine may read rows the attention kernel wrote itself).
+#ifndef SNAPMLA_COMBINE_EARLY_EXIT
+#define SNAPMLA_COMBINE_EARLY_EXIT 0
+#endif
+// SNAPMLA_COMBINE_SKIP (0; 1 for a measurement only: split requests come out wrong): the combine
+// is not launched, the floor of a call where nothing is split.
+#ifndef SNAPMLA_COMBINE_SKIP
+#define SNAPMLA_COMBINE_SKIP 0
+#endif
 // The wait for the attention kernel's partials and request b's parts, in the order
 // SNAPMLA_COMBINE_PLAN_FIRST says; false where the request is not split (nothing to merge).
 __device__ __forceinline__ bool wait_and_split_parts(const DecodeParams& p, int b, int* first,
                                                      int* last) {
-  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0) {
+  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0 && SNAPMLA_COMBINE_EARLY_EXIT != 0) {
+    const bool split = split_parts(p, b, first, last);
+    if (!split && (blockIdx.x | blockIdx.y) != 0) return false;
+    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+    return split;
+  } else if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0) {
     const bool split = split_parts(p, b, first, last);
     griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
     return split;
@@ -375,6 +392,7 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
+  if constexpr (SNAPMLA_COMBINE_SKIP != 0) return cudaSuccess;
   const int rows_total = p.q_len * p.num_heads;
   const int64_t rows = int64_t{p.batch} * rows_total;
   if (rows_total <= 65535) {  // (the grid's y)
