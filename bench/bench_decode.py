@@ -695,6 +695,36 @@ def run_case(
             del refs
         result["checks"] = checks
 
+        def grid_query_times(run_two_term: Any) -> dict[str, Any]:
+            """--two-term-grid: both queries timed again on a query whose content is on the FP8
+            grid (a power-of-two row scale, e4m3 values): its low rows are all zero, so the
+            two-term call runs its whole code path on the data the one-term call's zero low
+            rows hold. Against the random query's cost this separates the code's cost from the
+            data's (the tensor cores' power on nonzero rows)."""
+            saved = q.clone()
+            try:
+                content = (q[..., :CONTENT_DIM].float() * 8.0).clamp_(-448.0, 448.0)
+                content = content.to(torch.float8_e4m3fn).float()
+                content[..., 0] = 448.0  # amax 448: the row scale s1 is exactly 2^-3
+                q[..., :CONTENT_DIM] = (content * 0.125).to(torch.bfloat16)
+                torch.cuda.synchronize()
+                t1 = time_calls(
+                    torch, ours, variants=copies, target_s=args.timing_s,
+                    use_graph=not args.no_graph,
+                )
+                t2 = time_calls(
+                    torch, run_two_term, variants=copies, target_s=args.timing_s,
+                    use_graph=not args.no_graph,
+                )
+                return {
+                    "fp8_us": t1["median_us"],
+                    "fp8x2_us": t2["median_us"],
+                    "cost_vs_fp8": t2["median_us"] / t1["median_us"],
+                }
+            finally:
+                q.copy_(saved)
+                torch.cuda.synchronize()
+
         def two_term() -> dict[str, Any]:
             """The two-term query (q_precision "fp8x2", issue 9) on the same data, timed like
             the one-term call: its kernel, time, cost against this run's one-term time, and its
@@ -730,6 +760,8 @@ def run_case(
                 one = (result["snapmla"] or {}).get("median_us")
                 if one:
                     doc["cost_vs_fp8"] = t2["median_us"] / one
+                if args.two_term_grid:
+                    doc["grid"] = grid_query_times(run)
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
                 doc["error"] = short_error(exc)
@@ -875,6 +907,12 @@ def table(cases: list[dict[str, Any]]) -> str:
                 f"(fp8 {_fmt(None if err1 is None else 100 * err1, '.3f')})"
                 + (f"  {t['error'][:100]}" if "error" in t else "")
             )
+            g = t.get("grid")
+            if g:
+                lines.append(
+                    f"{'':<17} on the FP8 grid (zero low rows): fp8 {_fmt(g['fp8_us'])} us, "
+                    f"fp8x2 {_fmt(g['fp8x2_us'])} us, cost {_fmt(g['cost_vs_fp8'], '.3f')}x"
+                )
     return "\n".join(lines)
 
 
@@ -921,6 +959,12 @@ def _parser() -> argparse.ArgumentParser:
         help="also time the two-term query (q_precision fp8x2; issue 9) in the same run: AUTO "
         f"(the fast kernel) where q_len * heads <= {TWO_TERM_FAST_ROWS}, else the reference "
         "kernel",
+    )
+    p.add_argument(
+        "--two-term-grid",
+        action="store_true",
+        help="with --two-term: also time both queries on a query on the FP8 grid (zero low "
+        "rows), to tell the two-term code's cost from its data's",
     )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p

@@ -248,10 +248,11 @@ for stage in "$@"; do
         | tee "$OUT/time-qquant$TAG.txt" | tail -5 || status=1
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
-      # (TWO_TERM_QUICK="" times the full-length runs; default --quick)
+      # (TWO_TERM_QUICK="" times the full-length runs, default --quick; TWO_TERM_EXTRA: more
+      # flags, e.g. --two-term-grid)
       log "decode benchmark with the two-term query (fp8x2), s_q * h <= 32 cases and two others"
       name=$(unused_name "decode-two-term$TAG")
-      timeout 300 python3 bench/bench_decode.py --two-term --no-flashinfer ${TWO_TERM_QUICK---quick} \
+      timeout 300 python3 bench/bench_decode.py --two-term --no-flashinfer ${TWO_TERM_QUICK---quick} ${TWO_TERM_EXTRA:-} \
         --cases "${TWO_TERM_CASES:-*x1x16x*,*x2x16x*,32x1x32x32768,1x1x128x8192,32x1x128x16384}" \
         --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-two-term${name#decode-two-term}.log" \
         | tail -30 || status=1
