@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
   CHECK(cudaMalloc(&qp.q_rope, qr.size() * 2));
   CHECK(cudaMalloc(&qp.q_scale, qs.size() * 4));
   const bool fused_q =
-      !two_term && seesaw_call_fuses_q(seesaw_pv_width(int64_t{q_len} * heads), batch, parts);
+      !two_term && seesaw_fuses_q(seesaw_pv_width(int64_t{q_len} * heads));
   if (fused_q) p.q_in = qp;
   CHECK(launch_plan(p.seqlens, batch, q_len, heads, pages_per_req, parts, min_part_cost, plan, 0));
   for (int i = 0; i < 3; ++i) CHECK(launch_seesaw_decode(p, 0));

@@ -1170,8 +1170,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   // 16-byte-readable rows); the reference kernel and the rest take the Q-quant kernel's output.
   const bool fused_q =
       a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
-      decode::seesaw_call_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads),
-                                  c.batch_size, parts) &&
+      decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
       quantize_q_vectorizable(qp);
   if (!fused_q) SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
 

@@ -128,19 +128,10 @@ struct WorkspaceLayout {
 #endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
-// Whether the one-term seesaw kernel of PV width n (16, 32 or 64) can quantize its own Q tile
-// (the code is compiled in).
+// Whether the one-term seesaw kernel of PV width n (16, 32 or 64) quantizes its own Q tile.
 constexpr bool seesaw_fuses_q(int n) {
   return !(SNAPMLA_SEESAW_SPREAD32 && n == 32) &&
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
-}
-// Whether a call of `batch` requests over `num_parts` parts at PV width n has the kernel quantize
-// its own Q tile. SNAPMLA_SEESAW_FUSED_Q=3 (under evaluation): as 2, but at N = 64 only where
-// 2 batch > num_parts, where the aligned plan gives a request one part (plan.cu), so that no two
-// CTAs quantize the same rows (the fused Q at N = 64 was slower where a request has several).
-constexpr bool seesaw_call_fuses_q(int n, int batch, int num_parts) {
-  return seesaw_fuses_q(n) &&
-         (SNAPMLA_SEESAW_FUSED_Q != 3 || n <= 32 || 2 * int64_t{batch} > num_parts);
 }
 
 struct DecodeParams {
