@@ -146,7 +146,8 @@ for stage in "$@"; do
         publish  # what ran comes back even if the call is cut short
       done
       # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
-      for c in "128 16 16384" "1 16 8192" "64 16 4096 2" "32 32 32768"; do
+      for c in ${AB_TWO_TERM_CASES:-128x16x16384 1x16x8192 64x16x4096x2 32x32x32768}; do
+        c=${c//x/ }
         for v in seesaw_trace seesaw_trace_base; do
           [ -x ".carry/bin/$v" ] || continue
           echo "### $v two-term $c" >>"$OUT/ab.log"

@@ -218,6 +218,45 @@ int main(int argc, char** argv) {
                 fused_q ? "fused Q: attention + combine" : "Q-quant + attention + combine");
   }
 
+  // The two-term call against the one-term call (issue 9's cost), alternating five times so
+  // that the clocks drift alike for both: each with its own Q-quant kernel (unless the one-term
+  // kernel fuses it), attention and combine; and the attention kernel alone. At N = 32 both
+  // run the same kernel (SNAPMLA_SEESAW_SPREAD32), the one-term call with zero low rows.
+  if (two_term) {
+    QuantizeQParams qp2 = qp;
+    CHECK(cudaMalloc(&qp2.q_lo, qc.size()));
+    CHECK(cudaMalloc(&qp2.q_lo_scale, qs.size() * 4));
+    DecodeParams p1 = p;
+    p1.q_lo = nullptr;
+    p1.q_lo_scale = nullptr;
+    auto median_of = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::vector<double> call1, call2, kern1, kern2;
+    for (int k = 0; k < 5; ++k) {
+      call1.push_back(us_per_rep([&] {
+        if (!fused_q) CHECK(launch_quantize_q(qp, 0));
+        CHECK(launch_seesaw_decode(p1, 0));
+        CHECK(launch_combine(p1, 0));
+      }));
+      call2.push_back(us_per_rep([&] {
+        CHECK(launch_quantize_q(qp2, 0));
+        CHECK(launch_seesaw_decode(p, 0));
+        CHECK(launch_combine(p, 0));
+      }));
+      kern1.push_back(us_per_rep([&] { CHECK(launch_seesaw_decode(p1, 0)); }));
+      kern2.push_back(us_per_rep([&] { CHECK(launch_seesaw_decode(p, 0)); }));
+    }
+    std::printf("two-term against one-term, medians of 5 alternating: decode call %.1f -> %.1f us "
+                "(%.3fx), attention alone %.1f -> %.1f us (%.3fx)\n",
+                median_of(call1), median_of(call2), median_of(call2) / median_of(call1),
+                median_of(kern1), median_of(kern2), median_of(kern2) / median_of(kern1));
+    std::printf("two-term Q-quant alone %.2f us, one-term %.2f us\n",
+                us_per_rep([&] { CHECK(launch_quantize_q(qp2, 0)); }),
+                us_per_rep([&] { CHECK(launch_quantize_q(qp, 0)); }));
+  }
+
   CHECK(cudaMemset(trace, 0, trace_words * 8));
   CHECK(cudaMemset(cta_trace, 0, size_t{3} * ctas * 8));
   CHECK(cudaEventRecord(e0));
