@@ -126,11 +126,20 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_SPREAD32
 #define SNAPMLA_SEESAW_SPREAD32 1
 #endif
+// SNAPMLA_SEESAW_SPREAD16 (0, under evaluation): the same at PV width 16: the one-term query
+// where s_q x heads <= 16 runs the two-term N = 16 kernel with zero low rows (its producer
+// warpgroup, one row a thread over two warps) on the Q-quant kernel's output, instead of the
+// one-term N = 16 kernel with the fused Q. Seen first in session 23's alternating trace pairs
+// (bench/results/2026-12-03-s23/, back to back): the two-term call was faster than the
+// one-term one at N = 16 (8x16x4096 18.9 -> 17.6 us, 128x16x16384 396.3 -> 381.1).
+#ifndef SNAPMLA_SEESAW_SPREAD16
+#define SNAPMLA_SEESAW_SPREAD16 0
+#endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 // Whether the one-term seesaw kernel of PV width n (16, 32 or 64) quantizes its own Q tile.
 constexpr bool seesaw_fuses_q(int n) {
-  return !(SNAPMLA_SEESAW_SPREAD32 && n == 32) &&
+  return !(SNAPMLA_SEESAW_SPREAD32 && n == 32) && !(SNAPMLA_SEESAW_SPREAD16 && n == 16) &&
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 

@@ -317,8 +317,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   constexpr int kRowsPerWarp = kTwoTerm ? 8 : 16;
   constexpr int kRowsPerThread = kTwoTerm ? 1 : 2;
   // The two-term kernel at N = 32 also runs the one-term query (q_lo null: zero low rows) under
-  // SNAPMLA_SEESAW_SPREAD32 (decode.h, launch_seesaw_decode).
-  constexpr bool kSpread = kTwoTerm && kN == 32 && SNAPMLA_SEESAW_SPREAD32 != 0;
+  // SNAPMLA_SEESAW_SPREAD32, and at N = 16 under SNAPMLA_SEESAW_SPREAD16 (decode.h,
+  // launch_seesaw_decode).
+  constexpr bool kSpread = kTwoTerm && ((kN == 32 && SNAPMLA_SEESAW_SPREAD32 != 0) ||
+                                        (kN == 16 && SNAPMLA_SEESAW_SPREAD16 != 0));
   constexpr bool kProducer = kProducerAt<kN, kTwoTerm>;
   constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads

@@ -162,7 +162,12 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
                       : seesaw::run<32, true>(p, maps, stream);
   }
   // PV computes only the rows a tile holds: N = 16 or 32 for s_q x heads <= 16 or 32.
+#if SNAPMLA_SEESAW_SPREAD16
+  // (decode.h) as SPREAD32 below, at N = 16
+  if (rows <= 16) return seesaw::run<16, true>(p, maps, stream);
+#else
   if (rows <= 16) return seesaw::run<16>(p, maps, stream);
+#endif
 #if SNAPMLA_SEESAW_SPREAD32
   // (decode.h) the two-term kernel, whose q_lo == nullptr zeroes its low rows (one tile a
   // request: rows <= 32)
