@@ -126,14 +126,18 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_SPREAD32
 #define SNAPMLA_SEESAW_SPREAD32 1
 #endif
-// SNAPMLA_SEESAW_SPREAD16 (0, under evaluation): the same at PV width 16: the one-term query
-// where s_q x heads <= 16 runs the two-term N = 16 kernel with zero low rows (its producer
-// warpgroup, one row a thread over two warps) on the Q-quant kernel's output, instead of the
-// one-term N = 16 kernel with the fused Q. Seen first in session 23's alternating trace pairs
-// (bench/results/2026-12-03-s23/, back to back): the two-term call was faster than the
-// one-term one at N = 16 (8x16x4096 18.9 -> 17.6 us, 128x16x16384 396.3 -> 381.1).
+// SNAPMLA_SEESAW_SPREAD16 (1, the default since session 23; 0: the one-term N = 16 kernel):
+// the same at PV width 16: the one-term query where s_q x heads <= 16 runs the two-term N = 16
+// kernel with zero low rows (its producer warpgroup, one row a thread) on the Q-quant kernel's
+// output, instead of the one-term N = 16 kernel with the fused Q (which no width uses then).
+// Seen first in session 23's alternating trace pairs, where the two-term call was the faster
+// one at N = 16 (8x16x4096 18.9 -> 17.6 us back to back). Graph replays of the whole call on
+// the H200, A/B/A/B in one call (bench/results/2026-12-03-s23/decode-cases-*s16*): 1x1x16x8192
+// 14.1 -> 12.3 us, 8x1x16x4096 19.2 -> 17.1, 64x1x16x4096 54.8 -> 53.0, 128x1x16xR32768 342.8
+// -> 331.9, 128x1x16x16384 331.7 -> 328.2; slower at the longest, 64x1x16x65536 655-662 ->
+// 672 (1.5-2.7%; the default's own run-to-run spread there is 655-673).
 #ifndef SNAPMLA_SEESAW_SPREAD16
-#define SNAPMLA_SEESAW_SPREAD16 0
+#define SNAPMLA_SEESAW_SPREAD16 1
 #endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
