@@ -142,9 +142,10 @@ SEESAW_TWO_TERM_WIDTHS = (16, 32)
 # m-tiles of the other warpgroup's block issued before the softmax (kEarlyMTiles, kernel.cuh;
 # none with the two-term query)
 SEESAW_EARLY_MTILES = {16: 4, 32: 0, 64: 0}
-# The one-term query at N = 32 runs the two-term N = 32 instantiation's row layout with zero low
-# rows (SNAPMLA_SEESAW_SPREAD32, decode.h): no one-term N = 32 instantiation is built.
-SEESAW_ONE_TERM_WIDTHS = (16, 64)
+# The one-term query at N = 16 and 32 runs the two-term instantiation's row layout with zero low
+# rows (SNAPMLA_SEESAW_SPREAD16 and SPREAD32, decode.h): no one-term N = 16 or 32 instantiation
+# is built.
+SEESAW_ONE_TERM_WIDTHS = (64,)
 SEESAW_VARIANTS = [(n, False) for n in SEESAW_ONE_TERM_WIDTHS] + [
     (n, True) for n in SEESAW_TWO_TERM_WIDTHS
 ]
@@ -247,6 +248,15 @@ def test_fast_kernel_one_term_n32_is_the_spread_layout() -> None:
     assert not [k for k in kernels if _seesaw_name(32, False) in k]
 
 
+def test_fast_kernel_one_term_n16_is_the_spread_layout() -> None:
+    """At N = 16 too (SNAPMLA_SEESAW_SPREAD16, since session 23: the two-term N = 16 kernel after
+    the Q-quant kernel was faster than the one-term N = 16 kernel with its fused Q at five of
+    six 16-head cases), the library holds no one-term N = 16 kernel."""
+    kernels = _sass_by_kernel()
+    assert [k for k in kernels if _seesaw_name(16, True) in k]
+    assert not [k for k in kernels if _seesaw_name(16, False) in k]
+
+
 def test_fast_kernel_pv_direct_is_not_built() -> None:
     """N = 64's PV into O^T (kPvDirect, SNAPMLA_SEESAW_PV_DIRECT) is experimental and off: on
     the workload layers its error against exact attention reached 8.6x the model's (the
@@ -292,7 +302,6 @@ _N32_TWO_TERM_SPILLS = pytest.mark.xfail(
 @pytest.mark.parametrize(
     ("n", "two_term"),
     [
-        (16, False),
         pytest.param(64, False, marks=_N64_SPILLS),
         (16, True),
         pytest.param(32, True, marks=_N32_TWO_TERM_SPILLS),

@@ -103,8 +103,10 @@ struct WorkspaceLayout {
 // the Q-quant kernel's own row code (common/row_quant.cuh: bit-identical by construction) on
 // every eighth tile row and stores the row 128B-swizzled where the TMA would have put it. Every
 // CTA of a request redoes its tile (up to 74 KB of BF16 from L2) while the producer fills the
-// ring. 1 (the default): where s_q x heads <= 32 (PV widths N = 16 and 32; N = 16 only under
-// SNAPMLA_SEESAW_SPREAD32, below); 2: at every width;
+// ring. 1 (the default): where s_q x heads <= 32 (PV widths N = 16 and 32), except at N = 32
+// under SNAPMLA_SEESAW_SPREAD32 and at N = 16 under SNAPMLA_SEESAW_SPREAD16 (below), so that
+// with both spread layouts on, as by default since session 23, no kernel fuses; 2: at every
+// width;
 // 0: nowhere. Same-run A/B on the H200 (2026-12-01, bench/results/2026-12-01-s12/, the whole
 // decode call): N = 16 and 32 faster at every case measured (1x1x16x8192 24.7 -> 18.1 us,
 // 64x2x16x4096 76.5 -> 73.9, 128x1x16x16384 367 -> 361, 32x1x32x32768 204 -> 202), N = 64
