@@ -233,8 +233,20 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    std::vector<double> call1, call2, kern1, kern2;
+    std::vector<double> call1, call2, kern1, kern2, mixed_q2, mixed_a2;
     for (int k = 0; k < 5; ++k) {
+      // the two-term Q-quant kernel before the one-term attention, and the reverse: which of
+      // the two carries the call's difference
+      mixed_q2.push_back(us_per_rep([&] {
+        CHECK(launch_quantize_q(qp2, 0));
+        CHECK(launch_seesaw_decode(p1, 0));
+        CHECK(launch_combine(p1, 0));
+      }));
+      mixed_a2.push_back(us_per_rep([&] {
+        CHECK(launch_quantize_q(qp, 0));
+        CHECK(launch_seesaw_decode(p, 0));
+        CHECK(launch_combine(p, 0));
+      }));
       call1.push_back(us_per_rep([&] {
         if (!fused_q) CHECK(launch_quantize_q(qp, 0));
         CHECK(launch_seesaw_decode(p1, 0));
@@ -252,6 +264,9 @@ int main(int argc, char** argv) {
                 "(%.3fx), attention alone %.1f -> %.1f us (%.3fx)\n",
                 median_of(call1), median_of(call2), median_of(call2) / median_of(call1),
                 median_of(kern1), median_of(kern2), median_of(kern2) / median_of(kern1));
+    std::printf("two-term mixed calls: two-term Q-quant + one-term attention %.1f us, one-term "
+                "Q-quant + two-term attention %.1f us\n",
+                median_of(mixed_q2), median_of(mixed_a2));
     std::printf("two-term Q-quant alone %.2f us, one-term %.2f us\n",
                 us_per_rep([&] { CHECK(launch_quantize_q(qp2, 0)); }),
                 us_per_rep([&] { CHECK(launch_quantize_q(qp, 0)); }));
