@@ -116,6 +116,47 @@ int main(int argc, char** argv) {
   std::printf("snapmla C API host time per call: batch %d, heads %d, %d calls each\n", batch,
               heads, iters);
   report("empty kernel launch", [&] { empty_kernel<<<1, 32, 0, stream>>>(); }, iters, stream);
+  // What a decode call's launches cost as such, and whether one graph launch of them costs less
+  // (issue 10: the C call is about three launches; a library-side graph of a repeated call's
+  // launches is the lever this measures before it is built): three empty kernels launched as a
+  // decode call launches its three (the second and third with the programmatic-serialization
+  // attribute, common/launch.h's launch_dependent), then the same three captured once into a
+  // graph and replayed by cudaGraphLaunch, and a captured snapmla_decode call likewise.
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t dep{};
+  dep.gridDim = dim3(1);
+  dep.blockDim = dim3(32);
+  dep.stream = stream;
+  dep.attrs = &pdl;
+  dep.numAttrs = 1;
+  auto three_launches = [&] {
+    empty_kernel<<<1, 32, 0, stream>>>();
+    CHECK_CUDA(cudaLaunchKernelEx(&dep, empty_kernel));
+    CHECK_CUDA(cudaLaunchKernelEx(&dep, empty_kernel));
+  };
+  report("three empty launches", three_launches, iters, stream);
+  auto captured = [&](const std::function<void()>& launches) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    launches();
+    CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+    CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    CHECK_CUDA(cudaGraphDestroy(graph));
+    return exec;
+  };
+  cudaGraphExec_t three_exec = captured(three_launches);
+  report("graph of the three", [&] { CHECK_CUDA(cudaGraphLaunch(three_exec, stream)); }, iters,
+         stream);
+  args.kernel = SNAPMLA_DECODE_KERNEL_AUTO;
+  cudaGraphExec_t decode_exec = captured(
+      [&] { CHECK_SNAPMLA(snapmla_decode(cache, &dc, &args, plan, workspace, stream)); });
+  report("graph of snapmla_decode", [&] { CHECK_CUDA(cudaGraphLaunch(decode_exec, stream)); },
+         iters, stream);
+  CHECK_CUDA(cudaGraphExecDestroy(three_exec));
+  CHECK_CUDA(cudaGraphExecDestroy(decode_exec));
   for (int kernel : {SNAPMLA_DECODE_KERNEL_AUTO, SNAPMLA_DECODE_KERNEL_REFERENCE}) {
     args.kernel = kernel;
     report(kernel == SNAPMLA_DECODE_KERNEL_AUTO ? "snapmla_decode (auto)" : "snapmla_decode (reference)",
