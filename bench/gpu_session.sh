@@ -191,9 +191,11 @@ for stage in "$@"; do
       log "host time of the C API's calls (bench/host_overhead_c.cu)"
       # built against a CMake build (soname libsnapmla.so.0); the wheel's file is libsnapmla.so
       mkdir -p /tmp/host-c-lib && ln -sf /tmp/site/snapmla/lib/libsnapmla.so /tmp/host-c-lib/libsnapmla.so.0
-      for b in 1 64; do
-        LD_LIBRARY_PATH=/tmp/host-c-lib timeout 120 .carry/bin/host_overhead_c $b 128 2000 2>&1 \
-          | tee -a "$OUT/host-c$TAG.log" || status=1
+      for h in ${HOST_C_HEADS:-128}; do  # e.g. HOST_C_HEADS="128 16"
+        for b in 1 64; do
+          LD_LIBRARY_PATH=/tmp/host-c-lib timeout 120 .carry/bin/host_overhead_c $b $h 2000 2>&1 \
+            | tee -a "$OUT/host-c$TAG.log" || status=1
+        done
       done
       ;;
     probe)  # the FP8 wgmma's accumulation in QK and PV per chain length (bench/qgmma_probe.cu)
