@@ -233,30 +233,23 @@ int main(int argc, char** argv) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
+    // One call's launches: the Q-quant kernel of q (none where q is null), the attention, the
+    // combine of d.
+    auto call_us = [&](const QuantizeQParams* q, const DecodeParams& d) {
+      return us_per_rep([&] {
+        if (q != nullptr) CHECK(launch_quantize_q(*q, 0));
+        CHECK(launch_seesaw_decode(d, 0));
+        CHECK(launch_combine(d, 0));
+      });
+    };
     std::vector<double> call1, call2, kern1, kern2, mixed_q2, mixed_a2;
     for (int k = 0; k < 5; ++k) {
+      call1.push_back(call_us(fused_q ? nullptr : &qp, p1));
+      call2.push_back(call_us(&qp2, p));
       // the two-term Q-quant kernel before the one-term attention, and the reverse: which of
       // the two carries the call's difference
-      mixed_q2.push_back(us_per_rep([&] {
-        CHECK(launch_quantize_q(qp2, 0));
-        CHECK(launch_seesaw_decode(p1, 0));
-        CHECK(launch_combine(p1, 0));
-      }));
-      mixed_a2.push_back(us_per_rep([&] {
-        CHECK(launch_quantize_q(qp, 0));
-        CHECK(launch_seesaw_decode(p, 0));
-        CHECK(launch_combine(p, 0));
-      }));
-      call1.push_back(us_per_rep([&] {
-        if (!fused_q) CHECK(launch_quantize_q(qp, 0));
-        CHECK(launch_seesaw_decode(p1, 0));
-        CHECK(launch_combine(p1, 0));
-      }));
-      call2.push_back(us_per_rep([&] {
-        CHECK(launch_quantize_q(qp2, 0));
-        CHECK(launch_seesaw_decode(p, 0));
-        CHECK(launch_combine(p, 0));
-      }));
+      mixed_q2.push_back(call_us(&qp2, p1));
+      mixed_a2.push_back(call_us(&qp, p));
       kern1.push_back(us_per_rep([&] { CHECK(launch_seesaw_decode(p1, 0)); }));
       kern2.push_back(us_per_rep([&] { CHECK(launch_seesaw_decode(p, 0)); }));
     }
