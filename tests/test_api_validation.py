@@ -1064,8 +1064,11 @@ def _lse_overlap() -> dict[str, Any]:
 
 def _fp32_out_overlap() -> dict[str, Any]:
     # an out 40 KiB before q: its BF16 bytes (32 KiB) would end before q, its fp32 bytes reach q
-    q = bf16(2, 1, 16, 576)
-    return {"q": q, "out": f32(2, 1, 16, 512, address=q.data.ctypes.data - 40960)}
+    # (both inside one backing buffer, so that no other tensor's memory sits in out's range)
+    backing = np.zeros(40960 + 2 * 16 * 576 * 2 + 64, np.uint8)
+    q = bf16(2, 1, 16, 576, address=backing.ctypes.data + 40960, data=backing)
+    out = f32(2, 1, 16, 512, address=backing.ctypes.data, data=np.zeros(1, np.uint8))
+    return {"q": q, "out": out}
 
 
 def _fp32_lse_overlap() -> dict[str, Any]:
@@ -1243,9 +1246,13 @@ def test_decode_out_dtype() -> None:
         call = _validate_decode(out=out)
         assert call.out is not None and call.out_dtype == dtype
         assert _validate_decode(out=out, out_dtype=dtype).out_dtype == dtype
-    # an lse right after an fp32 out is apart from it
-    out = f32(2, 1, 16, 512)
-    lse = f32(2, 16, 1, address=out.data.ctypes.data + 2 * 16 * 512 * 4)
+    # an lse right after an fp32 out is apart from it (both inside one backing buffer, so that
+    # no other test tensor's memory can sit at lse's address: it did once, and the call was
+    # rightly refused for an lse overlapping q)
+    out_bytes = 2 * 16 * 512 * 4
+    backing = np.zeros(out_bytes + 2 * 16 * 4, np.uint8)
+    out = f32(2, 1, 16, 512, data=backing)
+    lse = f32(2, 16, 1, address=backing.ctypes.data + out_bytes, data=np.zeros(1, np.uint8))
     assert _validate_decode(out=out, lse=lse).lse is not None
 
 
