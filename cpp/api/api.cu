@@ -14,12 +14,14 @@
 #include <shared_mutex>
 #include <vector>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 #include "append/append.h"
 #include "copy_slots/copy_slots.h"
 #include "common/launch.h"
 #include "common/numerics.cuh"
+#include "common/repeated_launch.h"
 #include "decode/decode.h"
 #include "fetch_dequant/fetch_dequant.h"
 #include "quantize/quantize_q.h"
@@ -1172,9 +1174,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
       decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
       quantize_q_vectorizable(qp);
+#if !SNAPMLA_DECODE_GRAPHS
   if (!fused_q) SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
+#endif
 
-  decode::DecodeParams p{};
+  decode::DecodeParams p;
+  std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes
   if (fused_q) p.q_in = qp;
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
@@ -1208,11 +1213,41 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   }
   // AUTO runs the seesaw kernel: it passes the contract's tensor-core tier and was faster than
   // the reference kernel at every measured shape. The reference kernel is there by name.
+#if SNAPMLA_DECODE_GRAPHS
+  // The call's launches through launch_repeated (common/repeated_launch.h): the key is every
+  // value they read on the host.
+  struct Launches {
+    decode::DecodeParams p;
+    QuantizeQParams qp;
+    int32_t fused_q;
+    int32_t reference;
+  };
+  static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
+                "QuantizeQParams is compared byte for byte: no padding");
+  static_assert(sizeof(Launches) <= kMaxLaunchKeyBytes, "the launch key");
+  Launches key;
+  std::memset(&key, 0, sizeof(key));
+  std::memcpy(&key.p, &p, sizeof(p));
+  std::memcpy(&key.qp, &qp, sizeof(qp));
+  key.fused_q = fused_q ? 1 : 0;
+  key.reference = a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE ? 1 : 0;
+  auto launch_all = [](void* ctx, cudaStream_t st) -> cudaError_t {
+    const Launches& k = *static_cast<const Launches*>(ctx);
+    cudaError_t err = k.fused_q != 0 ? cudaSuccess : launch_quantize_q(k.qp, st);
+    if (err == cudaSuccess) {
+      err = k.reference != 0 ? decode::launch_reference_decode(k.p, st)
+                             : decode::launch_seesaw_decode(k.p, st);
+    }
+    return err == cudaSuccess ? decode::launch_combine(k.p, st) : err;
+  };
+  SNAPMLA_CUDA(op, launch_repeated(&key, sizeof(key), launch_all, &key, s));
+#else
   if (a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE) {
     SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
   } else {
     SNAPMLA_CUDA(op, decode::launch_seesaw_decode(p, s));
   }
   SNAPMLA_CUDA(op, decode::launch_combine(p, s));
+#endif
   return SNAPMLA_SUCCESS;
 }

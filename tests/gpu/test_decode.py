@@ -461,6 +461,45 @@ def test_cuda_graph_cupy(rng: np.random.Generator) -> None:
     _assert_same(out, lse, _eager(cache, case, q_b, lens_b), "cupy graph, step 2")
 
 
+def test_repeated_call_follows_its_inputs(rng: np.random.Generator) -> None:
+    """Five decode calls in a row with the same pointers and sizes, their query and lengths
+    changed in place between them (what a library-side graph of a repeated call replays from
+    the second call on, SNAPMLA_DECODE_GRAPHS: it must read the inputs anew, not replay the
+    first call's results): each output is a fresh call's, bit for bit."""
+    torch = torch_module()
+    case, lens_a, lens_b, q_b = _graph_case(rng)
+    cache = make_cache(case)
+    steps = [(case.q, lens_a), (q_b, lens_b), (case.q, lens_b), (q_b, lens_a), (case.q, lens_a)]
+    # the fresh calls first: their own buffers would come between the repeated calls
+    fresh = [_eager(cache, case, q, lens) for q, lens in steps]
+    q_t, bt_t, sl_t = device_inputs(case, seqlens=lens_a)
+    plan = make_plan(case, sl_t)
+    out, lse = poisoned_outputs(*case.q.shape[:3])
+    synchronize()
+    stream = torch.cuda.Stream()  # (not the legacy default stream, where no graph is made)
+    for k, (q, lens) in enumerate(steps):
+        with torch.cuda.stream(stream):
+            q_t.copy_(to_torch(q))
+            sl_t.copy_(to_torch(lens))
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            plan.update(sl_t, stream=stream)
+            snapmla.decode(
+                cache,
+                0,
+                q_t,
+                bt_t,
+                sl_t,
+                plan,
+                softmax_scale=SM_SCALE,
+                out=out,
+                lse=lse,
+                stream=stream,
+            )
+        stream.synchronize()
+        _assert_same(out, lse, fresh[k], f"repeated call {k}")
+
+
 # ---------------------------------------------------------------------------- inputs
 
 

@@ -1,0 +1,33 @@
+// A call's launches, replayed as one CUDA graph when the same call repeats (issue 10's host
+// time). SNAPMLA_DECODE_GRAPHS (0, under evaluation: off, and then launch_repeated launches
+// directly): a thread's second consecutive call with the same key captures its launches into a
+// graph on a private stream and replays it into the caller's stream; later calls with a key it
+// holds replay it (8 graphs a thread). Never while the caller's stream is capturing (its
+// capture takes the launches as they are) or on the legacy default stream.
+//
+// The key must hold every value the launches read on the host (parameters, pointers, sizes,
+// the kernel choice), byte for byte with no uninitialized padding: the graph replays the
+// launches exactly as captured and reads device memory anew, so inputs changed in place are
+// read, but a changed pointer or size needs a changed key.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#ifndef SNAPMLA_DECODE_GRAPHS
+#define SNAPMLA_DECODE_GRAPHS 0
+#endif
+
+namespace snapmla {
+
+// The launches of one call, on `stream`.
+using LaunchFn = cudaError_t (*)(void* ctx, cudaStream_t stream);
+
+constexpr size_t kMaxLaunchKeyBytes = 1024;
+
+// fn(ctx, stream), or its graph (above). key: kMaxLaunchKeyBytes at most (a longer key
+// launches directly).
+cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void* ctx,
+                            cudaStream_t stream);
+
+}  // namespace snapmla
