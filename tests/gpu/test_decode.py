@@ -376,6 +376,14 @@ def _assert_same(out, lse, eager: tuple[np.ndarray, np.ndarray], label: str) -> 
     assert np.array_equal(ls, eager[1], equal_nan=True), f"{label}: lse differs"
 
 
+def _step(cache, q_t, bt_t, sl_t, plan, out, lse, stream) -> None:
+    """A decode step on ``stream``: the plan updated from the lengths, then the decode."""
+    plan.update(sl_t, stream=stream)
+    snapmla.decode(
+        cache, 0, q_t, bt_t, sl_t, plan, softmax_scale=SM_SCALE, out=out, lse=lse, stream=stream
+    )
+
+
 def test_cuda_graph_torch(rng: np.random.Generator) -> None:
     torch = torch_module()
     case, lens_a, lens_b, q_b = _graph_case(rng)
@@ -387,19 +395,7 @@ def test_cuda_graph_torch(rng: np.random.Generator) -> None:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         stream = torch.cuda.current_stream()
-        plan.update(sl_t, stream=stream)
-        snapmla.decode(
-            cache,
-            0,
-            q_t,
-            bt_t,
-            sl_t,
-            plan,
-            softmax_scale=SM_SCALE,
-            out=out,
-            lse=lse,
-            stream=stream,
-        )
+        _step(cache, q_t, bt_t, sl_t, plan, out, lse, stream)
     synchronize()
     assert_all_nan(out, "out during capture")  # capture only records
     graph.replay()
@@ -483,19 +479,7 @@ def test_repeated_call_follows_its_inputs(rng: np.random.Generator) -> None:
             sl_t.copy_(to_torch(lens))
             out.fill_(float("nan"))
             lse.fill_(float("nan"))
-            plan.update(sl_t, stream=stream)
-            snapmla.decode(
-                cache,
-                0,
-                q_t,
-                bt_t,
-                sl_t,
-                plan,
-                softmax_scale=SM_SCALE,
-                out=out,
-                lse=lse,
-                stream=stream,
-            )
+            _step(cache, q_t, bt_t, sl_t, plan, out, lse, stream)
         stream.synchronize()
         _assert_same(out, lse, fresh[k], f"repeated call {k}")
 
