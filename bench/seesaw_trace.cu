@@ -220,8 +220,9 @@ int main(int argc, char** argv) {
 
   // The two-term call against the one-term call (issue 9's cost), alternating five times so
   // that the clocks drift alike for both: each with its own Q-quant kernel (unless the one-term
-  // kernel fuses it), attention and combine; and the attention kernel alone. At N = 32 both
-  // run the same kernel (SNAPMLA_SEESAW_SPREAD32), the one-term call with zero low rows.
+  // kernel fuses it), attention and combine; and the attention kernel alone. At N = 16 and 32
+  // both run the same kernel (SNAPMLA_SEESAW_SPREAD16, SPREAD32), the one-term call with zero
+  // low rows.
   if (two_term) {
     QuantizeQParams qp2 = qp;
     CHECK(cudaMalloc(&qp2.q_lo, qc.size()));

@@ -1,4 +1,6 @@
 // launch_repeated (repeated_launch.h).
+#include <stdint.h>
+
 #include <cstring>
 
 #include "common/repeated_launch.h"
@@ -8,27 +10,49 @@ namespace snapmla {
 #if SNAPMLA_DECODE_GRAPHS
 namespace {
 
-constexpr int kGraphs = 8;
+// A model step calls decode once a layer, each with its own layer pointer (its own key): a key
+// is captured the second time it is seen among the last kSeen keys, and kGraphs graphs are
+// kept, enough for a step of that many layers on one thread.
+constexpr int kGraphs = 128;
+constexpr int kSeen = 128;
 constexpr int kMaxGraphDevices = 64;
 
-struct Graph {
+struct Key {
+  uint64_t hash = 0;  // of device and bytes; 0: an empty slot
   int device = -1;
   size_t bytes = 0;
-  unsigned char key[kMaxLaunchKeyBytes];
+  unsigned char data[kMaxLaunchKeyBytes];
+  bool equals(uint64_t h, int d, const void* k, size_t n) const {
+    return hash == h && device == d && bytes == n && std::memcmp(data, k, n) == 0;
+  }
+  void set(uint64_t h, int d, const void* k, size_t n) {
+    hash = h;
+    device = d;
+    bytes = n;
+    std::memcpy(data, k, n);
+  }
+};
+
+struct Graph {
+  Key key;
   cudaGraphExec_t exec = nullptr;
+};
+
+struct Seen {
+  Key key;
+  bool capture_failed = false;  // a key whose capture failed launches directly from then on
 };
 
 struct ThreadGraphs {
   Graph graphs[kGraphs];
-  int next = 0;  // the slot the next capture takes
-  // the previous call's key (a capture needs the same key twice in a row)
-  int last_device = -1;
-  size_t last_bytes = 0;
-  unsigned char last[kMaxLaunchKeyBytes];
+  int next_graph = 0;
+  Seen seen[kSeen];
+  int next_seen = 0;
   cudaStream_t capture_stream[kMaxGraphDevices] = {};
   ~ThreadGraphs() {
-    // An executable graph still running is freed when it completes; at process exit the
-    // runtime may be gone, and these calls then fail harmlessly.
+    // An executable graph still running is freed when it completes. (After a device reset or
+    // at process exit these handles are stale: repeated_launch.h says graphs need the device's
+    // primary context to live as long as the thread.)
     for (Graph& g : graphs) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
@@ -40,23 +64,37 @@ struct ThreadGraphs {
 
 thread_local ThreadGraphs t_graphs;
 
-// fn's launches captured on this thread's capture stream of `device`, as an executable graph;
-// null where any step failed (the caller then launches directly, which reports a launch error
-// as it would have without graphs).
-cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx) {
-  cudaStream_t& s = t_graphs.capture_stream[device];
-  if (s == nullptr && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
-    s = nullptr;
-    cudaGetLastError();
-    return nullptr;
+// FNV-1a over the device and the key's 8-byte words (and its tail), never 0.
+uint64_t key_hash(int device, const void* key, size_t bytes) {
+  const unsigned char* p = static_cast<const unsigned char*>(key);
+  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(device);
+  size_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ w) * 1099511628211ull;
   }
-  // Relaxed for this thread meanwhile: a capture in global mode elsewhere must not make the
-  // instantiation an error, nor be invalidated by it.
+  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
+// fn's launches captured on this thread's capture stream of `device` into an executable graph
+// that takes graph slot `slot` (its previous graph destroyed); null where any step failed (the
+// caller then launches directly, which reports a launch error as it would without graphs).
+// Every runtime call here runs in relaxed capture mode for this thread, so that a capture in
+// global mode on another thread neither fails on them nor is invalidated by them.
+cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaStream_t& s = t_graphs.capture_stream[device];
+  cudaError_t err = cudaSuccess;
+  if (s == nullptr) {
+    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (err != cudaSuccess) s = nullptr;
+  }
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
-  cudaError_t err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+  if (err == cudaSuccess) err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   if (err == cudaSuccess) {
     err = fn(ctx, s);
     const cudaError_t end = cudaStreamEndCapture(s, &graph);
@@ -64,6 +102,10 @@ cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx) {
   }
   if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
   if (graph != nullptr) cudaGraphDestroy(graph);
+  if (err == cudaSuccess && slot.exec != nullptr) {
+    cudaGraphExecDestroy(slot.exec);  // (freed when done, if still running)
+    slot.exec = nullptr;
+  }
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (err != cudaSuccess) {
     cudaGetLastError();
@@ -78,36 +120,44 @@ cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx) {
 cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void* ctx,
                             cudaStream_t stream) {
 #if SNAPMLA_DECODE_GRAPHS
-  int device = -1;
+  int device = -1, stream_device = -1;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (stream == nullptr || key_bytes > kMaxLaunchKeyBytes || cudaGetDevice(&device) != cudaSuccess ||
-      device < 0 || device >= kMaxGraphDevices ||
+  if (stream == nullptr || stream == cudaStreamLegacy || key_bytes > kMaxLaunchKeyBytes ||
+      cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxGraphDevices ||
+      cudaStreamGetDevice(stream, &stream_device) != cudaSuccess || stream_device != device ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
       status != cudaStreamCaptureStatusNone) {
     cudaGetLastError();
     return fn(ctx, stream);
   }
   ThreadGraphs& t = t_graphs;
-  auto same = [&](int d, size_t bytes, const unsigned char* k) {
-    return d == device && bytes == key_bytes && std::memcmp(k, key, key_bytes) == 0;
-  };
+  const uint64_t h = key_hash(device, key, key_bytes);
   for (Graph& g : t.graphs) {
-    if (g.exec != nullptr && same(g.device, g.bytes, g.key)) return cudaGraphLaunch(g.exec, stream);
+    if (g.exec != nullptr && g.key.equals(h, device, key, key_bytes)) {
+      return cudaGraphLaunch(g.exec, stream);
+    }
   }
-  const bool repeat = same(t.last_device, t.last_bytes, t.last);
-  t.last_device = device;
-  t.last_bytes = key_bytes;
-  std::memcpy(t.last, key, key_bytes);
-  if (!repeat) return fn(ctx, stream);
-  const cudaGraphExec_t exec = capture(device, fn, ctx);
-  if (exec == nullptr) return fn(ctx, stream);
-  Graph& g = t.graphs[t.next];
-  t.next = (t.next + 1) % kGraphs;
-  if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);  // (freed when done, if still running)
-  g.exec = exec;
-  g.device = device;
-  g.bytes = key_bytes;
-  std::memcpy(g.key, key, key_bytes);
+  Seen* seen = nullptr;
+  for (Seen& s : t.seen) {
+    if (s.key.equals(h, device, key, key_bytes)) seen = &s;
+  }
+  if (seen == nullptr) {  // the first time: remember the key, launch directly
+    Seen& s = t.seen[t.next_seen];
+    t.next_seen = (t.next_seen + 1) % kSeen;
+    s.key.set(h, device, key, key_bytes);
+    s.capture_failed = false;
+    return fn(ctx, stream);
+  }
+  if (seen->capture_failed) return fn(ctx, stream);
+  Graph& slot = t.graphs[t.next_graph];
+  const cudaGraphExec_t exec = capture(device, fn, ctx, slot);
+  if (exec == nullptr) {
+    seen->capture_failed = true;
+    return fn(ctx, stream);
+  }
+  t.next_graph = (t.next_graph + 1) % kGraphs;
+  slot.exec = exec;
+  slot.key.set(h, device, key, key_bytes);
   return cudaGraphLaunch(exec, stream);
 #else
   (void)key;

@@ -1,9 +1,12 @@
 // A call's launches, replayed as one CUDA graph when the same call repeats (issue 10's host
 // time). SNAPMLA_DECODE_GRAPHS (0, under evaluation: off, and then launch_repeated launches
-// directly): a thread's second consecutive call with the same key captures its launches into a
-// graph on a private stream and replays it into the caller's stream; later calls with a key it
-// holds replay it (8 graphs a thread). Never while the caller's stream is capturing (its
-// capture takes the launches as they are) or on the legacy default stream.
+// directly): the second time a thread makes a call whose key it saw among its last 128 keys,
+// the call's launches are captured into a graph on a private stream and replayed into the
+// caller's stream; later calls with a key it holds (128 graphs a thread: a model step's layers)
+// replay it. Never on the legacy default stream, on a stream of another device than the
+// current one, or while the caller's stream is capturing (its capture takes the launches as
+// they are); a key whose capture failed launches directly from then on. The graphs belong to
+// the device's primary context: a thread must not use them across a device reset.
 //
 // The key must hold every value the launches read on the host (parameters, pointers, sizes,
 // the kernel choice), byte for byte with no uninitialized padding: the graph replays the
@@ -23,7 +26,7 @@ namespace snapmla {
 // The launches of one call, on `stream`.
 using LaunchFn = cudaError_t (*)(void* ctx, cudaStream_t stream);
 
-constexpr size_t kMaxLaunchKeyBytes = 1024;
+constexpr size_t kMaxLaunchKeyBytes = 512;
 
 // fn(ctx, stream), or its graph (above). key: kMaxLaunchKeyBytes at most (a longer key
 // launches directly).

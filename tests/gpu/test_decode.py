@@ -355,9 +355,9 @@ def test_decode_with_exact_logits(
 # ---------------------------------------------------------------------------- CUDA graphs
 
 
-def _graph_case(rng: np.random.Generator):
+def _graph_case(rng: np.random.Generator, num_heads: int = 64):
     lens_max = [3000, 700, 64, 129, 2]
-    case = make_case(rng, lens_max, num_heads=64, q_len=2)
+    case = make_case(rng, lens_max, num_heads=num_heads, q_len=2)
     lens_a = np.array([2000, 700, 1, 100, 0], np.int32)
     lens_b = np.array([3000, 3, 64, 129, 2], np.int32)
     q_b = random_bf16(rng, case.q.shape, 0.5, 1.0)
@@ -457,31 +457,43 @@ def test_cuda_graph_cupy(rng: np.random.Generator) -> None:
     _assert_same(out, lse, _eager(cache, case, q_b, lens_b), "cupy graph, step 2")
 
 
-def test_repeated_call_follows_its_inputs(rng: np.random.Generator) -> None:
-    """Five decode calls in a row with the same pointers and sizes, their query and lengths
-    changed in place between them (what a library-side graph of a repeated call replays from
-    the second call on, SNAPMLA_DECODE_GRAPHS: it must read the inputs anew, not replay the
-    first call's results): each output is a fresh call's, bit for bit."""
+@pytest.mark.parametrize("h", [8, 64])  # 16 query rows a request (N = 16) and 128 (N = 64)
+def test_repeated_call_follows_its_inputs(rng: np.random.Generator, h: int) -> None:
+    """Decode calls in a row with the same pointers and sizes, their query and lengths changed
+    in place between them, and two output buffers taken in turn (what a library-side graph of
+    a repeated call replays from a key's second call on, SNAPMLA_DECODE_GRAPHS: it must read the
+    inputs anew and write where its own call says): each output is a fresh call's, bit for bit,
+    and the buffer a call does not name stays untouched."""
     torch = torch_module()
-    case, lens_a, lens_b, q_b = _graph_case(rng)
+    case, lens_a, lens_b, q_b = _graph_case(rng, h)
     cache = make_cache(case)
-    steps = [(case.q, lens_a), (q_b, lens_b), (case.q, lens_b), (q_b, lens_a), (case.q, lens_a)]
+    steps = [
+        (case.q, lens_a, 0),
+        (q_b, lens_b, 0),
+        (case.q, lens_b, 1),
+        (q_b, lens_a, 0),
+        (case.q, lens_a, 1),
+        (q_b, lens_b, 1),
+    ]
     # the fresh calls first: their own buffers would come between the repeated calls
-    fresh = [_eager(cache, case, q, lens) for q, lens in steps]
+    fresh = [_eager(cache, case, q, lens) for q, lens, _ in steps]
     q_t, bt_t, sl_t = device_inputs(case, seqlens=lens_a)
     plan = make_plan(case, sl_t)
-    out, lse = poisoned_outputs(*case.q.shape[:3])
+    outputs = [poisoned_outputs(*case.q.shape[:3]) for _ in range(2)]
     synchronize()
     stream = torch.cuda.Stream()  # (not the legacy default stream, where no graph is made)
-    for k, (q, lens) in enumerate(steps):
+    for k, (q, lens, which) in enumerate(steps):
         with torch.cuda.stream(stream):
             q_t.copy_(to_torch(q))
             sl_t.copy_(to_torch(lens))
-            out.fill_(float("nan"))
-            lse.fill_(float("nan"))
-            _step(cache, q_t, bt_t, sl_t, plan, out, lse, stream)
+            for out, lse in outputs:
+                out.fill_(float("nan"))
+                lse.fill_(float("nan"))
+            _step(cache, q_t, bt_t, sl_t, plan, *outputs[which], stream)
         stream.synchronize()
-        _assert_same(out, lse, fresh[k], f"repeated call {k}")
+        _assert_same(*outputs[which], fresh[k], f"repeated call {k}")
+        for t in outputs[1 - which]:
+            assert_all_nan(t, f"repeated call {k}: the buffer it does not name")
 
 
 # ---------------------------------------------------------------------------- inputs
