@@ -63,19 +63,14 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
 // SNAPMLA_COMBINE_PLAN_FIRST says; false where the request is not split (nothing to merge).
 __device__ __forceinline__ bool wait_and_split_parts(const DecodeParams& p, int b, int* first,
                                                      int* last) {
-  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0 && SNAPMLA_COMBINE_EARLY_EXIT != 0) {
-    const bool split = split_parts(p, b, first, last);
-    if (!split && (blockIdx.x | blockIdx.y) != 0) return false;
-    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
-    return split;
-  } else if constexpr (SNAPMLA_COMBINE_PLAN_FIRST != 0) {
-    const bool split = split_parts(p, b, first, last);
-    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
-    return split;
-  } else {
+  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST == 0) {
     griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
     return split_parts(p, b, first, last);
   }
+  const bool split = split_parts(p, b, first, last);
+  if (SNAPMLA_COMBINE_EARLY_EXIT != 0 && !split && (blockIdx.x | blockIdx.y) != 0) return false;
+  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+  return split;
 }
 
 // The workspace slot of a part's partial for a request whose first part is `first`.
