@@ -35,6 +35,7 @@ fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n64_direct.cu
+     cpp/decode/seesaw/instantiations/n64_roles.cu
      cpp/decode/seesaw/instantiations/n16_two_term.cu
      cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
@@ -97,6 +98,9 @@ builds=(
   # the combine's launch from the CTAs' end and its plan words after its wait (the defaults
   # before session 22: SNAPMLA_SEESAW_EARLY_TRIGGER=0, SNAPMLA_COMBINE_PLAN_FIRST=0)
   "seesaw_trace_trig0_cplan0:-DSNAPMLA_SEESAW_EARLY_TRIGGER=0 -DSNAPMLA_COMBINE_PLAN_FIRST=0"
+  "seesaw_trace_roles:-DSNAPMLA_SEESAW_ROLES=1"
+  "seesaw_timeline_roles:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1"
+  "seesaw_trace_roles72:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_S_REGS=72"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -107,6 +107,7 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
+  int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
 };
 
 struct TensorMaps {
@@ -136,6 +137,16 @@ static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 // kPvDirect, N = 64 only, experimental: n64_direct.cu, kernel.cuh says what it changes).
 template <int kN, bool kTwoTerm = false, bool kPvDirect = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
+
+// SNAPMLA_SEESAW_ROLES (experimental, off): the N = 64 one-term query on the role-split kernel
+// (roles.cuh: two S warpgroups for QK and softmax, two PV warpgroups for O^T;
+// instantiations/n64_roles.cu, compiled only under the switch).
+#ifndef SNAPMLA_SEESAW_ROLES
+#define SNAPMLA_SEESAW_ROLES 0
+#endif
+namespace roles {
+cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
+}  // namespace roles
 
 }  // namespace seesaw
 }  // namespace decode

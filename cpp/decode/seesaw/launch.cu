@@ -178,6 +178,9 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
 #if SNAPMLA_SEESAW_PV_DIRECT
   if (use_pv_direct(p)) return seesaw::run<64, false, true>(p, maps, stream);
 #endif
+#if SNAPMLA_SEESAW_ROLES
+  return seesaw::roles::run(p, maps, stream);
+#endif
   return seesaw::run<64>(p, maps, stream);
 }
 

@@ -1,0 +1,523 @@
+// The role-split N = 64 kernel (experimental, SNAPMLA_SEESAW_ROLES; bench/NOTES.md, session 24).
+//
+// Why: in the two-warpgroup kernel (kernel.cuh) each consumer warpgroup runs one serial chain a
+// pair of blocks (QK ~860 cycles, softmax ~1,950, the other's PV ~1,690, its own PV ~1,090 at
+// 32x128x16384), one warp an SMSP each, the tensor pipe a third busy. Four warpgroups that each
+// own a quarter of O^T (session 21) spilled: the register file cannot give every warpgroup both
+// a share of O^T and a softmax. Here the two jobs go to different warpgroups, so that no thread
+// holds both:
+//   S warpgroups 0, 1    own blocks w, w + 2, ...: the QK into one fp32 accumulator (32
+//                        registers; `SNAPMLA_SEESAW_QK_ONE_ACC` measured it no less accurate),
+//                        the softmax, P8 and the row statistics published; no O^T.
+//   PV warpgroups 2, 3   own latent half w - 2 of O^T (128 registers) and run the PV of every
+//                        block into it (whole-N fp32 temporaries, promoted O = gamma O + T),
+//                        then the epilogue.
+// Four warps an SMSP instead of three (two consumers and a producer), and each warpgroup's
+// chain is its own part of the old one: the S side ~QK + softmax a block per warpgroup pair,
+// the PV side ~one promoted PV a block per warpgroup.
+//
+// Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (their sum is
+// 256: 65,536 / 256). Loads: no producer warpgroup. The first pages and the Q by thread 0 at a
+// request's start; then each content half of block i + kStages by its PV warpgroup after its PV
+// of block i, and the RoPE tile and the scales by the S warpgroup that owns block i after its
+// softmax (the refills of kernel.cuh's N = 16 path, by role).
+// Handoffs (named barriers; the ids cycle with the P buffers, so an instance is complete before
+// its id is reused: the owner of block i + kPBuffers waits for the PVs of block i first):
+//   Pready(i % 4)  512: the owner of block i arrives (P8 and statistics written); the other S
+//                  warpgroup (the statistics for block i + 1's softmax; after its loop, for the
+//                  last block) and both PV warpgroups sync.
+//   Pfree(i % 4)   384: both PV warpgroups arrive after their PV of block i; the owner of block
+//                  i + kPBuffers syncs before it writes P8 and statistics there.
+// Numerics: those of kernel.cuh's N = 64 kernel with SNAPMLA_SEESAW_QK_ONE_ACC (the same
+// softmax, P8 and promotion code; the QK's 16 FP8 and 4 BF16 steps in one accumulator).
+#pragma once
+
+#include "decode/seesaw/kernel.cuh"
+
+// setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8, summing to 256).
+#ifndef SNAPMLA_SEESAW_ROLES_S_REGS
+#define SNAPMLA_SEESAW_ROLES_S_REGS 64
+#endif
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+namespace roles {
+
+constexpr int kCtaThreads = 4 * kWgThreads;
+constexpr int kSRegs = SNAPMLA_SEESAW_ROLES_S_REGS;
+constexpr int kPvRegs = 256 - kSRegs;
+static_assert(kSRegs % 8 == 0 && kSRegs >= 24 && kPvRegs <= 256, "setmaxnreg's bounds");
+static_assert((kSRegs + kPvRegs) * 2 * kWgThreads <= 65536, "the register file");
+
+enum Barrier : int {
+  kBarPready = 1,                     // + i % kPBuffers, 512 threads
+  kBarPfree = kBarPready + kPBuffers,  // + i % kPBuffers, 384 threads
+  kBarStart = kBarPfree + kPBuffers,  // all, a request's first loads issued and q_scale written
+  kBarEnd = kBarStart + 1,            // all, a request done
+  kBarWg = kBarEnd + 1,               // + warpgroup, 128 threads
+};
+static_assert(kBarWg + 4 <= 16, "16 named barriers per CTA");
+constexpr int kPreadyThreads = kCtaThreads;
+constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
+static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
+constexpr int kPfreeThreads = 3 * kWgThreads;
+
+__global__ void __launch_bounds__(kCtaThreads, 1)
+    roles_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
+  constexpr int kN = 64;
+  constexpr int kNRegs = kN / 2;
+  constexpr int kNTiles = kN / 8;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  SharedStorage& s = *reinterpret_cast<SharedStorage*>(
+      smem_raw + ((1024u - (smem_u32(smem_raw) & 1023u)) & 1023u));
+
+  const int part = blockIdx.x, tile = blockIdx.y;
+  const int tid = threadIdx.x, wtid = tid % kWgThreads, lane = tid % 32;
+  const int wg = __shfl_sync(0xffffffffu, tid / kWgThreads, 0);
+  const int warp = __shfl_sync(0xffffffffu, wtid / 32, 0);
+  SEESAW_TRACE(0, kTrEntry);
+  constexpr bool late_q_wait = SNAPMLA_PDL >= 2;
+  auto q_wait = [&] {
+    if (late_q_wait) griddep_wait();
+  };
+  if constexpr (SNAPMLA_SEESAW_PREFETCH_MAPS != 0) {
+    if (tid == 0) {
+      prefetch_tensormap(&maps.k_content);
+      prefetch_tensormap(&maps.k_rope);
+      prefetch_tensormap(&maps.k_scale);
+      prefetch_tensormap(&maps.q_content);
+      prefetch_tensormap(&maps.q_rope);
+    }
+  }
+  const RequestRange requests_ahead = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
+    mbar_init(&s.q_bar, 1);
+    s.bad_page = 0;
+    mbar_fence_init();
+  }
+  if (!late_q_wait) griddep_wait();
+  __syncthreads();
+  if (!plan_matches(p)) return write_nan_rows(p, part, tile);
+
+  // One copy of the request loop per role (its constants computed under its own registers).
+  auto run_requests = [&](auto pv_tag) {
+    constexpr bool kPv = decltype(pv_tag)::value;
+    const int g = lane / 4, t = lane % 4;
+    const int rows_total = p.q_len * p.num_heads;
+    const int r0 = 16 * warp + g;  // S rows of this thread: r0 and r0 + 8
+    const int half = wg - 2;       // PV warpgroups: the latent half
+    const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
+    const RequestRange requests = requests_ahead;
+    uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
+    uint32_t q_phase = 0;
+    for (int b = requests.begin; b <= requests.end; ++b) {
+      Segment seg;
+      if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
+      const int seqlen = p.seqlens[b];
+      const int n = seg.blk_hi - seg.blk_lo;
+      const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
+      const int32_t* pages = p.block_table + int64_t{b} * p.block_table_stride + seg.blk_lo;
+      const int min_limit = p.causal ? seqlen - p.q_len + 1 : seqlen;
+      const uint32_t it0 = it;
+      auto stage_of = [&](int i) -> SharedStorage::Stage& { return s.stage[(it0 + i) % kStages]; };
+      auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
+      auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
+      auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
+      auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
+
+      // ---- loads (a page outside the layer loads nothing; its rows come out NaN)
+      auto load_content_half = [&](int i, int h, int32_t page) {
+        uint64_t* bar = full_of(i);
+        if (!page_ok(page)) {
+          s.bad_page = 1;
+          return mbar_arrive(bar);
+        }
+        mbar_arrive_expect_tx(bar, kContentHalfTx);
+        const uint64_t policy = l2_evict_first_policy();
+#pragma unroll
+        for (int c = 2 * h; c < 2 * h + 2; ++c) {
+          tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page,
+                           policy);
+        }
+      };
+      auto load_rope_scale = [&](int i, int32_t page) {
+        uint64_t* bar = full_of(i);
+        if (!page_ok(page)) {
+          s.bad_page = 1;
+          return mbar_arrive(bar);
+        }
+        mbar_arrive_expect_tx(bar, kRopeScaleTx);
+        const uint64_t policy = l2_evict_first_policy();
+        tma_load_3d_hint(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page, policy);
+        tma_load_2d_hint(stage_of(i).scale, &maps.k_scale, bar, 0, page, policy);
+      };
+      // Page ids of the refills, 32 at a time in the lanes of the refilling warp.
+      int32_t page_lane = -1;
+      int page_base = -1;
+      auto page_of = [&](int blk) -> int32_t {
+        const int base = blk & ~31;
+        if (base != page_base) {
+          page_base = base;
+          page_lane = base + lane < n ? pages[base + lane] : -1;
+        }
+        return __shfl_sync(0xffffffffu, page_lane, blk & 31);
+      };
+      if (!kPv && tid == 0) {  // the first pages and the Q (the Q after kPagesBeforeQ pages)
+        auto load_q = [&] {
+          q_wait();
+          mbar_arrive_expect_tx(&s.q_bar, kQTx);
+#pragma unroll
+          for (int c = 0; c < kChunks; ++c) {
+            tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                        static_cast<int32_t>(row0));
+          }
+          tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+        };
+        const int first_pages = min(kStages, n);
+        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
+        for (int i = 0; i < first_pages; ++i) {
+          if (i == q_at) load_q();
+          const int32_t page = pages[i];
+          load_content_half(i, 0, page);
+          load_content_half(i, 1, page);
+          load_rope_scale(i, page);
+        }
+        if (q_at == first_pages) load_q();
+      }
+      if (!kPv && tid < kRowsM) {
+        q_wait();
+        const int fr = tile * kRowsM + tid;
+        s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
+      }
+      named_barrier_unaligned(kBarStart, kCtaThreads);
+
+      if constexpr (!kPv) {
+        // ================= S warpgroup wg: QK, softmax, P8 and statistics of blocks wg, wg + 2 ...
+        mbar_wait(&s.q_bar, q_phase);
+        const uint32_t stsm_off = p8_lane_offset_rows(lane, 16 * warp);
+        const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
+        const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
+        for (int i = wg; i < n; i += 2) {
+          SharedStorage::Stage& st = stage_of(i);
+          float z[32];
+          // ---- QK: 16 FP8 steps over the content and 4 BF16 steps over the RoPE, one accumulator
+          SEESAW_TRACE(i, kTrQkIssue);
+          mbar_wait(full_of(i), phase_of(i));
+          SEESAW_TRACE(i, kTrQkReady);
+          // The page block i + kStages loads, for both refills (published with P8; the slot's
+          // last reader, a PV warpgroup after its PV of block i - 8, passed Pfree(i - 8), which
+          // this warpgroup waited for at block i - 4)
+          if (warp == 0 && i + kStages < n) {
+            const int32_t page = page_of(i + kStages);
+            if (lane == 0) s.refill_page[i % kRefillSlots] = page;
+          }
+          {
+            // The Q descriptors from an opaque copy each block: hoisted out of the loop, their 20
+            // 64-bit values took 40 of the warpgroup's registers (ptxas spilled them).
+            SmemDesc qd = q_desc, qrd = qr_desc;
+            asm volatile("" : "+r"(qd.lo), "+r"(qrd.lo));
+            const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
+            const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
+            wgmma_fence();
+#pragma unroll
+            for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+              for (int k = 0; k < kQkChunkSteps; ++k) {
+                const uint64_t da = qd.at(c * kTileBytes + 32 * k);
+                const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
+                if (c == 0 && k == 0) {
+                  wgmma_m64n64k32_e4m3_ss_init(z, da, db);
+                } else {
+                  wgmma_m64n64k32_e4m3_ss(z, da, db, 1);
+                }
+              }
+            }
+#pragma unroll
+            for (int k = 0; k < kRopeSteps; ++k) {
+              wgmma_m64n64k16_bf16_ss(z, qrd.at(32 * k), kr_desc.at(32 * k), 1);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(z);
+          }
+          SEESAW_TRACE(i, kTrQkDone);
+          // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
+          const int tok0 = (seg.blk_lo + i) * kBlockN;
+          const bool full = tok0 + kBlockN <= min_limit;
+          auto k_scales = [&](int nn) {
+            return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
+          };
+          float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
+          float mx[2] = {-INFINITY, -INFINITY};
+          auto scaled_logits = [&](auto full_tag) {
+            constexpr bool kFull = decltype(full_tag)::value;
+            int limit[2];
+            if constexpr (!kFull) {
+              limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
+              limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+            }
+#pragma unroll
+            for (int nn = 0; nn < 8; ++nn) {
+              const float2 k2 = k_scales(nn);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                const int e = 4 * nn + c;
+                const float u = z[e] * (c & 1 ? k2.y : k2.x);
+                if constexpr (kFull) {
+                  z[e] = u;
+                } else {
+                  z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
+                }
+                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+              }
+            }
+          };
+          if (full) {
+            scaled_logits(std::true_type{});
+          } else {
+            scaled_logits(std::false_type{});
+          }
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            mx[ri] *= row_factor[ri];
+          }
+          // The previous block's statistics (the other S warpgroup's)
+          float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+          if (i > 0) {
+            named_barrier(kBarPready + (i - 1) % kPBuffers, kPreadyThreads);
+            SEESAW_TRACE(i, kTrStats);
+            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              m_prev[ri] = ps.m[r0 + 8 * ri];
+              sig_prev[ri] = ps.sig[r0 + 8 * ri];
+              l_prev[ri] = ps.l[r0 + 8 * ri];
+            }
+          }
+          float m_new[2], m_use[2];
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+          }
+          // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why)
+          float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+          {
+            const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+            auto run = [&](auto full_tag) {
+#pragma unroll
+              for (int nn = 0; nn < 8; ++nn) {
+                const float2 k2 = k_scales(nn);
+                const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  const int e = 4 * nn + c, ri = c / 2;
+                  const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+                  e_sum[ri] += ex;
+                  float pp = ex * ks[c & 1];
+                  if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
+                  z[e] = pp;
+                  p_max[ri] = fmaxf(p_max[ri], pp);
+                }
+              }
+            };
+            if (full) {
+              run(std::true_type{});
+            } else {
+              run(std::false_type{});
+            }
+            SEESAW_TRACE(i, kTrExp);
+          }
+          float sig[2], inv_sig[2], gamma[2], l[2];
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            e_sum[ri] *= kExpUnshift;
+            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
+            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
+            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
+            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+            sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+            inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+          }
+          uint32_t w[2][4];
+          p8_words<2>(z, inv_sig, w);
+          SEESAW_TRACE(i, kTrP8);
+          // The PVs of block i - kPBuffers are done with this P buffer and statistics
+          if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
+          SEESAW_TRACE(i, kTrPfree);
+          store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+          if (t == 0) {
+            RowStats& ps = s.stats[i % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              ps.m[r0 + 8 * ri] = m_new[ri];
+              ps.sig[r0 + 8 * ri] = sig[ri];
+              ps.l[r0 + 8 * ri] = l[ri];
+              ps.gamma[r0 + 8 * ri] = gamma[ri];
+            }
+          }
+          fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+          named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
+          SEESAW_TRACE(i, kTrPublished);
+          // Every thread of this warpgroup is past its reads of the stage's RoPE and scales
+          named_barrier(kBarWg + wg, kWgThreads);
+          if (warp == 0 && lane == 0 && i + kStages < n) {
+            load_rope_scale(i + kStages, s.refill_page[i % kRefillSlots]);
+          }
+        }
+        // The last block's statistics instance needs this warpgroup's sync too.
+        if (((n - 1) & 1) != wg) named_barrier(kBarPready + (n - 1) % kPBuffers, kPreadyThreads);
+      } else {
+        // ================= PV warpgroup: O^T of latent half `half`, every block, then the epilogue
+        const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+        float o[kMTiles][kNRegs];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+          for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
+        }
+        // V^T A fragments of m-tile m of this half of block i (kernel.cuh's vt_chunk_fragments)
+        auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
+          const uint32_t addr = smem_u32(stage_of(i).content[2 * half + m / 2]) + ldsm_off[m & 1];
+          uint32_t vmask[2][2];
+          if constexpr (decltype(edge_tag)::value) {
+            const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
+#pragma unroll
+            for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+              for (int hh = 0; hh < 2; ++hh) {
+                vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+              }
+            }
+          }
+#pragma unroll
+          for (int ks = 0; ks < 2; ++ks) {
+            vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
+            if constexpr (decltype(edge_tag)::value) {
+#pragma unroll
+              for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+            }
+          }
+        };
+        // O^T = gamma O^T + P8 V^T of block i: an m-tile at a time into one whole-N temporary;
+        // the next m-tile's fragments are read (into the registers the finished wgmmas read)
+        // under the promotion.
+        auto pv_block = [&](int i, auto edge_tag) {
+          const RowStats& ps = s.stats[i % kPBuffers];
+          const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+          uint32_t a[2][4];
+          float tmp[kNRegs];
+          v_fragments(i, 0, edge_tag, a);
+#pragma unroll
+          for (int m = 0; m < kMTiles; ++m) {
+            wgmma_fence();
+            wgmma_pv<kN, true>(tmp, a[0], p_desc.at(0));
+            wgmma_pv<kN, false>(tmp, a[1], p_desc.at(32));
+            wgmma_commit();
+            wgmma_wait<0>();
+            fence_regs(tmp);
+            if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * col + c]);
+              }
+            }
+          }
+        };
+        for (int i = 0; i < n; ++i) {
+          named_barrier(kBarPready + i % kPBuffers, kPreadyThreads);
+          mbar_wait(full_of(i), phase_of(i));
+          if (is_edge(i)) {
+            pv_block(i, std::true_type{});
+          } else {
+            pv_block(i, std::false_type{});
+          }
+          // (read before the arrival: the owner of block i + kPBuffers rewrites it after)
+          const int32_t page = wtid == 0 && i + kStages < n ? s.refill_page[i % kRefillSlots] : -1;
+          if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
+          // Every warp's fragments of this half were read (its wgmmas completed): refill it.
+          if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
+        }
+        if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
+          if (b == requests.end) griddep_launch_dependents();
+        }
+        // ---- epilogue (kernel.cuh's): row wtid's 1/l into a statistics buffer no block uses any
+        // more ((n + half) % kPBuffers; the other PV warpgroup may still read gamma of block n - 4
+        // there, not l), lse by half 0
+        {
+          const RowStats& fin = s.stats[(n - 1) % kPBuffers];
+          RowStats& res_of = s.stats[(n + half) % kPBuffers];
+          const int fr = tile * kRowsM + wtid;
+          if (wtid < kN && fr < rows_total) {
+            const RowResult res =
+                row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid], s.bad_page != 0, seg.split);
+            res_of.l[wtid] = res.inv_l;
+            if (half == 0) store_lse(p, b, fr, seg, res.lse);
+          }
+          named_barrier(kBarWg + wg, kWgThreads);
+        }
+        const float* inv_l_of = s.stats[(n + half) % kPBuffers].l;
+#pragma unroll
+        for (int nn = 0; nn < kNTiles; ++nn) {
+#pragma unroll
+          for (int c1 = 0; c1 < 2; ++c1) {
+            const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+            if (fr >= rows_total) continue;
+            const float inv_l = inv_l_of[row];
+            const int d0 = kHalfDim * half + 16 * warp + 2 * g;
+            if (seg.split) {
+              float* dst = p.partial_o +
+                           (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                *reinterpret_cast<float2*>(dst + 64 * m) =
+                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              }
+            } else {
+              const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+              }
+            }
+          }
+        }
+      }
+      it += n;
+      q_phase ^= 1;
+      // Q, the ring, P8 and the statistics are free for the next request; bad_page was read.
+      named_barrier_unaligned(kBarEnd, kCtaThreads);
+      if (!kPv && tid == 0) s.bad_page = 0;  // thread 0 issues the next request's first loads
+    }
+  };
+  if (wg < 2) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kSRegs) : "memory");
+    run_requests(std::false_type{});
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPvRegs) : "memory");
+    run_requests(std::true_type{});
+  }
+  if constexpr (SNAPMLA_PDL >= 2) griddep_launch_dependents();
+}
+
+cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
+  const cudaError_t err = cudaFuncSetAttribute(
+      roles_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
+  if (err != cudaSuccess) return err;
+  return launch_dependent(roles_decode_kernel, dim3(p.num_parts, p.row_tiles), dim3(kCtaThreads),
+                          kSmemBytes, stream, p, maps);
+}
+
+}  // namespace roles
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla
