@@ -63,6 +63,21 @@ constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
 static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
 constexpr int kPfreeThreads = 3 * kWgThreads;
 
+// Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
+// warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
+// pfree_arrived in row h.
+#ifdef SNAPMLA_SEESAW_TRACE
+#define ROLES_PV_TRACE(block, event)                                                           \
+  do {                                                                                         \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)             \
+      p.trace[((wg - 2) * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();          \
+  } while (0)
+#else
+#define ROLES_PV_TRACE(block, event) \
+  do {                               \
+  } while (0)
+#endif
+
 __global__ void __launch_bounds__(kCtaThreads, 1)
     roles_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   constexpr int kN = 64;
@@ -436,14 +451,17 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         for (int i = 0; i < n; ++i) {
           named_barrier(kBarPready + i % kPBuffers, kPreadyThreads);
           mbar_wait(full_of(i), phase_of(i));
+          ROLES_PV_TRACE(i, kTrPvStart);
           if (is_edge(i)) {
             pv_block(i, std::true_type{});
           } else {
             pv_block(i, std::false_type{});
           }
+          ROLES_PV_TRACE(i, kTrPvEnd);
           // (read before the arrival: the owner of block i + kPBuffers rewrites it after)
           const int32_t page = wtid == 0 && i + kStages < n ? s.refill_page[i % kRefillSlots] : -1;
           if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
+          ROLES_PV_TRACE(i, kTrPfreeArrived);
           // Every warp's fragments of this half were read (its wgmmas completed): refill it.
           if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
         }
