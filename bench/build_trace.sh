@@ -101,6 +101,8 @@ builds=(
   "seesaw_trace_roles:-DSNAPMLA_SEESAW_ROLES=1"
   "seesaw_timeline_roles:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1"
   "seesaw_trace_roles72:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_S_REGS=72"
+  "seesaw_trace_roles_lmax:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
+  "seesaw_timeline_roles_lmax:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

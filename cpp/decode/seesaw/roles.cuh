@@ -59,6 +59,14 @@ enum Barrier : int {
 };
 static_assert(kBarWg + 4 <= 16, "16 named barriers per CTA");
 constexpr int kPreadyThreads = kCtaThreads;
+// SNAPMLA_SEESAW_ROLES_LOCAL_MAX: the softmax's exponentials against the block's own row
+// maximum, before the previous block's statistics are read (kernel.cuh's
+// SNAPMLA_SEESAW_LOCAL_MAX, which passed the decode tests, the sanitizers and the workload
+// layers in session 21): the two S warpgroups' softmaxes then overlap up to the statistics.
+#ifndef SNAPMLA_SEESAW_ROLES_LOCAL_MAX
+#define SNAPMLA_SEESAW_ROLES_LOCAL_MAX 0
+#endif
+constexpr bool kLocalMax = SNAPMLA_SEESAW_ROLES_LOCAL_MAX != 0;
 constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
 static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
 constexpr int kPfreeThreads = 3 * kWgThreads;
@@ -300,29 +308,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
             mx[ri] *= row_factor[ri];
           }
-          // The previous block's statistics (the other S warpgroup's)
-          float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
-          if (i > 0) {
-            named_barrier(kBarPready + (i - 1) % kPBuffers, kPreadyThreads);
-            SEESAW_TRACE(i, kTrStats);
-            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
-#pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              m_prev[ri] = ps.m[r0 + 8 * ri];
-              sig_prev[ri] = ps.sig[r0 + 8 * ri];
-              l_prev[ri] = ps.l[r0 + 8 * ri];
-            }
-          }
-          float m_new[2], m_use[2];
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
-            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
-          }
-          // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why)
+          // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why). Under
+          // kLocalMax m is the block's own row maximum mx (the exponentials do not wait for the
+          // other S warpgroup's statistics), and c = exp(mx - m_new) scales P' and its sum after.
           float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-          {
-            const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+          auto p_prime = [&](const float (&bias)[2]) {
             auto run = [&](auto full_tag) {
 #pragma unroll
               for (int nn = 0; nn < 8; ++nn) {
@@ -346,19 +336,61 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               run(std::false_type{});
             }
             SEESAW_TRACE(i, kTrExp);
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              e_sum[ri] *= kExpUnshift;
+              e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
+              e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
+              p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
+              p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+            }
+          };
+          if constexpr (kLocalMax) {
+            const float bias[2] = {kExpShift - (mx[0] == -INFINITY ? 0.f : mx[0]),
+                                   kExpShift - (mx[1] == -INFINITY ? 0.f : mx[1])};
+            p_prime(bias);
+          }
+          // The previous block's statistics (the other S warpgroup's)
+          float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+          if (i > 0) {
+            named_barrier(kBarPready + (i - 1) % kPBuffers, kPreadyThreads);
+            SEESAW_TRACE(i, kTrStats);
+            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              m_prev[ri] = ps.m[r0 + 8 * ri];
+              sig_prev[ri] = ps.sig[r0 + 8 * ri];
+              l_prev[ri] = ps.l[r0 + 8 * ri];
+            }
+          }
+          float m_new[2], m_use[2];
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+          }
+          if constexpr (!kLocalMax) {
+            const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+            p_prime(bias);
           }
           float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
-            e_sum[ri] *= kExpUnshift;
-            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
-            e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
-            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
-            p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
-            sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
-            inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+            if constexpr (kLocalMax) {  // c: zero where the block shows the row nothing
+              const float c_loc = mx[ri] == -INFINITY ? 0.f : ex2_ftz(mx[ri] - m_use[ri]);
+              e_sum[ri] *= c_loc;
+              p_max[ri] *= c_loc;
+              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+              inv_sig[ri] *= c_loc;
+            } else {
+              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+            }
           }
           uint32_t w[2][4];
           p8_words<2>(z, inv_sig, w);
