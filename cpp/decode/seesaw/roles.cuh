@@ -16,16 +16,20 @@
 // chain is its own part of the old one: the S side ~QK + softmax a block per warpgroup pair,
 // the PV side ~one promoted PV a block per warpgroup.
 //
-// Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (their sum is
+// Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (72 / 184; ptxas:
+// 5 spill instructions in the S loop, none in the PV loop; their sum is
 // 256: 65,536 / 256). Loads: no producer warpgroup. The first pages and the Q by thread 0 at a
 // request's start; then each content half of block i + kStages by its PV warpgroup after its PV
-// of block i, and the RoPE tile and the scales by the S warpgroup that owns block i after its
-// softmax (the refills of kernel.cuh's N = 16 path, by role).
-// Handoffs (named barriers; the ids cycle with the P buffers, so an instance is complete before
-// its id is reused: the owner of block i + kPBuffers waits for the PVs of block i first):
-//   Pready(i % 4)  512: the owner of block i arrives (P8 and statistics written); the other S
-//                  warpgroup (the statistics for block i + 1's softmax; after its loop, for the
-//                  last block) and both PV warpgroups sync.
+// of block i, and the RoPE tile and the scales of block i + 2 by the S warpgroup that owns it
+// once its QK of block i is done (every warp of it is then past its softmax of block i - 2).
+// The page ids go through a ring in shared memory (refill_page), written by the owner.
+// Handoffs (named barriers; the Pready and Pfree ids cycle with the P buffers, so an instance
+// is complete before its id is reused: the owner of block i + kPBuffers waits for the PVs of
+// block i first):
+//   Pready(i % 4)  384: the owner of block i arrives (P8, statistics, refill page written); both
+//                  PV warpgroups sync.
+//   Stats(i % 2)   256: the owner arrives; the other S warpgroup syncs before its softmax of
+//                  block i + 1 (for the last block, after its loop).
 //   Pfree(i % 4)   384: both PV warpgroups arrive after their PV of block i; the owner of block
 //                  i + kPBuffers syncs before it writes P8 and statistics there.
 // Numerics: those of kernel.cuh's N = 64 kernel with SNAPMLA_SEESAW_QK_ONE_ACC (the same
@@ -36,7 +40,7 @@
 
 // setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8, summing to 256).
 #ifndef SNAPMLA_SEESAW_ROLES_S_REGS
-#define SNAPMLA_SEESAW_ROLES_S_REGS 64
+#define SNAPMLA_SEESAW_ROLES_S_REGS 72
 #endif
 
 namespace snapmla {
@@ -51,14 +55,23 @@ static_assert(kSRegs % 8 == 0 && kSRegs >= 24 && kPvRegs <= 256, "setmaxnreg's b
 static_assert((kSRegs + kPvRegs) * 2 * kWgThreads <= 65536, "the register file");
 
 enum Barrier : int {
-  kBarPready = 1,                     // + i % kPBuffers, 512 threads
+  kBarAll = 0,                         // all 512: a request's first loads issued and q_scale
+                                       // written; a request done (barrier.sync, counted)
+  kBarPready = 1,                      // + i % kPBuffers, 384 threads
   kBarPfree = kBarPready + kPBuffers,  // + i % kPBuffers, 384 threads
-  kBarStart = kBarPfree + kPBuffers,  // all, a request's first loads issued and q_scale written
-  kBarEnd = kBarStart + 1,            // all, a request done
-  kBarWg = kBarEnd + 1,               // + warpgroup, 128 threads
+  kBarStats = kBarPfree + kPBuffers,   // + i % 2, 256 threads
+  kBarPvWg = kBarStats + 2,            // + half: one PV warpgroup, 128 threads
 };
-static_assert(kBarWg + 4 <= 16, "16 named barriers per CTA");
-constexpr int kPreadyThreads = kCtaThreads;
+static_assert(kBarPvWg + 2 <= 16, "16 named barriers per CTA");
+// Pready: the owner arrives, both PV warpgroups sync. Stats: the owner arrives, the other S
+// warpgroup syncs (before its softmax of block i + 1; after its loop for the last block), so
+// an instance completes before the owner arrives on its id again (at block i + 2, after it
+// read the statistics of block i + 1). (One barrier for both handoffs tied the PVs of block
+// i to the other S warpgroup's softmax of block i + 1: session 24's timeline.)
+constexpr int kPreadyThreads = 3 * kWgThreads;
+constexpr int kStatsThreads = 2 * kWgThreads;
+constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
+static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
 // SNAPMLA_SEESAW_ROLES_LOCAL_MAX: the softmax's exponentials against the block's own row
 // maximum, before the previous block's statistics are read (kernel.cuh's
 // SNAPMLA_SEESAW_LOCAL_MAX, which passed the decode tests, the sanitizers and the workload
@@ -67,8 +80,6 @@ constexpr int kPreadyThreads = kCtaThreads;
 #define SNAPMLA_SEESAW_ROLES_LOCAL_MAX 0
 #endif
 constexpr bool kLocalMax = SNAPMLA_SEESAW_ROLES_LOCAL_MAX != 0;
-constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
-static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
 constexpr int kPfreeThreads = 3 * kWgThreads;
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
@@ -214,7 +225,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
-      named_barrier_unaligned(kBarStart, kCtaThreads);
+      named_barrier_unaligned(kBarAll, kCtaThreads);
 
       if constexpr (!kPv) {
         // ================= S warpgroup wg: QK, softmax, P8 and statistics of blocks wg, wg + 2 ...
@@ -266,6 +277,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             fence_regs(z);
           }
           SEESAW_TRACE(i, kTrQkDone);
+          // QK(i) done: every warp of this warpgroup issued it, so every warp is past its softmax
+          // of block i - 2, the last read of that stage's RoPE tile and scales: refill them.
+          if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
+            load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
+          }
           // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
           const int tok0 = (seg.blk_lo + i) * kBlockN;
           const bool full = tok0 + kBlockN <= min_limit;
@@ -353,7 +369,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           // The previous block's statistics (the other S warpgroup's)
           float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
           if (i > 0) {
-            named_barrier(kBarPready + (i - 1) % kPBuffers, kPreadyThreads);
+            named_barrier(kBarStats + (i - 1) % 2, kStatsThreads);
             SEESAW_TRACE(i, kTrStats);
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
 #pragma unroll
@@ -411,15 +427,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
+          named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
           SEESAW_TRACE(i, kTrPublished);
-          // Every thread of this warpgroup is past its reads of the stage's RoPE and scales
-          named_barrier(kBarWg + wg, kWgThreads);
-          if (warp == 0 && lane == 0 && i + kStages < n) {
-            load_rope_scale(i + kStages, s.refill_page[i % kRefillSlots]);
-          }
         }
         // The last block's statistics instance needs this warpgroup's sync too.
-        if (((n - 1) & 1) != wg) named_barrier(kBarPready + (n - 1) % kPBuffers, kPreadyThreads);
+        if (((n - 1) & 1) != wg) named_barrier(kBarStats + (n - 1) % 2, kStatsThreads);
       } else {
         // ================= PV warpgroup: O^T of latent half `half`, every block, then the epilogue
         const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
@@ -513,7 +525,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             res_of.l[wtid] = res.inv_l;
             if (half == 0) store_lse(p, b, fr, seg, res.lse);
           }
-          named_barrier(kBarWg + wg, kWgThreads);
+          named_barrier(kBarPvWg + half, kWgThreads);
         }
         const float* inv_l_of = s.stats[(n + half) % kPBuffers].l;
 #pragma unroll
@@ -545,7 +557,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       it += n;
       q_phase ^= 1;
       // Q, the ring, P8 and the statistics are free for the next request; bad_page was read.
-      named_barrier_unaligned(kBarEnd, kCtaThreads);
+      named_barrier_unaligned(kBarAll, kCtaThreads);
       if (!kPv && tid == 0) s.bad_page = 0;  // thread 0 issues the next request's first loads
     }
   };
