@@ -103,6 +103,7 @@ builds=(
   "seesaw_trace_roles64:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_S_REGS=64"
   "seesaw_trace_roles_lmax:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
   "seesaw_timeline_roles_lmax:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
+  "seesaw_trace_roles_ahead:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1 -DSNAPMLA_SEESAW_ROLES_QK_AHEAD=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

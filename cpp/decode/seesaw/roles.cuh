@@ -80,6 +80,10 @@ static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's h
 #define SNAPMLA_SEESAW_ROLES_LOCAL_MAX 0
 #endif
 constexpr bool kLocalMax = SNAPMLA_SEESAW_ROLES_LOCAL_MAX != 0;
+#ifndef SNAPMLA_SEESAW_ROLES_QK_AHEAD
+#define SNAPMLA_SEESAW_ROLES_QK_AHEAD 0
+#endif
+constexpr bool kQkAhead = SNAPMLA_SEESAW_ROLES_QK_AHEAD != 0;
 constexpr int kPfreeThreads = 3 * kWgThreads;
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
@@ -233,49 +237,54 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         const uint32_t stsm_off = p8_lane_offset_rows(lane, 16 * warp);
         const SmemDesc q_desc = make_desc_base(s.q_content[0], Swizzle::k128B, kChunkBytes);
         const SmemDesc qr_desc = make_desc_base(s.q_rope, Swizzle::k128B, kChunkBytes);
-        for (int i = wg; i < n; i += 2) {
+        float z[32];  // S of the block in hand (one accumulator)
+        // ---- QK of block i into z: 16 FP8 steps over the content and 4 BF16 steps over the RoPE
+        // Issued unconditionally (a wgmma under a branch ptxas cannot prove uniform serializes
+        // every wgmma of the kernel, C7518): past the last block (real false) it reads a stage
+        // no load writes any more, and its result is never used.
+        auto issue_qk = [&](int i, bool real) {
           SharedStorage::Stage& st = stage_of(i);
-          float z[32];
-          // ---- QK: 16 FP8 steps over the content and 4 BF16 steps over the RoPE, one accumulator
           SEESAW_TRACE(i, kTrQkIssue);
-          mbar_wait(full_of(i), phase_of(i));
+          if (real) mbar_wait(full_of(i), phase_of(i));
           SEESAW_TRACE(i, kTrQkReady);
-          // The page block i + kStages loads, for both refills (published with P8; the slot's
-          // last reader, a PV warpgroup after its PV of block i - 8, passed Pfree(i - 8), which
-          // this warpgroup waited for at block i - 4)
-          if (warp == 0 && i + kStages < n) {
+          // The page block i + kStages loads, for both refills (published with P8 of block i;
+          // the slot's last reader, a PV warpgroup after its PV of block i - 8, passed
+          // Pfree(i - 8), which this warpgroup waited for at block i - 4)
+          if (real && warp == 0 && i + kStages < n) {
             const int32_t page = page_of(i + kStages);
             if (lane == 0) s.refill_page[i % kRefillSlots] = page;
           }
-          {
-            // The Q descriptors from an opaque copy each block: hoisted out of the loop, their 20
-            // 64-bit values took 40 of the warpgroup's registers (ptxas spilled them).
-            SmemDesc qd = q_desc, qrd = qr_desc;
-            asm volatile("" : "+r"(qd.lo), "+r"(qrd.lo));
-            const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
-            const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
-            wgmma_fence();
+          // The Q descriptors from an opaque copy each block: hoisted out of the loop, their 20
+          // 64-bit values took 40 of the warpgroup's registers (ptxas spilled them).
+          SmemDesc qd = q_desc, qrd = qr_desc;
+          asm volatile("" : "+r"(qd.lo), "+r"(qrd.lo));
+          const SmemDesc k_desc = make_desc_base(st.content[0], Swizzle::k128B, kChunkBytes);
+          const SmemDesc kr_desc = make_desc_base(st.rope, Swizzle::k128B, kChunkBytes);
+          wgmma_fence();
 #pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
+          for (int c = 0; c < kChunks; ++c) {
 #pragma unroll
-              for (int k = 0; k < kQkChunkSteps; ++k) {
-                const uint64_t da = qd.at(c * kTileBytes + 32 * k);
-                const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-                if (c == 0 && k == 0) {
-                  wgmma_m64n64k32_e4m3_ss_init(z, da, db);
-                } else {
-                  wgmma_m64n64k32_e4m3_ss(z, da, db, 1);
-                }
+            for (int k = 0; k < kQkChunkSteps; ++k) {
+              const uint64_t da = qd.at(c * kTileBytes + 32 * k);
+              const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
+              if (c == 0 && k == 0) {
+                wgmma_m64n64k32_e4m3_ss_init(z, da, db);
+              } else {
+                wgmma_m64n64k32_e4m3_ss(z, da, db, 1);
               }
             }
-#pragma unroll
-            for (int k = 0; k < kRopeSteps; ++k) {
-              wgmma_m64n64k16_bf16_ss(z, qrd.at(32 * k), kr_desc.at(32 * k), 1);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(z);
           }
+#pragma unroll
+          for (int k = 0; k < kRopeSteps; ++k) {
+            wgmma_m64n64k16_bf16_ss(z, qrd.at(32 * k), kr_desc.at(32 * k), 1);
+          }
+          wgmma_commit();
+        };
+        issue_qk(wg, wg < n);
+        for (int i = wg; i < n; i += 2) {
+          SharedStorage::Stage& st = stage_of(i);
+          wgmma_wait<0>();
+          fence_regs(z);
           SEESAW_TRACE(i, kTrQkDone);
           // QK(i) done: every warp of this warpgroup issued it, so every warp is past its softmax
           // of block i - 2, the last read of that stage's RoPE tile and scales: refill them.
@@ -411,6 +420,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           uint32_t w[2][4];
           p8_words<2>(z, inv_sig, w);
           SEESAW_TRACE(i, kTrP8);
+          // SNAPMLA_SEESAW_ROLES_QK_AHEAD: z is free, so the next owned block's QK runs under
+          // this block's publication (else it is issued after it).
+          if constexpr (kQkAhead) issue_qk(i + 2, i + 2 < n);
           // The PVs of block i - kPBuffers are done with this P buffer and statistics
           if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
           SEESAW_TRACE(i, kTrPfree);
@@ -429,7 +441,9 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
           named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
           SEESAW_TRACE(i, kTrPublished);
+          if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n);
         }
+        wgmma_wait<0>();  // the QK past the last block
         // The last block's statistics instance needs this warpgroup's sync too.
         if (((n - 1) & 1) != wg) named_barrier(kBarStats + (n - 1) % 2, kStatsThreads);
       } else {
