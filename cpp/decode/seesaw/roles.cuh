@@ -84,6 +84,10 @@ constexpr bool kLocalMax = SNAPMLA_SEESAW_ROLES_LOCAL_MAX != 0;
 #define SNAPMLA_SEESAW_ROLES_QK_AHEAD 0
 #endif
 constexpr bool kQkAhead = SNAPMLA_SEESAW_ROLES_QK_AHEAD != 0;
+#ifndef SNAPMLA_SEESAW_ROLES_PV_HALVES
+#define SNAPMLA_SEESAW_ROLES_PV_HALVES 0
+#endif
+constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
 constexpr int kPfreeThreads = 3 * kWgThreads;
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
@@ -485,8 +489,45 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           const RowStats& ps = s.stats[i % kPBuffers];
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           uint32_t a[2][4];
-          float tmp[kNRegs];
           v_fragments(i, 0, edge_tag, a);
+          // O^T m-tile m = gamma O^T + T over O^T's 8-column tiles [col0, col0 + kCols)
+          auto promote = [&](int m, int col0, auto& tmp) {
+            constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
+            fence_regs(tmp);
+#pragma unroll
+            for (int nn = 0; nn < kCols; ++nn) {
+              const int col = col0 + nn;
+              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int c = 0; c < 4; ++c) {
+                o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
+              }
+            }
+          };
+          if constexpr (kPvHalves) {
+            // SNAPMLA_SEESAW_ROLES_PV_HALVES: an m-tile as two half-N groups (query rows 0-31,
+            // 32-63) into two temporaries, the first promoted while the second runs.
+            constexpr int kHalfRows = 32 * kPRowBytes;
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              float th[2][kNRegs / 2];
+              wgmma_fence();
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                wgmma_pv<kN / 2, true>(th[h], a[0], p_desc.at(h * kHalfRows));
+                wgmma_pv<kN / 2, false>(th[h], a[1], p_desc.at(h * kHalfRows + 32));
+                wgmma_commit();
+              }
+              wgmma_wait<1>();
+              promote(m, 0, th[0]);
+              wgmma_wait<0>();
+              fence_regs(th[1]);
+              if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
+              promote(m, kNTiles / 2, th[1]);
+            }
+            return;
+          }
+          float tmp[kNRegs];
 #pragma unroll
           for (int m = 0; m < kMTiles; ++m) {
             wgmma_fence();
