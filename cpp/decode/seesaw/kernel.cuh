@@ -10,6 +10,7 @@
 #include "common/row_quant.cuh"
 #include "decode/seesaw/config.h"
 #include "decode/seesaw/fragments.cuh"
+#include "decode/seesaw/steps.cuh"
 #include "decode/segment.cuh"
 #include "decode/sm90.cuh"
 #include "decode/wgmma_ops.cuh"
@@ -68,17 +69,6 @@ __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y),
                "r"(v.z), "r"(v.w)
                : "memory");
-}
-
-// Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
-__device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
-  return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
-         (tb + 8 < valid ? 0xff0000u : 0u) | (tb + 9 < valid ? 0xff000000u : 0u);
-}
-
-// Zero the E4M3 NaN codes (0x7f, 0xff) of four packed bytes.
-__device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
-  return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
 // Timeline of CTA (0, 0) for bench/seesaw_trace.cu: warp 0 of each consumer warpgroup records
@@ -220,15 +210,7 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
-// SNAPMLA_SEESAW_KV_EVICT_FIRST (1, the default since session 19; 0 for plain loads): the KV
-// pages' TMA loads with an L2 evict-first policy (a decode step reads each page once), so that
-// the split partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine. Same
-// call on the H200 (bench/results/2026-12-02-s19/, graph replays of the whole call): 8x1x128x4096
-// 34.0 -> 32.8 us, 64x1x128x4096 124.4 -> 122.9, 1x1x128x8192 20.9 -> 20.4, the rest level;
-// every output bit the same (bench/dump_decode.py).
-#ifndef SNAPMLA_SEESAW_KV_EVICT_FIRST
-#define SNAPMLA_SEESAW_KV_EVICT_FIRST 1
-#endif
+// SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
 // TMA of each does not wait for its descriptor. Timeline at 8x128x4096 (kernel alone, CTA (0,
@@ -519,23 +501,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto vt_chunk_fragments = [&](int i, int chunk, int half, auto edge_tag,
                                     uint32_t (&a)[2][4]) {
         const uint32_t addr = smem_u32(stage_of(i).content[chunk]) + ldsm_off[half];
-        uint32_t vmask[2][2];
-        if constexpr (decltype(edge_tag)::value) {
-          const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
-#pragma unroll
-          for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-          }
-        }
-#pragma unroll
-        for (int ks = 0; ks < 2; ++ks) {
-          vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
-          if constexpr (decltype(edge_tag)::value) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-          }
-        }
+        constexpr bool kEdge = decltype(edge_tag)::value;
+        const int valid = kEdge ? min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN) : 0;
+        vt_fragments_masked<kEdge>(addr, t, valid, a);
       };
       // A block some row does not see whole (kEdge variants: branching inside would stall the
       // wgmma pipeline, so callers pick the variant).
@@ -545,38 +513,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // come out NaN.
       // The caller reads the page id (page_of below for the refills).
       auto load_content_half = [&](int i, int half, int32_t page) {
-        uint64_t* bar = full_of(i);
-        if (!page_ok(page)) {
-          s.bad_page = 1;
-          return mbar_arrive(bar);
-        }
-        mbar_arrive_expect_tx(bar, kContentHalfTx);
-        const uint64_t policy = SNAPMLA_SEESAW_KV_EVICT_FIRST != 0 ? l2_evict_first_policy() : 0;
-#pragma unroll
-        for (int c = 2 * half; c < 2 * half + 2; ++c) {
-          if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
-            tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0,
-                             page, policy);
-          } else {
-            tma_load_3d(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
-          }
-        }
+        seesaw::load_content_half(stage_of(i), full_of(i), maps, half, page, p.num_pages, s.bad_page);
       };
       auto load_rope_scale = [&](int i, int32_t page) {
-        uint64_t* bar = full_of(i);
-        if (!page_ok(page)) {
-          s.bad_page = 1;
-          return mbar_arrive(bar);
-        }
-        mbar_arrive_expect_tx(bar, kRopeScaleTx);
-        if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
-          const uint64_t policy = l2_evict_first_policy();
-          tma_load_3d_hint(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page, policy);
-          tma_load_2d_hint(stage_of(i).scale, &maps.k_scale, bar, 0, page, policy);
-        } else {
-          tma_load_3d(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page);
-          tma_load_2d(stage_of(i).scale, &maps.k_scale, bar, 0, page);
-        }
+        seesaw::load_rope_scale(stage_of(i), full_of(i), maps, page, p.num_pages, s.bad_page);
       };
       if (tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
@@ -1011,17 +951,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // of O^T (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read
       // from the block's statistics where it is used.
       auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps) {
-        constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
-        fence_regs(tmp);
-#pragma unroll
-        for (int nn = 0; nn < kCols; ++nn) {
-          const int col = col0 + nn;
-          const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) {
-            o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
-          }
-        }
+        seesaw::promote_cols(o[m], col0, tmp, ps.gamma, t);
       };
       auto pv_promote_early = [&](int i) {
         const RowStats& ps = s.stats[i % kPBuffers];
@@ -1297,36 +1227,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-#pragma unroll
-      for (int nn = 0; nn < kNTiles; ++nn) {
-#pragma unroll
-        for (int c1 = 0; c1 < 2; ++c1) {
-          const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-          if (fr >= rows_total) continue;
-          const float inv_l = inv_l_of[row];
-          const int d0 = kHalfDim * wg + 16 * warp + 2 * g;
 #ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-          const bool to_partial = inv_l == 12345.f, to_out = false;  // never: nothing stored
+      constexpr bool kDryEpilogue = true;
 #else
-          const bool to_partial = seg.split, to_out = !seg.split;
+      constexpr bool kDryEpilogue = false;
 #endif
-          if (to_partial) {
-            float* dst = p.partial_o +
-                         (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-              *reinterpret_cast<float2*>(dst + 64 * m) =
-                  make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-            }
-          } else if (to_out) {
-            const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
-              store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-            }
-          }
-        }
-      }
+      store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
+                                 kHalfDim * wg + 16 * warp + 2 * g, t, seg);
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.

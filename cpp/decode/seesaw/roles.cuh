@@ -37,6 +37,7 @@
 #pragma once
 
 #include "decode/seesaw/kernel.cuh"
+#include "decode/seesaw/steps.cuh"
 
 // setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8, summing to 256).
 #ifndef SNAPMLA_SEESAW_ROLES_S_REGS
@@ -166,34 +167,14 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       auto stage_of = [&](int i) -> SharedStorage::Stage& { return s.stage[(it0 + i) % kStages]; };
       auto full_of = [&](int i) { return &s.full_bar[(it0 + i) % kStages]; };
       auto phase_of = [&](int i) { return ((it0 + i) / kStages) & 1u; };
-      auto page_ok = [&](int32_t page) { return page >= 0 && page < p.num_pages; };
       auto is_edge = [&](int i) { return (seg.blk_lo + i + 1) * kBlockN > min_limit; };
 
-      // ---- loads (a page outside the layer loads nothing; its rows come out NaN)
+      // ---- loads (steps.cuh; a page outside the layer loads nothing, its rows come out NaN)
       auto load_content_half = [&](int i, int h, int32_t page) {
-        uint64_t* bar = full_of(i);
-        if (!page_ok(page)) {
-          s.bad_page = 1;
-          return mbar_arrive(bar);
-        }
-        mbar_arrive_expect_tx(bar, kContentHalfTx);
-        const uint64_t policy = l2_evict_first_policy();
-#pragma unroll
-        for (int c = 2 * h; c < 2 * h + 2; ++c) {
-          tma_load_3d_hint(stage_of(i).content[c], &maps.k_content, bar, c * kChunkBytes, 0, page,
-                           policy);
-        }
+        seesaw::load_content_half(stage_of(i), full_of(i), maps, h, page, p.num_pages, s.bad_page);
       };
       auto load_rope_scale = [&](int i, int32_t page) {
-        uint64_t* bar = full_of(i);
-        if (!page_ok(page)) {
-          s.bad_page = 1;
-          return mbar_arrive(bar);
-        }
-        mbar_arrive_expect_tx(bar, kRopeScaleTx);
-        const uint64_t policy = l2_evict_first_policy();
-        tma_load_3d_hint(stage_of(i).rope, &maps.k_rope, bar, 0, 0, page, policy);
-        tma_load_2d_hint(stage_of(i).scale, &maps.k_scale, bar, 0, page, policy);
+        seesaw::load_rope_scale(stage_of(i), full_of(i), maps, page, p.num_pages, s.bad_page);
       };
       // Page ids of the refills, 32 at a time in the lanes of the refilling warp.
       int32_t page_lane = -1;
@@ -459,28 +440,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
 #pragma unroll
           for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
         }
-        // V^T A fragments of m-tile m of this half of block i (kernel.cuh's vt_chunk_fragments)
+        // V^T A fragments of m-tile m of this half of block i
         auto v_fragments = [&](int i, int m, auto edge_tag, uint32_t (&a)[2][4]) {
           const uint32_t addr = smem_u32(stage_of(i).content[2 * half + m / 2]) + ldsm_off[m & 1];
-          uint32_t vmask[2][2];
-          if constexpr (decltype(edge_tag)::value) {
-            const int valid = min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN);
-#pragma unroll
-            for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-              for (int hh = 0; hh < 2; ++hh) {
-                vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-              }
-            }
-          }
-#pragma unroll
-          for (int ks = 0; ks < 2; ++ks) {
-            vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
-            if constexpr (decltype(edge_tag)::value) {
-#pragma unroll
-              for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-            }
-          }
+          constexpr bool kEdge = decltype(edge_tag)::value;
+          const int valid = kEdge ? min(max(seqlen - (seg.blk_lo + i) * kBlockN, 0), kBlockN) : 0;
+          vt_fragments_masked<kEdge>(addr, t, valid, a);
         };
         // O^T = gamma O^T + P8 V^T of block i: an m-tile at a time into one whole-N temporary;
         // the next m-tile's fragments are read (into the registers the finished wgmmas read)
@@ -490,19 +455,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           uint32_t a[2][4];
           v_fragments(i, 0, edge_tag, a);
-          // O^T m-tile m = gamma O^T + T over O^T's 8-column tiles [col0, col0 + kCols)
           auto promote = [&](int m, int col0, auto& tmp) {
-            constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
-            fence_regs(tmp);
-#pragma unroll
-            for (int nn = 0; nn < kCols; ++nn) {
-              const int col = col0 + nn;
-              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
-              }
-            }
+            seesaw::promote_cols(o[m], col0, tmp, ps.gamma, t);
           };
           if constexpr (kPvHalves) {
             // SNAPMLA_SEESAW_ROLES_PV_HALVES: an m-tile as two half-N groups (query rows 0-31,
@@ -525,25 +479,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
               promote(m, kNTiles / 2, th[1]);
             }
-            return;
-          }
-          float tmp[kNRegs];
+          } else {
+            float tmp[kNRegs];
 #pragma unroll
-          for (int m = 0; m < kMTiles; ++m) {
-            wgmma_fence();
-            wgmma_pv<kN, true>(tmp, a[0], p_desc.at(0));
-            wgmma_pv<kN, false>(tmp, a[1], p_desc.at(32));
-            wgmma_commit();
-            wgmma_wait<0>();
-            fence_regs(tmp);
-            if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * col + c]);
-              }
+            for (int m = 0; m < kMTiles; ++m) {
+              wgmma_fence();
+              wgmma_pv<kN, true>(tmp, a[0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmp, a[1], p_desc.at(32));
+              wgmma_commit();
+              wgmma_wait<0>();
+              fence_regs(tmp);
+              if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
+              promote(m, 0, tmp);
             }
           }
         };
@@ -582,32 +529,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           named_barrier(kBarPvWg + half, kWgThreads);
         }
-        const float* inv_l_of = s.stats[(n + half) % kPBuffers].l;
-#pragma unroll
-        for (int nn = 0; nn < kNTiles; ++nn) {
-#pragma unroll
-          for (int c1 = 0; c1 < 2; ++c1) {
-            const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-            if (fr >= rows_total) continue;
-            const float inv_l = inv_l_of[row];
-            const int d0 = kHalfDim * half + 16 * warp + 2 * g;
-            if (seg.split) {
-              float* dst = p.partial_o +
-                           (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
-#pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                *reinterpret_cast<float2*>(dst + 64 * m) =
-                    make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-              }
-            } else {
-              const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
-#pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-              }
-            }
-          }
-        }
+        store_o_rows(p, o, s.stats[(n + half) % kPBuffers].l, b, tile, rows_total,
+                     kHalfDim * half + 16 * warp + 2 * g, t, seg);
       }
       it += n;
       q_phase ^= 1;

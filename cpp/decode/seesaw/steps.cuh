@@ -1,0 +1,158 @@
+// Steps of a block that the seesaw kernel (kernel.cuh) and the role-split kernel (roles.cuh)
+// share: a stage's loads, V^T fragments with the edge masks, the PV's promotion and the
+// epilogue's row stores.
+#pragma once
+
+#include "decode/seesaw/config.h"
+#include "decode/seesaw/fragments.cuh"
+#include "decode/segment.cuh"
+#include "decode/sm90.cuh"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+// SNAPMLA_SEESAW_KV_EVICT_FIRST (1, the default since session 19; 0 for plain loads): the KV
+// pages' TMA loads with an L2 evict-first policy (a decode step reads each page once), so that
+// the split partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine. Same
+// call on the H200 (bench/results/2026-12-02-s19/, graph replays of the whole call): 8x1x128x4096
+// 34.0 -> 32.8 us, 64x1x128x4096 124.4 -> 122.9, 1x1x128x8192 20.9 -> 20.4, the rest level;
+// every output bit the same (bench/dump_decode.py).
+#ifndef SNAPMLA_SEESAW_KV_EVICT_FIRST
+#define SNAPMLA_SEESAW_KV_EVICT_FIRST 1
+#endif
+
+// Content half `half` (chunks 2 half, 2 half + 1) of `page` into stage `st`, arriving on `bar`
+// with its bytes; a page outside the layer loads nothing, sets `bad_page` and arrives.
+__device__ __forceinline__ void load_content_half(SharedStorage::Stage& st, uint64_t* bar,
+                                                  const TensorMaps& maps, int half, int32_t page,
+                                                  int32_t num_pages, int32_t& bad_page) {
+  if (!(page >= 0 && page < num_pages)) {
+    bad_page = 1;
+    return sm90::mbar_arrive(bar);
+  }
+  sm90::mbar_arrive_expect_tx(bar, kContentHalfTx);
+  const uint64_t policy = SNAPMLA_SEESAW_KV_EVICT_FIRST != 0 ? sm90::l2_evict_first_policy() : 0;
+#pragma unroll
+  for (int c = 2 * half; c < 2 * half + 2; ++c) {
+    if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
+      sm90::tma_load_3d_hint(st.content[c], &maps.k_content, bar, c * kChunkBytes, 0, page,
+                             policy);
+    } else {
+      sm90::tma_load_3d(st.content[c], &maps.k_content, bar, c * kChunkBytes, 0, page);
+    }
+  }
+}
+
+// The RoPE tile and the scales of `page` into stage `st` (as load_content_half).
+__device__ __forceinline__ void load_rope_scale(SharedStorage::Stage& st, uint64_t* bar,
+                                                const TensorMaps& maps, int32_t page,
+                                                int32_t num_pages, int32_t& bad_page) {
+  if (!(page >= 0 && page < num_pages)) {
+    bad_page = 1;
+    return sm90::mbar_arrive(bar);
+  }
+  sm90::mbar_arrive_expect_tx(bar, kRopeScaleTx);
+  if constexpr (SNAPMLA_SEESAW_KV_EVICT_FIRST != 0) {
+    const uint64_t policy = sm90::l2_evict_first_policy();
+    sm90::tma_load_3d_hint(st.rope, &maps.k_rope, bar, 0, 0, page, policy);
+    sm90::tma_load_2d_hint(st.scale, &maps.k_scale, bar, 0, page, policy);
+  } else {
+    sm90::tma_load_3d(st.rope, &maps.k_rope, bar, 0, 0, page);
+    sm90::tma_load_2d(st.scale, &maps.k_scale, bar, 0, page);
+  }
+}
+
+// Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
+__device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
+  return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
+         (tb + 8 < valid ? 0xff0000u : 0u) | (tb + 9 < valid ? 0xff000000u : 0u);
+}
+
+// Zero the E4M3 NaN codes (0x7f, 0xff) of four packed bytes.
+__device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
+  return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
+}
+
+// V^T A fragments (both k-steps) at `addr` (a content chunk's shared address plus the lane's
+// ldmatrix offset). kEdge (a block some row does not see whole): tokens from `valid` up and
+// NaN codes are zeroed (a NaN there must not reach rows whose P8 is 0; elsewhere a NaN in V
+// reaches every row through its logit anyway).
+template <bool kEdge>
+__device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int valid,
+                                                    uint32_t (&a)[2][4]) {
+  uint32_t vmask[2][2];
+  if constexpr (kEdge) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
+    if constexpr (kEdge) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+    }
+  }
+}
+
+// The promotion: O^T m-tile `o` = gamma O^T + T over its 8-column tiles [col0, col0 + kCols)
+// (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read from the
+// block's statistics where it is used.
+template <int kNRegs, int kTmpRegs>
+__device__ __forceinline__ void promote_cols(float (&o)[kNRegs], int col0, float (&tmp)[kTmpRegs],
+                                             const float* gamma, int t) {
+  constexpr int kCols = kTmpRegs / 4;
+  sm90::fence_regs(tmp);
+#pragma unroll
+  for (int nn = 0; nn < kCols; ++nn) {
+    const int col = col0 + nn;
+    const float2 gm = *reinterpret_cast<const float2*>(&gamma[8 * col + 2 * t]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      o[4 * col + c] = fmaf(o[4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
+    }
+  }
+}
+
+// The epilogue's stores of a thread's O^T (latent d0 + 64 m, + 1 of query rows 8 nn + 2 t + c1),
+// times the row's 1/l: into the split partial of seg.slot, or into out (BF16 or fp32). kDryRun
+// (timing builds, SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES): computes, stores nothing.
+template <bool kDryRun = false, int kMTiles, int kNRegs>
+__device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float (&o)[kMTiles][kNRegs],
+                                             const float* inv_l_of, int b, int tile,
+                                             int rows_total, int d0, int t, const Segment& seg) {
+#pragma unroll
+  for (int nn = 0; nn < kNRegs / 4; ++nn) {
+#pragma unroll
+    for (int c1 = 0; c1 < 2; ++c1) {
+      const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+      if (fr >= rows_total) continue;
+      const float inv_l = inv_l_of[row];
+      const bool to_partial = kDryRun ? inv_l == 12345.f : seg.split;  // (dry: never)
+      const bool to_out = !kDryRun && !seg.split;
+      if (to_partial) {
+        float* dst =
+            p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+          *reinterpret_cast<float2*>(dst + 64 * m) =
+              make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+        }
+      } else if (to_out) {
+        const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
+          store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla
