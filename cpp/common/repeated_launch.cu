@@ -122,11 +122,14 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
 #if SNAPMLA_DECODE_GRAPHS
   int device = -1, stream_device = -1;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  // The capture status first: under a caller's capture in global mode, a query such as
+  // cudaStreamGetDevice is refused and invalidates that capture (session 24 on the H200: torch's
+  // and CuPy's graph tests and host_overhead_c's captured call failed with error 901).
   if (stream == nullptr || stream == cudaStreamLegacy || key_bytes > kMaxLaunchKeyBytes ||
-      cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxGraphDevices ||
-      cudaStreamGetDevice(stream, &stream_device) != cudaSuccess || stream_device != device ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
-      status != cudaStreamCaptureStatusNone) {
+      status != cudaStreamCaptureStatusNone || cudaGetDevice(&device) != cudaSuccess ||
+      device < 0 || device >= kMaxGraphDevices ||
+      cudaStreamGetDevice(stream, &stream_device) != cudaSuccess || stream_device != device) {
     cudaGetLastError();
     return fn(ctx, stream);
   }

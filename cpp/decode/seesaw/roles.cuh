@@ -56,14 +56,14 @@ static_assert(kSRegs % 8 == 0 && kSRegs >= 24 && kPvRegs <= 256, "setmaxnreg's b
 static_assert((kSRegs + kPvRegs) * 2 * kWgThreads <= 65536, "the register file");
 
 enum Barrier : int {
-  kBarAll = 0,                         // all 512: a request's first loads issued and q_scale
-                                       // written; a request done (barrier.sync, counted)
   kBarPready = 1,                      // + i % kPBuffers, 384 threads
   kBarPfree = kBarPready + kPBuffers,  // + i % kPBuffers, 384 threads
   kBarStats = kBarPfree + kPBuffers,   // + i % 2, 256 threads
   kBarPvWg = kBarStats + 2,            // + half: one PV warpgroup, 128 threads
+  kBarAll = kBarPvWg + 2,              // all 512: a request's first loads issued and q_scale
+                                       // written; a request done (barrier.sync, counted)
 };
-static_assert(kBarPvWg + 2 <= 16, "16 named barriers per CTA");
+static_assert(kBarAll + 1 <= 16, "16 named barriers per CTA");
 // Pready: the owner arrives, both PV warpgroups sync. Stats: the owner arrives, the other S
 // warpgroup syncs (before its softmax of block i + 1; after its loop for the last block), so
 // an instance completes before the owner arrives on its id again (at block i + 2, after it
