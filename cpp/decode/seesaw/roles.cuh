@@ -32,6 +32,10 @@
 //                  block i + 1 (for the last block, after its loop).
 //   Pfree(i % 4)   384: both PV warpgroups arrive after their PV of block i; the owner of block
 //                  i + kPBuffers syncs before it writes P8 and statistics there.
+// Measured on the H200 (session 24, bench/NOTES.md): correct (116 decode tests), kernel alone
+// 3.5% faster than the seesaw kernel at 32x128x16384 and 6.5% at 128x16x16384 q_len 4, 4-7%
+// slower at short contexts; PV-bound (a PV warpgroup's four m-tiles run in series); racecheck
+// reports its statistics' reads against later writes (not resolved). Off: AUTO keeps kernel.cuh.
 // Numerics: those of kernel.cuh's N = 64 kernel with SNAPMLA_SEESAW_QK_ONE_ACC (the same
 // softmax, P8 and promotion code; the QK's 16 FP8 and 4 BF16 steps in one accumulator).
 #pragma once
