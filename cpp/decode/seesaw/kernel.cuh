@@ -37,17 +37,6 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[
   }
 }
 
-// 2^x, flushing results below 2^-126 to zero (MUFU.EX2 as it is).
-__device__ __forceinline__ float ex2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-// The softmax evaluates e = 2^(z - m) <= 1 as 2^(z - m + 24) 2^-24: results down to 2^-150
-// (below which fp32 holds nothing) stay above the flush threshold.
-constexpr float kExpShift = 24.f;
-constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
-
 // SNAPMLA_SEESAW_FAST_ROWMATH (on; 0 for the IEEE form): the softmax's per-row statistics
 // with one MUFU reciprocal and MUFU exponent instead of three IEEE divisions, an IEEE
 // reciprocal and exp2f, shortening the dependent chain from the row's max and sum to P8 and
@@ -726,9 +715,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
         // row maximum of z is max(u) rf, exactly.
         float (&z)[32] = sa;
-        auto k_scales = [&](int nn) {  // s_k of tokens 8 nn + 2 t, + 1
-          return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
-        };
         constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
         float row_factor[2];
@@ -752,26 +738,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
                 limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
               }
             }
-#pragma unroll
-            for (int nn = 0; nn < 8; ++nn) {
-              const float2 k2 = k_scales(nn);
-#pragma unroll
-              for (int c = 0; c < kElems; ++c) {
-                const int e = 4 * nn + c;
-                auto s_of = [&](int x) {
-                  if constexpr (kOneAcc) return sa[x];
-                  else return sa[x] + sb[x];
-                };
-                const float logit = kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e);
-                const float u = logit * (c & 1 ? k2.y : k2.x);
-                if constexpr (kFull) {
-                  z[e] = u;
-                } else {
-                  z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
-                }
-                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
-              }
-            }
+            auto s_of = [&](int x) {
+              if constexpr (kOneAcc) return sa[x];
+              else return sa[x] + sb[x];
+            };
+            seesaw::scaled_logits<kElems, kFull>(
+                z, [&](int e) { return kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e); },
+                st.scale, t, tok0, limit, mx);
           };
           if (full) {
             scaled_logits(std::true_type{});
@@ -792,21 +765,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
         auto p_prime = [&](const float (&bias)[2]) {
           auto run = [&](auto full_tag) {
-#pragma unroll
-            for (int nn = 0; nn < 8; ++nn) {
-              const float2 k2 = k_scales(nn);
-              const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
-#pragma unroll
-              for (int c = 0; c < kElems; ++c) {
-                const int e = 4 * nn + c, ri = c / 2;
-                const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
-                e_sum[ri] += ex;
-                float pp = ex * ks[c & 1];
-                if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
-                z[e] = pp;
-                p_max[ri] = fmaxf(p_max[ri], pp);
-              }
-            }
+            exp_scaled<kElems, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
+                                                          p_max);
           };
           if (full) {
             run(std::true_type{});

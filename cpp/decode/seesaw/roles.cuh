@@ -283,9 +283,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
           const int tok0 = (seg.blk_lo + i) * kBlockN;
           const bool full = tok0 + kBlockN <= min_limit;
-          auto k_scales = [&](int nn) {
-            return *reinterpret_cast<const float2*>(&st.scale[8 * nn + 2 * t]);
-          };
           float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
           float mx[2] = {-INFINITY, -INFINITY};
           auto scaled_logits = [&](auto full_tag) {
@@ -295,21 +292,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
               limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
             }
-#pragma unroll
-            for (int nn = 0; nn < 8; ++nn) {
-              const float2 k2 = k_scales(nn);
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                const int e = 4 * nn + c;
-                const float u = z[e] * (c & 1 ? k2.y : k2.x);
-                if constexpr (kFull) {
-                  z[e] = u;
-                } else {
-                  z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
-                }
-                mx[c / 2] = fmaxf(mx[c / 2], z[e]);
-              }
-            }
+            seesaw::scaled_logits<4, kFull>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
+                                            limit, mx);
           };
           if (full) {
             scaled_logits(std::true_type{});
@@ -328,21 +312,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
           auto p_prime = [&](const float (&bias)[2]) {
             auto run = [&](auto full_tag) {
-#pragma unroll
-              for (int nn = 0; nn < 8; ++nn) {
-                const float2 k2 = k_scales(nn);
-                const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                  const int e = 4 * nn + c, ri = c / 2;
-                  const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
-                  e_sum[ri] += ex;
-                  float pp = ex * ks[c & 1];
-                  if constexpr (!decltype(full_tag)::value) pp = z[e] == -INFINITY ? 0.f : pp;
-                  z[e] = pp;
-                  p_max[ri] = fmaxf(p_max[ri], pp);
-                }
-              }
+              exp_scaled<4, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
+                                                       p_max);
             };
             if (full) {
               run(std::true_type{});

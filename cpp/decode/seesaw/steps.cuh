@@ -12,6 +12,18 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
+// 2^x, flushing results below 2^-126 to zero (MUFU.EX2 as it is).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// The softmax evaluates e = 2^(z - m) <= 1 as 2^(z - m + 24) 2^-24: results down to 2^-150
+// (below which fp32 holds nothing) stay above the flush threshold.
+constexpr float kExpShift = 24.f;
+constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
+
+
 // SNAPMLA_SEESAW_KV_EVICT_FIRST (1, the default since session 19; 0 for plain loads): the KV
 // pages' TMA loads with an L2 evict-first policy (a decode step reads each page once), so that
 // the split partials the kernel writes (8x128x4096: 16.8 MB) stay in L2 for the combine. Same
@@ -149,6 +161,56 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
           store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
         }
       }
+    }
+  }
+}
+
+
+// The softmax's first pass over a thread's S fragment (kElems = 2 x its rows: elements c <
+// kElems of each 8-token group nn): u = logit(e) s_k in z[e] (e = 4 nn + c; tokens 8 nn + 2 t
+// + c % 2, row c / 2), -inf where the row does not see the token (kFull: every token visible),
+// and each row's maximum into mx. `scale` is the stage's 64 token scales.
+template <int kElems, bool kFull, typename Logit>
+__device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const float* scale,
+                                              int t, int tok0, const int (&limit)[2],
+                                              float (&mx)[2]) {
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn) {
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = 4 * nn + c;
+      const float u = logit(e) * (c & 1 ? k2.y : k2.x);
+      if constexpr (kFull) {
+        z[e] = u;
+      } else {
+        z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
+      }
+      mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+    }
+  }
+}
+
+// Its second pass: e = 2^(z rf + bias) (bias carries the 2^24 shift and the row's maximum),
+// P' = e s_k 2^-24 in z (exactly 0 where the token is invisible: a select, its scale may be
+// NaN), the rows' sums of e and maxima of P' into e_sum and p_max (thread-local).
+template <int kElems, bool kFull>
+__device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_factor)[2],
+                                           const float (&bias)[2], const float* scale, int t,
+                                           float (&e_sum)[2], float (&p_max)[2]) {
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn) {
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
+    const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = 4 * nn + c, ri = c / 2;
+      const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+      e_sum[ri] += ex;
+      float pp = ex * ks[c & 1];
+      if constexpr (!kFull) pp = z[e] == -INFINITY ? 0.f : pp;
+      z[e] = pp;
+      p_max[ri] = fmaxf(p_max[ri], pp);
     }
   }
 }
