@@ -513,13 +513,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
             q_wait();
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQWaited);
-            mbar_arrive_expect_tx(&s.q_bar, kQTx);
-#pragma unroll
-            for (int c = 0; c < kChunks; ++c) {
-              tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
-                          static_cast<int32_t>(row0));
-            }
-            tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+            load_q_tile(s, maps, row0);
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQIssued);
           } else if constexpr (kPagesBeforeQ < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
@@ -753,9 +747,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            mx[ri] *= row_factor[ri];
+            mx[ri] = quad_max(mx[ri]) * row_factor[ri];
           }
         }
         // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0 (a
@@ -778,10 +770,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           e_sum[1] *= kExpUnshift;
         };
         auto row_sums = [&](int ri) {  // the row's e_sum and max P' over its four threads
-          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
-          e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
-          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
-          p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+          e_sum[ri] = quad_sum(e_sum[ri]);
+          p_max[ri] = quad_max(p_max[ri]);
         };
         // SNAPMLA_SEESAW_LOCAL_MAX (experimental, off; session 21 on the H200: 89 decode tests,
         // the three sanitizers and the workload layers pass, kernel time level): the
@@ -1172,6 +1162,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // (n + wg) % kPBuffers is neither warpgroup's (n - 1) % kPBuffers), and its warpgroup reads
       // them there. Computed by each of a row's 32 threads, the IEEE reciprocal and logf took
       // ~11,000 cycles a request-part at N = 64 (session 11's timeline, bench/NOTES.md).
+#ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
+      constexpr bool kDryEpilogue = true;
+#else
+      constexpr bool kDryEpilogue = false;
+#endif
       {
         const RowStats& fin = s.stats[(n - 1) % kPBuffers];
         RowStats& res_of = s.stats[(n + wg) % kPBuffers];
@@ -1180,18 +1175,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
           res_of.l[wtid] = res.inv_l;
-#ifndef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-          if (wg == 0) store_lse(p, b, fr, seg, res.lse);
-#endif
+          if (wg == 0 && !kDryEpilogue) store_lse(p, b, fr, seg, res.lse);
         }
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-#ifdef SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES
-      constexpr bool kDryEpilogue = true;
-#else
-      constexpr bool kDryEpilogue = false;
-#endif
       store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
                                  kHalfDim * wg + 16 * warp + 2 * g, t, seg);
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);

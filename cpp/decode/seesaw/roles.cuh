@@ -16,9 +16,8 @@
 // chain is its own part of the old one: the S side ~QK + softmax a block per warpgroup pair,
 // the PV side ~one promoted PV a block per warpgroup.
 //
-// Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (72 / 184; ptxas:
-// 5 spill instructions in the S loop, none in the PV loop; their sum is
-// 256: 65,536 / 256). Loads: no producer warpgroup. The first pages and the Q by thread 0 at a
+// Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (72 / 184, their
+// sum 256 = 65,536 / 256; ptxas spills nothing in either loop). Loads: no producer warpgroup. The first pages and the Q by thread 0 at a
 // request's start; then each content half of block i + kStages by its PV warpgroup after its PV
 // of block i, and the RoPE tile and the scales of block i + 2 by the S warpgroup that owns it
 // once its QK of block i is done (every warp of it is then past its softmax of block i - 2).
@@ -74,6 +73,7 @@ static_assert(kBarAll + 1 <= 16, "16 named barriers per CTA");
 // read the statistics of block i + 1). (One barrier for both handoffs tied the PVs of block
 // i to the other S warpgroup's softmax of block i + 1: session 24's timeline.)
 constexpr int kPreadyThreads = 3 * kWgThreads;
+constexpr int kPfreeThreads = 3 * kWgThreads;
 constexpr int kStatsThreads = 2 * kWgThreads;
 constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
 static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
@@ -93,7 +93,6 @@ constexpr bool kQkAhead = SNAPMLA_SEESAW_ROLES_QK_AHEAD != 0;
 #define SNAPMLA_SEESAW_ROLES_PV_HALVES 0
 #endif
 constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
-constexpr int kPfreeThreads = 3 * kWgThreads;
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
 // warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
@@ -194,13 +193,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       if (!kPv && tid == 0) {  // the first pages and the Q (the Q after kPagesBeforeQ pages)
         auto load_q = [&] {
           q_wait();
-          mbar_arrive_expect_tx(&s.q_bar, kQTx);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
-                        static_cast<int32_t>(row0));
-          }
-          tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+          load_q_tile(s, maps, row0);
         };
         const int first_pages = min(kStages, n);
         const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
@@ -302,9 +295,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            mx[ri] *= row_factor[ri];
+            mx[ri] = quad_max(mx[ri]) * row_factor[ri];
           }
           // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why). Under
           // kLocalMax m is the block's own row maximum mx (the exponentials do not wait for the
@@ -323,11 +314,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             SEESAW_TRACE(i, kTrExp);
 #pragma unroll
             for (int ri = 0; ri < 2; ++ri) {
-              e_sum[ri] *= kExpUnshift;
-              e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 1);
-              e_sum[ri] += __shfl_xor_sync(0xffffffffu, e_sum[ri], 2);
-              p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 1));
-              p_max[ri] = fmaxf(p_max[ri], __shfl_xor_sync(0xffffffffu, p_max[ri], 2));
+              e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
+              p_max[ri] = quad_max(p_max[ri]);
             }
           };
           if constexpr (kLocalMax) {
@@ -361,21 +349,17 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
           for (int ri = 0; ri < 2; ++ri) {
-            if constexpr (kLocalMax) {  // c: zero where the block shows the row nothing
-              const float c_loc = mx[ri] == -INFINITY ? 0.f : ex2_ftz(mx[ri] - m_use[ri]);
-              e_sum[ri] *= c_loc;
-              p_max[ri] *= c_loc;
-              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
-              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-              inv_sig[ri] *= c_loc;
-            } else {
-              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
-              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-            }
+            // kLocalMax's c (zero where the block shows the row nothing); 1 otherwise
+            const float c_loc = !kLocalMax              ? 1.f
+                                : mx[ri] == -INFINITY ? 0.f
+                                                      : ex2_ftz(mx[ri] - m_use[ri]);
+            e_sum[ri] *= c_loc;
+            p_max[ri] *= c_loc;
+            sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+            inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+            inv_sig[ri] *= c_loc;
           }
           uint32_t w[2][4];
           p8_words<2>(z, inv_sig, w);

@@ -166,6 +166,28 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
 }
 
 
+// The Q tile of rows [row0, row0 + 64) (content chunks and RoPE) onto q_bar, with its bytes.
+__device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& maps,
+                                            int64_t row0) {
+  sm90::mbar_arrive_expect_tx(&s.q_bar, kQTx);
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+    sm90::tma_load_2d(s.q_content[c], &maps.q_content, &s.q_bar, c * kChunkBytes,
+                      static_cast<int32_t>(row0));
+  }
+  sm90::tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
+}
+
+// A row's maximum and sum over the four threads (t = lane % 4) that hold it in an S fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // The softmax's first pass over a thread's S fragment (kElems = 2 x its rows: elements c <
 // kElems of each 8-token group nn): u = logit(e) s_k in z[e] (e = 4 nn + c; tokens 8 nn + 2 t
 // + c % 2, row c / 2), -inf where the row does not see the token (kFull: every token visible),
