@@ -1035,6 +1035,19 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   return SNAPMLA_SUCCESS;
 }
 
+// A decode call's launches in stream order: the Q-quant kernel (unless the attention kernel
+// quantizes its own Q tile), the attention kernel (the reference kernel by name, else the
+// seesaw kernel: it passes the contract's tensor-core tier and was faster than the reference
+// kernel at every measured shape), the split combine. The first error stops the sequence.
+static cudaError_t launch_decode_kernels(const decode::DecodeParams& p, const QuantizeQParams& qp,
+                                         bool fused_q, bool reference, cudaStream_t s) {
+  cudaError_t err = fused_q ? cudaSuccess : launch_quantize_q(qp, s);
+  if (err == cudaSuccess) {
+    err = reference ? decode::launch_reference_decode(p, s) : decode::launch_seesaw_decode(p, s);
+  }
+  return err == cudaSuccess ? decode::launch_combine(p, s) : err;
+}
+
 extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                                                        const snapmla_decode_config_t* config,
                                                        const snapmla_decode_args_t* args_in,
@@ -1174,9 +1187,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
       decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
       quantize_q_vectorizable(qp);
-#if !SNAPMLA_DECODE_GRAPHS
-  if (!fused_q) SNAPMLA_CUDA(op, launch_quantize_q(qp, s));
-#endif
 
   decode::DecodeParams p;
   std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes
@@ -1211,8 +1221,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     p.q_lo = qp.q_lo;
     p.q_lo_scale = qp.q_lo_scale;
   }
-  // AUTO runs the seesaw kernel: it passes the contract's tensor-core tier and was faster than
-  // the reference kernel at every measured shape. The reference kernel is there by name.
+  const bool reference = a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE;
 #if SNAPMLA_DECODE_GRAPHS
   // The call's launches through launch_repeated (common/repeated_launch.h): the key is every
   // value they read on the host.
@@ -1230,24 +1239,14 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   std::memcpy(&key.p, &p, sizeof(p));
   std::memcpy(&key.qp, &qp, sizeof(qp));
   key.fused_q = fused_q ? 1 : 0;
-  key.reference = a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE ? 1 : 0;
+  key.reference = reference ? 1 : 0;
   auto launch_all = [](void* ctx, cudaStream_t st) -> cudaError_t {
     const Launches& k = *static_cast<const Launches*>(ctx);
-    cudaError_t err = k.fused_q != 0 ? cudaSuccess : launch_quantize_q(k.qp, st);
-    if (err == cudaSuccess) {
-      err = k.reference != 0 ? decode::launch_reference_decode(k.p, st)
-                             : decode::launch_seesaw_decode(k.p, st);
-    }
-    return err == cudaSuccess ? decode::launch_combine(k.p, st) : err;
+    return launch_decode_kernels(k.p, k.qp, k.fused_q != 0, k.reference != 0, st);
   };
   SNAPMLA_CUDA(op, launch_repeated(&key, sizeof(key), launch_all, &key, s));
 #else
-  if (a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE) {
-    SNAPMLA_CUDA(op, decode::launch_reference_decode(p, s));
-  } else {
-    SNAPMLA_CUDA(op, decode::launch_seesaw_decode(p, s));
-  }
-  SNAPMLA_CUDA(op, decode::launch_combine(p, s));
+  SNAPMLA_CUDA(op, launch_decode_kernels(p, qp, fused_q, reference, s));
 #endif
   return SNAPMLA_SUCCESS;
 }

@@ -142,7 +142,10 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
   }
   Seen* seen = nullptr;
   for (Seen& s : t.seen) {
-    if (s.key.equals(h, device, key, key_bytes)) seen = &s;
+    if (s.key.equals(h, device, key, key_bytes)) {
+      seen = &s;  // (a key is remembered once: only when no entry holds it)
+      break;
+    }
   }
   if (seen == nullptr) {  // the first time: remember the key, launch directly
     Seen& s = t.seen[t.next_seen];

@@ -180,8 +180,9 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
 #endif
 #if SNAPMLA_SEESAW_ROLES
   return seesaw::roles::run(p, maps, stream);
-#endif
+#else
   return seesaw::run<64>(p, maps, stream);
+#endif
 }
 
 }  // namespace decode
