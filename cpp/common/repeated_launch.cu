@@ -1,6 +1,7 @@
 // launch_repeated (repeated_launch.h).
 #include <stdint.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "common/repeated_launch.h"
@@ -64,6 +65,15 @@ struct ThreadGraphs {
 
 thread_local ThreadGraphs t_graphs;
 
+// SNAPMLA_DECODE_GRAPHS=0 in the environment (read once per process): launch directly.
+bool graphs_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SNAPMLA_DECODE_GRAPHS");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return enabled;
+}
+
 // FNV-1a over the device and the key's 8-byte words (and its tail), never 0.
 uint64_t key_hash(int device, const void* key, size_t bytes) {
   const unsigned char* p = static_cast<const unsigned char*>(key);
@@ -125,7 +135,8 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
   // The capture status first: under a caller's capture in global mode, a query such as
   // cudaStreamGetDevice is refused and invalidates that capture (session 24 on the H200: torch's
   // and CuPy's graph tests and host_overhead_c's captured call failed with error 901).
-  if (stream == nullptr || stream == cudaStreamLegacy || key_bytes > kMaxLaunchKeyBytes ||
+  if (!graphs_enabled() || stream == nullptr || stream == cudaStreamLegacy ||
+      key_bytes > kMaxLaunchKeyBytes ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
       status != cudaStreamCaptureStatusNone || cudaGetDevice(&device) != cudaSuccess ||
       device < 0 || device >= kMaxGraphDevices ||

@@ -58,7 +58,8 @@
  * Streams, graphs, threads
  *   snapmla_stream_t is ABI-identical to cudaStream_t and CUstream (NULL = legacy default
  *   stream). Calls marked [graph-safe] only enqueue kernels on `stream`: they never allocate,
- *   never synchronize the host and may be captured into a CUDA graph. Calls marked [host] may
+ *   never synchronize the host (snapmla_decode's one-time graph, at its declaration, aside)
+ *   and may be captured into a CUDA graph. Calls marked [host] may
  *   allocate or synchronize and must not be captured. All functions are thread-safe on
  *   distinct objects; concurrent writes into the same cache region are the caller's to order.
  *   GPU calls run on the current CUDA device, which must be the cache's device.
@@ -542,7 +543,14 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * (all of it; a per-layer cache: the layer's memory), q, q_pe, block_table, cache_seqlens,
  * the plan or each other is refused, as snapmla.decode refuses it, and so is a workspace
  * overlapping any of them (the attention kernel may read q after another CTA wrote the
- * workspace, and the combine reads the plan while it writes out). [graph-safe] */
+ * workspace, and the combine reads the plan while it writes out).
+ * Host time: the second time the calling thread makes a call equal to one of its
+ * last 128 (every argument, pointer and size the launches read on the host), its launches are
+ * captured once into a CUDA graph, a one-time host allocation, and replayed from then on: a
+ * call then takes about 2.6 us of host time instead of about 11 us for three launches (H200
+ * machine). Never on the legacy default stream (NULL) or while `stream` is capturing. A thread
+ * that holds such graphs must not call again across a cudaDeviceReset; SNAPMLA_DECODE_GRAPHS=0
+ * in the environment (read at the first call) launches directly every time. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                             const snapmla_decode_config_t* config,
                                             const snapmla_decode_args_t* args, const void* plan,
