@@ -274,8 +274,8 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
     monkeypatch.setattr(smt, "_decode_prepare", prepare)
     monkeypatch.setattr(smt, "_handle", lambda cache: None)
     monkeypatch.setattr(smt, "_config", lambda *key: None)
-    monkeypatch.setattr(smt, "_stream", lambda device: None)
-    monkeypatch.setattr(smt, "_OnDevice", lambda device: _NullContext())
+    monkeypatch.setattr(smt, "_stream_of", lambda index: None)
+    monkeypatch.setattr(smt, "_current_device", lambda: None)  # a CPU tensor's device index
     monkeypatch.setattr(_lib, "lib", lambda: Lib())
     base = torch.zeros(4096, dtype=torch.uint8)
     tensors = {
@@ -334,9 +334,43 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
     assert len(prepared) == 1 + len(changes)
 
 
-class _NullContext:
-    def __enter__(self) -> None:
-        return None
+def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The public functions call the op's implementation directly only for plain tensors and
+    ints, outside torch.compile's tracing, dispatch modes and the profiler; the rest goes
+    through torch.ops.snapmla.* (issue #10's host time)."""
+    plain = torch.zeros(4)
+    assert smt._eager(plain, plain, ints=(0, 3))
+    assert not smt._eager(plain, torch.nn.Parameter(plain))  # a subclass
+    assert not smt._eager(plain, ints=(True,))  # a bool for an int
+    assert not smt._eager(plain, ints=(torch.tensor(1),))
+    with FakeTensorMode():
+        assert not smt._eager(plain)  # a dispatch mode
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        assert not smt._eager(plain)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(smt, "_is_compiling", torch.compiler.is_compiling)
+    assert not smt._eager(plain)
+    monkeypatch.undo()
 
-    def __exit__(self, *exc: object) -> None:
-        return None
+    # The eager public call reaches the implementation directly, with the op's arguments.
+    seen: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(smt, "_decode", lambda *args: seen.append(args))
+    monkeypatch.setattr(smt, "_append", lambda *args: seen.append(args))
+    cache = torch.empty(1, 1, snapmla.PAGE_BYTES, dtype=torch.uint8)
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    out, lse = torch.zeros(1, 1, 16, 512), torch.zeros(1, 16, 1)
+    got = smt.decode(
+        cache, 2, q, cache, cache, cache, cache, softmax_scale=0.5, kernel="fast", out=out, lse=lse
+    )
+    assert got[0] is out and got[1] is lse
+    assert len(seen) == 1 and seen[0][1] == 2 and seen[0][7] is out and seen[0][8] is lse
+    assert seen[0][9:] == (0.5, True, smt.KERNELS["fast"], 0)
+    smt.append(cache, 1, q, q, q)
+    assert len(seen) == 2 and seen[1] == (cache, 1, q, q, q)
+
+    # Not eager (a bool layer): through the dispatcher, whose schema refuses it.
+    with pytest.raises(Exception) as refused:
+        smt.append(cache, True, q, q, q)
+    assert len(seen) == 2, refused.value

@@ -57,6 +57,42 @@ Tensor = torch.Tensor
 # decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (snapmla.decode.OUT_DTYPES).
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 
+# --------------------------------------------------------------- eager calls, direct
+# The public functions below call an op's implementation directly where torch's dispatcher
+# would only pass the call on to it: the dispatcher's Python-kernel round trip costs about
+# 7 us a call (issue #10's host time; more than the memo-hit call itself). Through
+# torch.ops.snapmla.* wherever something may need to see the op: while torch.compile traces
+# (Dynamo records the op), under any TorchDispatchMode (FakeTensorMode, functionalization,
+# debug modes), while the profiler records (it names the op), for any tensor that is not a
+# plain torch.Tensor (a subclass may dispatch), and for an integer argument that is not a
+# plain int (the schema's conversion and refusal apply). Calls of torch.ops.snapmla.*
+# themselves always dispatch.
+_is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_profiling = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+
+
+def _eager(*tensors: Any, ints: tuple[Any, ...] = ()) -> bool:
+    """Whether an op on ``tensors`` and the integer arguments ``ints`` may run its
+    implementation directly (above)."""
+    if (
+        _is_compiling is None
+        or _dispatch_modes is None
+        or _profiling is None
+        or _is_compiling()
+        or _dispatch_modes()
+        or _profiling()
+    ):
+        return False
+    for t in tensors:
+        if type(t) is not Tensor:
+            return False
+    for i in ints:
+        if type(i) is not int:
+            return False
+    return True
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -138,12 +174,32 @@ _get_device = getattr(torch._C, "_cuda_getDevice", None)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _current_device() -> int:
+    return _get_device() if _get_device is not None else torch.cuda.current_device()
+
+
+# The stream handles as cffi values, by raw stream (a cast costs as much as the rest of a
+# memo-hit call's own Python work). Cleared when full.
+_stream_values: dict[int, Any] = {}
+
+
+def _stream_of(index: int) -> Any:
+    """PyTorch's current stream on device ``index``, as the C calls take it."""
+    if _raw_stream is not None:
+        raw = int(_raw_stream(index))
+    else:
+        raw = int(torch.cuda.current_stream(index).cuda_stream)
+    value = _stream_values.get(raw)
+    if value is None:
+        if len(_stream_values) >= 256:
+            _stream_values.clear()
+        value = _stream_values[raw] = _lib.stream_t(raw)
+    return value
+
+
 def _stream(device: torch.device) -> Any:
     """PyTorch's current stream on ``device``, as the C calls take it."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _raw_stream is not None:
-        return _lib.stream_t(int(_raw_stream(index)))
-    return _lib.stream_t(int(torch.cuda.current_stream(index).cuda_stream))
+    return _stream_of(device.index if device.index is not None else _current_device())
 
 
 class _OnDevice:
@@ -157,8 +213,7 @@ class _OnDevice:
         self._guard: Any = None
 
     def __enter__(self) -> None:
-        current = _get_device() if _get_device is not None else torch.cuda.current_device()
-        if current != self._index:
+        if _current_device() != self._index:
             self._guard = torch.cuda.device(self._index)
             self._guard.__enter__()
 
@@ -242,6 +297,7 @@ def release(cache: Tensor) -> bool:
         handle = _handles.pop(key, None)
     if handle is None:
         return False
+    _decode_memo.clear()  # it may hold the handle
     _lib.check(_lib.lib().snapmla_cache_destroy(handle), "snapmla_cache_destroy")
     return True
 
@@ -597,9 +653,9 @@ def _decode_checks(
     return b, s_q, h, block_table.shape[1]
 
 
-# snapmla.torch.decode's call memo (_decode): packed C arguments of checked calls. Cleared
-# when full.
-_decode_memo: dict[Any, tuple[Any, tuple[int, ...], Any, Any]] = {}
+# snapmla.torch.decode's call memo (_decode): what a checked call passes to the C library.
+# Cleared when full, and by release() (it holds cache handles).
+_decode_memo: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _DECODE_MEMO_SIZE = 1024
 
 
@@ -619,33 +675,51 @@ def _decode(
     kernel: int,
     num_sm_parts: int,
 ) -> None:
-    op = "snapmla.torch.decode"
-    tensors = (cache, q, block_table, cache_seqlens, plan, workspace, out, lse)
     # The call memo (issue #10: host time): every check (_decode_prepare) is a function of
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
-    # call equal to an earlier checked one in all of them reuses its packed C arguments and
-    # pointers. The handle, config and stream are looked up at every call.
+    # call equal to an earlier checked one in all of them reuses its packed C arguments, config,
+    # cache handle and buffer pointers. The stream and the current device are read at every
+    # call. The key is written out flat: building it is most of a memo hit's time.
     memo_key = (
         layer,
         softmax_scale,
         causal,
         kernel,
         num_sm_parts,
-        *((t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in tensors),
-    )
-    device = cache.device
+        cache.data_ptr(), cache.shape, cache.stride(), cache.dtype, cache.get_device(),
+        q.data_ptr(), q.shape, q.stride(), q.dtype, q.get_device(),
+        block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
+        block_table.get_device(),
+        cache_seqlens.data_ptr(), cache_seqlens.shape, cache_seqlens.stride(),
+        cache_seqlens.dtype, cache_seqlens.get_device(),
+        plan.data_ptr(), plan.shape, plan.stride(), plan.dtype, plan.get_device(),
+        workspace.data_ptr(), workspace.shape, workspace.stride(), workspace.dtype,
+        workspace.get_device(),
+        out.data_ptr(), out.shape, out.stride(), out.dtype, out.get_device(),
+        lse.data_ptr(), lse.shape, lse.stride(), lse.dtype, lse.get_device(),
+    )  # fmt: skip
     hit = _decode_memo.get(memo_key)
-    prepared = hit or _decode_prepare(
-        op, tensors, layer, softmax_scale, causal, kernel, num_sm_parts
-    )
-    args, key, plan_ptr, workspace_ptr = prepared
-    with _OnDevice(device):
-        _lib.check(
-            _lib.lib().snapmla_decode(
-                _handle(cache), _config(*key), args, plan_ptr, workspace_ptr, _stream(device)
-            ),
-            "snapmla_decode",
+    prepared = hit
+    if prepared is None:
+        args, key, plan_ptr, workspace_ptr = _decode_prepare(
+            "snapmla.torch.decode",
+            (cache, q, block_table, cache_seqlens, plan, workspace, out, lse),
+            layer,
+            softmax_scale,
+            causal,
+            kernel,
+            num_sm_parts,
         )
+        index = cache.device.index
+        prepared = (args, _config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
+    args, config, handle, plan_ptr, workspace_ptr, index = prepared
+    c_decode = _lib.lib().snapmla_decode
+    if _current_device() == index:
+        status = c_decode(handle, config, args, plan_ptr, workspace_ptr, _stream_of(index))
+    else:
+        with torch.cuda.device(index):
+            status = c_decode(handle, config, args, plan_ptr, workspace_ptr, _stream_of(index))
+    _lib.check(status, "snapmla_decode")
     if hit is None:  # kept once the C library accepted it too
         if len(_decode_memo) >= _DECODE_MEMO_SIZE:
             _decode_memo.clear()
@@ -717,7 +791,10 @@ def append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor)
     """Quantize ``n`` tokens into ``layer`` of ``cache`` (``snapmla.KVCache.append``'s
     contract): ``c_kv`` BF16 ``[n, 512]``, ``k_pe`` BF16 ``[n, 64]`` (unit inner stride),
     ``slots`` int64 ``[n]`` (negative: skipped)."""
-    torch.ops.snapmla.append(cache, layer, c_kv, k_pe, slots)
+    if _eager(cache, c_kv, k_pe, slots, ints=(layer,)):
+        _append(cache, layer, c_kv, k_pe, slots)
+    else:
+        torch.ops.snapmla.append(cache, layer, c_kv, k_pe, slots)
 
 
 def fetch_dequant(
@@ -738,7 +815,10 @@ def fetch_dequant(
         c_kv = torch.empty((n, CONTENT_DIM), dtype=torch.bfloat16, device=device)
     if k_pe is None:
         k_pe = torch.empty((n, ROPE_DIM), dtype=torch.bfloat16, device=device)
-    torch.ops.snapmla.fetch_dequant(cache, layer, slots, c_kv, k_pe)
+    if _eager(cache, slots, c_kv, k_pe, ints=(layer,)):
+        _fetch_dequant(cache, layer, slots, c_kv, k_pe)
+    else:
+        torch.ops.snapmla.fetch_dequant(cache, layer, slots, c_kv, k_pe)
     return c_kv, k_pe
 
 
@@ -763,7 +843,10 @@ def quantize_q(
             torch.empty((*lead, ROPE_DIM), dtype=torch.bfloat16, device=q.device),
             torch.empty(lead, dtype=torch.float32, device=q.device),
         )
-    torch.ops.snapmla.quantize_q(q, *out)
+    if _eager(q, *out):
+        _quantize_q(q, *out)
+    else:
+        torch.ops.snapmla.quantize_q(q, *out)
     return out
 
 
@@ -780,7 +863,10 @@ def plan(
     ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
     launch, no host synchronization."""
     _check_config("snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts)
-    torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
+    if _eager(plan, cache_seqlens):
+        _plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
+    else:
+        torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
 
 
 def _check_config(op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any) -> None:
@@ -836,7 +922,15 @@ def decode(
             out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=dtype, device=q.device)
         if lse is None:
             lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
-    torch.ops.snapmla.decode(
+    run = (
+        _decode
+        if _eager(
+            cache, q, block_table, cache_seqlens, plan, workspace, out, lse,
+            ints=(layer, num_sm_parts),
+        )  # fmt: skip
+        else torch.ops.snapmla.decode
+    )
+    run(
         cache,
         layer,
         q,
