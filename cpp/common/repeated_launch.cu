@@ -135,8 +135,9 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
   // The capture status first: under a caller's capture in global mode, a query such as
   // cudaStreamGetDevice is refused and invalidates that capture (session 24 on the H200: torch's
   // and CuPy's graph tests and host_overhead_c's captured call failed with error 901).
-  if (!graphs_enabled() || stream == nullptr || stream == cudaStreamLegacy ||
-      key_bytes > kMaxLaunchKeyBytes ||
+  // The legacy default stream too (torch's current stream unless one is set): a graph launch
+  // there is ordered with the other blocking streams as the launches would be.
+  if (!graphs_enabled() || key_bytes > kMaxLaunchKeyBytes ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
       status != cudaStreamCaptureStatusNone || cudaGetDevice(&device) != cudaSuccess ||
       device < 0 || device >= kMaxGraphDevices ||

@@ -5,9 +5,9 @@
 // environment at run time, launches directly. The second time a thread makes a call whose key
 // it saw among its last 128 keys, the call's launches are captured into a graph on a private
 // stream and replayed into the caller's stream; later calls with a key it holds (128 graphs a
-// thread: a model step's layers) replay it. Never on the legacy default stream, on a stream of
-// another device than the current one, or while the caller's stream is capturing (its capture
-// takes the launches as they are); a key whose capture failed launches directly from then on.
+// thread: a model step's layers) replay it, into any stream of the current device, the legacy
+// default stream included; never while the caller's stream is capturing (its capture takes
+// the launches as they are); a key whose capture failed launches directly from then on.
 // The graphs belong to the device's primary context: a thread must not use them across a
 // device reset.
 //

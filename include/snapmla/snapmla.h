@@ -548,7 +548,7 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * last 128 (every argument, pointer and size the launches read on the host), its launches are
  * captured once into a CUDA graph, a one-time host allocation, and replayed from then on: a
  * call then takes about 2.6 us of host time instead of about 11 us for three launches (H200
- * machine). Never on the legacy default stream (NULL) or while `stream` is capturing. A thread
+ * machine). Not while `stream` is capturing (the capture takes the launches). A thread
  * that holds such graphs must not call again across a cudaDeviceReset; SNAPMLA_DECODE_GRAPHS=0
  * in the environment (read at the first call) launches directly every time. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
