@@ -93,6 +93,16 @@ constexpr bool kQkAhead = SNAPMLA_SEESAW_ROLES_QK_AHEAD != 0;
 #define SNAPMLA_SEESAW_ROLES_PV_HALVES 0
 #endif
 constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
+// SNAPMLA_SEESAW_ROLES_STATS_SYNC (a racecheck diagnostic, slower): the owner of block i syncs
+// on Stats(i % 2) after its publication instead of arriving, so that every read of the
+// statistics of block i - 1 is ordered before the other S warpgroup's later writes by a
+// barrier both sides wait on. racecheck reports the reads against those writes with the
+// arrive (session 24), though the arrive already orders them (bench/NOTES.md, session 25):
+// clean with the sync, the reports are racecheck's view of bar.arrive.
+#ifndef SNAPMLA_SEESAW_ROLES_STATS_SYNC
+#define SNAPMLA_SEESAW_ROLES_STATS_SYNC 0
+#endif
+constexpr bool kStatsSync = SNAPMLA_SEESAW_ROLES_STATS_SYNC != 0;
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
 // warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
@@ -383,7 +393,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
-          named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
+          if constexpr (kStatsSync) {
+            named_barrier(kBarStats + i % 2, kStatsThreads);
+          } else {
+            named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
+          }
           SEESAW_TRACE(i, kTrPublished);
           if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n);
         }
