@@ -457,13 +457,18 @@ def test_cuda_graph_cupy(rng: np.random.Generator) -> None:
     _assert_same(out, lse, _eager(cache, case, q_b, lens_b), "cupy graph, step 2")
 
 
+@pytest.mark.parametrize("stream_kind", ["side", "legacy"])
 @pytest.mark.parametrize("h", [8, 64])  # 16 query rows a request (N = 16) and 128 (N = 64)
-def test_repeated_call_follows_its_inputs(rng: np.random.Generator, h: int) -> None:
+def test_repeated_call_follows_its_inputs(
+    rng: np.random.Generator, h: int, stream_kind: str
+) -> None:
     """Decode calls in a row with the same pointers and sizes, their query and lengths changed
     in place between them, and two output buffers taken in turn (what a library-side graph of
     a repeated call replays from a key's second call on, SNAPMLA_DECODE_GRAPHS: it must read the
     inputs anew and write where its own call says): each output is a fresh call's, bit for bit,
-    and the buffer a call does not name stays untouched."""
+    and the buffer a call does not name stays untouched. On a stream of torch's and on the
+    legacy default stream (torch's current stream unless one is set; graphs replay there too
+    since session 25)."""
     torch = torch_module()
     case, lens_a, lens_b, q_b = _graph_case(rng, h)
     cache = make_cache(case)
@@ -481,7 +486,9 @@ def test_repeated_call_follows_its_inputs(rng: np.random.Generator, h: int) -> N
     plan = make_plan(case, sl_t)
     outputs = [poisoned_outputs(*case.q.shape[:3]) for _ in range(2)]
     synchronize()
-    stream = torch.cuda.Stream()  # (not the legacy default stream, where no graph is made)
+    stream = torch.cuda.Stream() if stream_kind == "side" else torch.cuda.default_stream()
+    if stream_kind == "legacy":
+        assert stream.cuda_stream == 0  # the legacy default stream
     for k, (q, lens, which) in enumerate(steps):
         with torch.cuda.stream(stream):
             q_t.copy_(to_torch(q))
