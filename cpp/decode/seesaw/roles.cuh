@@ -103,6 +103,16 @@ constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
 #define SNAPMLA_SEESAW_ROLES_STATS_SYNC 0
 #endif
 constexpr bool kStatsSync = SNAPMLA_SEESAW_ROLES_STATS_SYNC != 0;
+// SNAPMLA_SEESAW_ROLES_EARLY_REFILL (written in session 25, never run): a PV warpgroup refills
+// its content half of block i + kStages once every warp holds the last m-tile's V^T fragments
+// (a warpgroup barrier), before the last two m-tiles' wgmmas and promotions, instead of after
+// its PV of block i: the S side waited for the ring up to ~2,800 cycles (session 24's
+// timeline). Not with SNAPMLA_SEESAW_ROLES_PV_HALVES.
+#ifndef SNAPMLA_SEESAW_ROLES_EARLY_REFILL
+#define SNAPMLA_SEESAW_ROLES_EARLY_REFILL 0
+#endif
+constexpr bool kEarlyRefill = SNAPMLA_SEESAW_ROLES_EARLY_REFILL != 0;
+static_assert(!(kEarlyRefill && kPvHalves), "the early refill is written for whole-N m-tiles");
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
 // warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
@@ -463,6 +473,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               wgmma_wait<0>();
               fence_regs(tmp);
               if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
+              if constexpr (kEarlyRefill) {
+                // The last m-tile's fragments are in every warp's registers: this half of the
+                // stage is read (the wgmmas take V^T from registers, P8 from its own buffer).
+                if (m + 2 == kMTiles) {
+                  named_barrier(kBarPvWg + half, kWgThreads);
+                  if (wtid == 0 && i + kStages < n) {
+                    load_content_half(i + kStages, half, s.refill_page[i % kRefillSlots]);
+                  }
+                }
+              }
               promote(m, 0, tmp);
             }
           }
@@ -482,7 +502,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
           ROLES_PV_TRACE(i, kTrPfreeArrived);
           // Every warp's fragments of this half were read (its wgmmas completed): refill it.
-          if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
+          if (!kEarlyRefill && wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
         }
         if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
           if (b == requests.end) griddep_launch_dependents();
