@@ -31,6 +31,7 @@ the batch), so a graph captured at a padded batch stays valid.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -70,19 +71,14 @@ _OUT_DTYPES = (torch.bfloat16, torch.float32)
 _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _profiling = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+# (a torch without one of them: every call dispatches)
+_CAN_SKIP_DISPATCH = None not in (_is_compiling, _dispatch_modes, _profiling)
 
 
 def _eager(*tensors: Any, ints: tuple[Any, ...] = ()) -> bool:
     """Whether an op on ``tensors`` and the integer arguments ``ints`` may run its
     implementation directly (above)."""
-    if (
-        _is_compiling is None
-        or _dispatch_modes is None
-        or _profiling is None
-        or _is_compiling()
-        or _dispatch_modes()
-        or _profiling()
-    ):
+    if not _CAN_SKIP_DISPATCH or _is_compiling() or _dispatch_modes() or _profiling():
         return False
     for t in tensors:
         if type(t) is not Tensor:
@@ -202,24 +198,17 @@ def _stream(device: torch.device) -> Any:
     return _stream_of(device.index if device.index is not None else _current_device())
 
 
-class _OnDevice:
-    """Make ``device`` current for the body when it is not (the C library refuses a call whose
-    cache lives on another device than the current one)."""
+# _on_device's context where the device is current already (reusable: it holds nothing)
+_NOTHING = contextlib.nullcontext()
 
-    __slots__ = ("_guard", "_index")
 
-    def __init__(self, device: torch.device) -> None:
-        self._index = device.index if device.index is not None else torch.cuda.current_device()
-        self._guard: Any = None
-
-    def __enter__(self) -> None:
-        if _current_device() != self._index:
-            self._guard = torch.cuda.device(self._index)
-            self._guard.__enter__()
-
-    def __exit__(self, *exc: object) -> None:
-        if self._guard is not None:
-            self._guard.__exit__(*exc)
+def _on_device(index: int | None) -> Any:
+    """A context making device ``index`` current for the body where it is not (the C library
+    refuses a call whose cache lives on another device than the current one); nothing to enter
+    where it is current already, or for ``None`` (the current device)."""
+    if index is None or _current_device() == index:
+        return _NOTHING
+    return torch.cuda.device(index)
 
 
 # ------------------------------------------------------------------------------ cache
@@ -366,7 +355,7 @@ def _append(cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor
     op = "snapmla.torch.append"
     _append_checks(op, cache, layer, c_kv, k_pe, slots)
     _no_overlap(op, {"cache": cache}, {"c_kv": c_kv, "k_pe": k_pe, "slots": slots})
-    with _OnDevice(cache.device):
+    with _on_device(cache.device.index):
         _lib.check(
             _lib.lib().snapmla_append(
                 _handle(cache),
@@ -398,7 +387,7 @@ def _fetch_dequant(cache: Tensor, layer: int, slots: Tensor, c_kv: Tensor, k_pe:
     op = "snapmla.torch.fetch_dequant"
     _fetch_checks(op, cache, layer, slots, c_kv, k_pe)
     _no_overlap(op, {"c_kv": c_kv, "k_pe": k_pe}, {"cache": cache, "slots": slots})
-    with _OnDevice(cache.device):
+    with _on_device(cache.device.index):
         _lib.check(
             _lib.lib().snapmla_fetch_dequant(
                 _handle(cache),
@@ -469,7 +458,7 @@ def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -
     _no_overlap(op, {"q_content": q_content, "q_rope": q_rope, "q_scale": q_scale}, {"q": q})
     if n == 0:
         return
-    with _OnDevice(q.device):
+    with _on_device(q.device.index):
         _lib.check(
             _lib.lib().snapmla_quantize_q(
                 _ptr(q),
@@ -523,7 +512,7 @@ def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
     if sizes is None:
         ffi = _lib.ffi
         plan_bytes, workspace_bytes = ffi.new("size_t*"), ffi.new("size_t*")
-        with _OnDevice(device):
+        with _on_device(device.index):
             _lib.check(
                 _lib.lib().snapmla_decode_buffer_sizes(
                     _config(*config_key), plan_bytes, workspace_bytes
@@ -608,7 +597,7 @@ def _plan(
     key = (cache_seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
     _no_overlap(op, {"plan": plan}, {"cache_seqlens": cache_seqlens})
     device = cache_seqlens.device
-    with _OnDevice(device):
+    with _on_device(device.index):
         # The sizes first: they also check the config's ranges, naming the field.
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
@@ -713,13 +702,13 @@ def _decode(
         index = cache.device.index
         prepared = (args, _config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
     args, config, handle, plan_ptr, workspace_ptr, index = prepared
-    c_decode = _lib.lib().snapmla_decode
-    if _current_device() == index:
-        status = c_decode(handle, config, args, plan_ptr, workspace_ptr, _stream_of(index))
-    else:
-        with torch.cuda.device(index):
-            status = c_decode(handle, config, args, plan_ptr, workspace_ptr, _stream_of(index))
-    _lib.check(status, "snapmla_decode")
+    with _on_device(index):
+        _lib.check(
+            _lib.lib().snapmla_decode(
+                handle, config, args, plan_ptr, workspace_ptr, _stream_of(index)
+            ),
+            "snapmla_decode",
+        )
     if hit is None:  # kept once the C library accepted it too
         if len(_decode_memo) >= _DECODE_MEMO_SIZE:
             _decode_memo.clear()
