@@ -470,7 +470,9 @@ def _torch_dtype_names(torch: Any) -> dict[Any, str]:
 
 
 def torch_fields(
-    obj: Any, stream: int | Callable[[int], int] | None
+    obj: Any,
+    stream: int | Callable[[int], int] | None,
+    producers: dict[int, int | None] | None = None,
 ) -> tuple[int, tuple[int, ...], tuple[int, ...], str, int, int] | None:
     """``(ptr, shape, strides, dtype, device_id, itemsize)`` of a CUDA ``torch.Tensor``, read
     from its attributes without a DLPack capsule, for a call on ``stream`` (a handle, or a
@@ -484,6 +486,9 @@ def torch_fields(
 
     The strides are torch's own; some PyTorch versions' DLPack export rewrites the strides of
     size-1 dimensions to 1. Nothing in snapmla reads the stride of a dimension of size 1 or 0.
+
+    ``producers``: torch's current stream by device, as read by earlier calls for the same
+    operation call (filled here): the tensors of one call ask it once.
 
     PyTorch's ``__dlpack__`` plus reading its capsule was ~6.5 us a tensor on the CPU machine
     against ~1 us for this (issue #10); a decode call reads five to seven tensors."""
@@ -504,7 +509,12 @@ def torch_fields(
             return None
         device_id = obj.get_device()
         handle = int(stream(device_id) if callable(stream) else stream)
-        if _producer_stream(obj, device_id) != handle:
+        producer = producers.get(device_id, _MISSING) if producers is not None else _MISSING
+        if producer is _MISSING:
+            producer = _producer_stream(obj, device_id)
+            if producers is not None:
+                producers[device_id] = producer
+        if producer != handle:
             return None
         return obj.data_ptr(), tuple(obj.shape), obj.stride(), name, device_id, obj.element_size()
     except Exception:  # noqa: BLE001 (a tensor without storage, ...: DLPack decides and says why)

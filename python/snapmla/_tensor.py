@@ -337,6 +337,7 @@ class Checker:
             if handle is None:
                 handle = stream.handle
         keys = []
+        producers: dict[int, int | None] = {}  # torch's current stream by device, asked once
         for argument, obj in arguments:
             if obj is None and skip_none:
                 continue
@@ -344,7 +345,7 @@ class Checker:
             # capsule (torch_fields is asked only about tensors of torch's own module).
             direct = None
             if type(obj).__module__ == "torch":
-                direct = _dlpack.torch_fields(obj, handle)
+                direct = _dlpack.torch_fields(obj, handle, producers)
             if direct is not None:
                 read = (direct, direct, None)
             else:

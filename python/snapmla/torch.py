@@ -668,24 +668,27 @@ def _decode(
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
     # call equal to an earlier checked one in all of them reuses its packed C arguments, config,
     # cache handle and buffer pointers. The stream and the current device are read at every
-    # call. The key is written out flat: building it is most of a memo hit's time.
+    # call. The key is written out flat: building it is most of a memo hit's time. The six
+    # tensors the checks want contiguous are keyed by is_contiguous() in place of their
+    # strides: with the shape, that is all the checks read of their layout (a contiguous
+    # tensor's extent follows from its shape), and it is the cheaper query.
     memo_key = (
         layer,
         softmax_scale,
         causal,
         kernel,
         num_sm_parts,
-        cache.data_ptr(), cache.shape, cache.stride(), cache.dtype, cache.get_device(),
+        cache.data_ptr(), cache.shape, cache.is_contiguous(), cache.dtype, cache.get_device(),
         q.data_ptr(), q.shape, q.stride(), q.dtype, q.get_device(),
         block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
         block_table.get_device(),
-        cache_seqlens.data_ptr(), cache_seqlens.shape, cache_seqlens.stride(),
+        cache_seqlens.data_ptr(), cache_seqlens.shape, cache_seqlens.is_contiguous(),
         cache_seqlens.dtype, cache_seqlens.get_device(),
-        plan.data_ptr(), plan.shape, plan.stride(), plan.dtype, plan.get_device(),
-        workspace.data_ptr(), workspace.shape, workspace.stride(), workspace.dtype,
+        plan.data_ptr(), plan.shape, plan.is_contiguous(), plan.dtype, plan.get_device(),
+        workspace.data_ptr(), workspace.shape, workspace.is_contiguous(), workspace.dtype,
         workspace.get_device(),
-        out.data_ptr(), out.shape, out.stride(), out.dtype, out.get_device(),
-        lse.data_ptr(), lse.shape, lse.stride(), lse.dtype, lse.get_device(),
+        out.data_ptr(), out.shape, out.is_contiguous(), out.dtype, out.get_device(),
+        lse.data_ptr(), lse.shape, lse.is_contiguous(), lse.dtype, lse.get_device(),
     )  # fmt: skip
     hit = _decode_memo.get(memo_key)
     prepared = hit
