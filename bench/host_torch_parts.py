@@ -70,9 +70,15 @@ def main() -> None:
     stream = smt._stream_of(index)
     tensors = (cache, q, block_table, seqlens, plan, ws, out, lse)
 
-    def key() -> tuple[Any, ...]:
+    strided = (q, block_table)  # the two the memo keys by stride; the rest by is_contiguous()
+    contiguous = (cache, seqlens, plan, ws, out, lse)
+
+    def key() -> tuple[Any, ...]:  # (smt._decode's key, as a loop)
         return tuple(
-            (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors
+            (t.data_ptr(), t.shape, t.stride(), t.dtype, t.get_device()) for t in strided
+        ) + tuple(
+            (t.data_ptr(), t.shape, t.is_contiguous(), t.dtype, t.get_device())
+            for t in contiguous
         )
 
     memo = {key(): 1}

@@ -705,13 +705,17 @@ def _decode(
         index = cache.device.index
         prepared = (args, _config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
     args, config, handle, plan_ptr, workspace_ptr, index = prepared
-    with _on_device(index):
-        _lib.check(
-            _lib.lib().snapmla_decode(
-                handle, config, args, plan_ptr, workspace_ptr, _stream_of(index)
-            ),
-            "snapmla_decode",
+    if _current_device() == index:  # (the common case, without a context: host time)
+        status = _lib.lib().snapmla_decode(
+            handle, config, args, plan_ptr, workspace_ptr, _stream_of(index)
         )
+    else:
+        with _on_device(index):
+            status = _lib.lib().snapmla_decode(
+                handle, config, args, plan_ptr, workspace_ptr, _stream_of(index)
+            )
+    if status:
+        _lib.check(status, "snapmla_decode")
     if hit is None:  # kept once the C library accepted it too
         if len(_decode_memo) >= _DECODE_MEMO_SIZE:
             _decode_memo.clear()
