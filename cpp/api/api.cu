@@ -1188,15 +1188,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
       decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
       quantize_q_vectorizable(qp);
 
-  // SNAPMLA_SEESAW_LOW_IN_KERNEL (decode.h): the seesaw kernel makes the two-term query's low
-  // rows itself (16-byte-readable rows), and the Q-quant kernel writes the high rows alone.
-  const bool low_in_kernel = SNAPMLA_SEESAW_LOW_IN_KERNEL && two_term &&
-                             a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE &&
-                             quantize_q_vectorizable(qp);
-
   decode::DecodeParams p;
   std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes
-  if (fused_q || low_in_kernel) p.q_in = qp;
+  if (fused_q) p.q_in = qp;
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
@@ -1226,10 +1220,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   if (two_term) {
     p.q_lo = qp.q_lo;
     p.q_lo_scale = qp.q_lo_scale;
-  }
-  if (low_in_kernel) {  // the Q-quant kernel's one-term form
-    qp.q_lo = nullptr;
-    qp.q_lo_scale = nullptr;
   }
   const bool reference = a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE;
 #if SNAPMLA_DECODE_GRAPHS

@@ -141,19 +141,6 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_SPREAD16
 #define SNAPMLA_SEESAW_SPREAD16 1
 #endif
-// SNAPMLA_SEESAW_LOW_IN_KERNEL (experimental, off; issue 9): the two-term query's low rows
-// made by the seesaw kernel itself. The Q-quant kernel then runs the one-term form (the high
-// rows, as for the one-term query), and each CTA's consumer warps quantize the request's low
-// rows from the BF16 query (DecodeParams::q_in, set by the launcher where the rows are
-// 16-byte-readable) with the Q-quant kernel's row code (common/row_quant.cuh: bit-identical by
-// construction) before they wait for that kernel: they read only the caller's query, so the
-// work runs under the Q-quant kernel and the first pages' loads instead of after them. Why: at
-// the short 16-head cases the two-term call cost 1.04-1.08x the one-term call, the extra in the
-// Q-quant kernel's second term (~0.5 us) and the attention kernel's loads of the low rows
-// (bench/results/2026-12-03-s26/).
-#ifndef SNAPMLA_SEESAW_LOW_IN_KERNEL
-#define SNAPMLA_SEESAW_LOW_IN_KERNEL 0
-#endif
 // The seesaw kernel's PV width for s_q x heads query rows a request (launch_seesaw_decode).
 constexpr int seesaw_pv_width(int64_t rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
 // Whether the one-term seesaw kernel of PV width n (16, 32 or 64) quantizes its own Q tile.
@@ -202,9 +189,7 @@ struct DecodeParams {
   const float* q_lo_scale;  // fp32 [b, s_q, h]
   // The BF16 query as the Q-quant kernel would take it. q_in.q non-null (the launcher, where
   // seesaw_fuses_q): the seesaw kernel quantizes its own tile, and q_content, q_rope and q_scale
-  // above (and q_in's outputs) are not read. With q_lo non-null too (the two-term query under
-  // SNAPMLA_SEESAW_LOW_IN_KERNEL): the kernel quantizes the low rows alone, and q_lo and
-  // q_lo_scale (which the Q-quant kernel did not write) are not read.
+  // above (and q_in's outputs) are not read.
   QuantizeQParams q_in;
 };
 

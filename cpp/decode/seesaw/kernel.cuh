@@ -465,59 +465,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       }
       fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
     };
-    // SNAPMLA_SEESAW_LOW_IN_KERNEL (decode.h): the two-term tile's low rows of request b, from
-    // the BF16 query (q_in), by the consumer threads before they wait for the Q-quant kernel
-    // (which wrote the high rows only). Consumer warp cw makes query rows r = cw + 8 j, j <
-    // kN / 8, with the Q-quant kernel's two-term row code, and stores each low row where the
-    // tile's own loads would have put it (tile row 16 j + 8 + cw) and rho = s2 / s1 (the
-    // division the loads' path does) at q_scale[32 + r]; a row past the request is zero with
-    // rho 0, as on that path.
-    constexpr bool kLowInKernel = kTwoTerm && SNAPMLA_SEESAW_LOW_IN_KERNEL != 0;
-    auto quantize_low_rows = [&](int b) {
-      const QuantizeQParams& qi = p.q_in;
-      const int cw = 4 * wg + warp;
-      auto load = [&](int j) {  // query row cw + 8 j's inputs (zero past the request)
-        RowInputs in{};
-        const int r = cw + 8 * j;
-        if (j < kN / 8 && r < rows_total) {
-          const int qt = r / p.num_heads, head = r % p.num_heads;
-          const uint16_t* content =
-              qi.q + int64_t{b} * qi.stride_batch + qt * qi.stride_token + head * qi.stride_head;
-          const uint16_t* rope = qi.q_pe == nullptr
-                                     ? content + kContentDim
-                                     : qi.q_pe + int64_t{b} * qi.pe_stride_batch +
-                                           qt * qi.pe_stride_token + head * qi.pe_stride_head;
-          in = load_row<true, true>(content, rope, lane);  // (through L2, as the fused Q)
-        }
-        return in;
-      };
-      RowInputs next = load(0);
-#pragma unroll 1
-      for (int j = 0; j < kN / 8; ++j) {
-        const RowInputs cur = next;
-        next = load(j + 1);  // in flight while this row is quantized
-        const int r = cw + 8 * j, tile_row = 16 * j + 8 + cw;
-        QuantizedLo lo{};
-        float rho = 0.f;
-        if (r < rows_total) {  // warp-uniform
-          const QuantizedRow hi = quantize_loaded(cur);
-          lo = quantize_low_term(cur, hi);
-          rho = __fdiv_rn(lo.scale, hi.scale);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // content bytes [256 h + 8 lane, + 8)
-          const int byte = 256 * h + 8 * lane, c = byte / kChunkBytes;
-          *reinterpret_cast<uint2*>(s.q_content[c] +
-                                    sw128_offset(tile_row, (byte % kChunkBytes) / 16) +
-                                    byte % 16) = lo.content[h];
-        }
-        if (lane == 0) s.q_scale[32 + r] = rho;
-      }
-#pragma unroll
-      for (int j = kN / 8; j < 4; ++j) {  // the rows no tile row holds
-        if (lane == 0) s.q_scale[32 + cw + 8 * j] = 0.f;
-      }
-    };
 
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
@@ -595,12 +542,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
         // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
         // only, zero past the request; 128B-swizzled as TMA writes it. One tile a request.
-        // (SNAPMLA_SEESAW_LOW_IN_KERNEL: the low rows' content and rho made here, above)
-        const bool low_here = kLowInKernel && p.q_in.q != nullptr;
         if (tid < kThreads) {
-          if constexpr (kLowInKernel) {
-            if (low_here) quantize_low_rows(b);
-          }
           q_wait();
           constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
           constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
@@ -609,11 +551,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           constexpr int kRounds = kUnits / kThreads;
           // Unit u of the tile: its shared address, its source (an always-readable address
           // where the row is not loaded) and whether it is loaded (else zero).
-          auto unit_of = [&](int u, uint32_t& dst, const uint8_t*& src, bool& made) -> bool {
+          auto unit_of = [&](int u, uint32_t& dst, const uint8_t*& src) -> bool {
             const int R = u / kRowUnits, k = u % kRowUnits;
             const int r = 8 * (R / 16) + R % 8;
             const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
-            made = low_here && low && !rope;  // stored by quantize_low_rows
             const int unit = k % 8;
             dst = smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
                   sw128_offset(R, unit);
@@ -635,9 +576,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           for (int round = 0; round < kRounds; ++round) {
             uint32_t dst;
             const uint8_t* src;
-            bool made;
-            const bool valid = unit_of(tid + round * kThreads, dst, src, made);
-            if (!made) cp_async_cg16(dst, src, valid ? 16u : 0u);
+            const bool valid = unit_of(tid + round * kThreads, dst, src);
+            cp_async_cg16(dst, src, valid ? 16u : 0u);
           }
         }
         // q_scale[r] = s1, q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division)
@@ -646,9 +586,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           const bool in = tid < rows_total;
           s.q_scale[tid] = in ? p.q_scale[qi] : 0.f;
           const bool lo = !kSpread || p.q_lo_scale != nullptr;
-          if (!low_here) {  // (else written by quantize_low_rows)
-            s.q_scale[32 + tid] = in && lo ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
-          }
+          s.q_scale[32 + tid] = in && lo ? __fdiv_rn(p.q_lo_scale[qi], p.q_scale[qi]) : 0.f;
         }
         if (tid < kThreads) {
           cp_async_wait_all();

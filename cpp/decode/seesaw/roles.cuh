@@ -33,8 +33,13 @@
 //                  i + kPBuffers syncs before it writes P8 and statistics there.
 // Measured on the H200 (session 24, bench/NOTES.md): correct (116 decode tests), kernel alone
 // 3.5% faster than the seesaw kernel at 32x128x16384 and 6.5% at 128x16x16384 q_len 4, 4-7%
-// slower at short contexts; PV-bound (a PV warpgroup's four m-tiles run in series); racecheck
-// reports its statistics' reads against later writes (not resolved). Off: AUTO keeps kernel.cuh.
+// slower at short contexts; PV-bound (a PV warpgroup's four m-tiles run in series). racecheck
+// reports its statistics' reads against later writes; with the owner syncing on Stats(i % 2)
+// where it arrives, racecheck is clean (session 26), so the reports are its reading of the
+// arrive, which orders those reads by PTX's rules. The content refill issued once the last
+// m-tile's fragments were read (before its wgmma and promotion) measured level or slower
+// (session 26: 216.1 against 215.9 us at 32x128x16384, 419.6 against 405.7 at 128x16x16384 q_len
+// 4) and was removed. Off: AUTO keeps kernel.cuh.
 // Numerics: those of kernel.cuh's N = 64 kernel with SNAPMLA_SEESAW_QK_ONE_ACC (the same
 // softmax, P8 and promotion code; the QK's 16 FP8 and 4 BF16 steps in one accumulator).
 #pragma once
@@ -93,26 +98,6 @@ constexpr bool kQkAhead = SNAPMLA_SEESAW_ROLES_QK_AHEAD != 0;
 #define SNAPMLA_SEESAW_ROLES_PV_HALVES 0
 #endif
 constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
-// SNAPMLA_SEESAW_ROLES_STATS_SYNC (a racecheck diagnostic, slower): the owner of block i syncs
-// on Stats(i % 2) after its publication instead of arriving, so that every read of the
-// statistics of block i - 1 is ordered before the other S warpgroup's later writes by a
-// barrier both sides wait on. racecheck reports the reads against those writes with the
-// arrive (session 24), though the arrive already orders them (bench/NOTES.md, session 25):
-// clean with the sync, the reports are racecheck's view of bar.arrive.
-#ifndef SNAPMLA_SEESAW_ROLES_STATS_SYNC
-#define SNAPMLA_SEESAW_ROLES_STATS_SYNC 0
-#endif
-constexpr bool kStatsSync = SNAPMLA_SEESAW_ROLES_STATS_SYNC != 0;
-// SNAPMLA_SEESAW_ROLES_EARLY_REFILL (written in session 25, never run): a PV warpgroup refills
-// its content half of block i + kStages once every warp holds the last m-tile's V^T fragments
-// (a warpgroup barrier), before the last two m-tiles' wgmmas and promotions, instead of after
-// its PV of block i: the S side waited for the ring up to ~2,800 cycles (session 24's
-// timeline). Not with SNAPMLA_SEESAW_ROLES_PV_HALVES.
-#ifndef SNAPMLA_SEESAW_ROLES_EARLY_REFILL
-#define SNAPMLA_SEESAW_ROLES_EARLY_REFILL 0
-#endif
-constexpr bool kEarlyRefill = SNAPMLA_SEESAW_ROLES_EARLY_REFILL != 0;
-static_assert(!(kEarlyRefill && kPvHalves), "the early refill is written for whole-N m-tiles");
 
 // Timeline (trace builds): the S warpgroups stamp SEESAW_TRACE's events in rows 0 and 1; PV
 // warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
@@ -403,11 +388,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
-          if constexpr (kStatsSync) {
-            named_barrier(kBarStats + i % 2, kStatsThreads);
-          } else {
-            named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
-          }
+          named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
           SEESAW_TRACE(i, kTrPublished);
           if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n);
         }
@@ -473,16 +454,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               wgmma_wait<0>();
               fence_regs(tmp);
               if (m + 1 < kMTiles) v_fragments(i, m + 1, edge_tag, a);
-              if constexpr (kEarlyRefill) {
-                // The last m-tile's fragments are in every warp's registers: this half of the
-                // stage is read (the wgmmas take V^T from registers, P8 from its own buffer).
-                if (m + 2 == kMTiles) {
-                  named_barrier(kBarPvWg + half, kWgThreads);
-                  if (wtid == 0 && i + kStages < n) {
-                    load_content_half(i + kStages, half, s.refill_page[i % kRefillSlots]);
-                  }
-                }
-              }
               promote(m, 0, tmp);
             }
           }
@@ -502,7 +473,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
           ROLES_PV_TRACE(i, kTrPfreeArrived);
           // Every warp's fragments of this half were read (its wgmmas completed): refill it.
-          if (!kEarlyRefill && wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
+          if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
         }
         if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
           if (b == requests.end) griddep_launch_dependents();
