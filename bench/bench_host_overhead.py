@@ -281,7 +281,10 @@ def build_calls(
 # ------------------------------------------------------------------------------ timing
 
 
-def time_call(call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], None]) -> dict:
+def call_samples(
+    call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], None]
+) -> list[int]:
+    """Host nanoseconds of each of ``iters`` calls, after ``warmup`` untimed ones."""
     for _ in range(warmup):
         call()
     sync()
@@ -298,17 +301,30 @@ def time_call(call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[
         t0 = clock()
         call()
         append(clock() - t0)
-    total = sum(samples)
     sync()
-    samples.sort()
-    us = [x / 1000 for x in samples]
-    return {
+    return samples
+
+
+def summarize(samples: list[int], rounds: list[list[int]] | None = None) -> dict:
+    """Median, p90, min and mean in microseconds; with ``rounds`` (the samples by round) also
+    each round's median and the best of them."""
+    us = sorted(x / 1000 for x in samples)
+    r = {
         "median_us": round(statistics.median(us), 2),
         "p90_us": round(us[int(0.9 * (len(us) - 1))], 2),
         "min_us": round(us[0], 2),
-        "mean_us": round(total / iters / 1000, 2),
-        "iters": iters,
+        "mean_us": round(sum(us) / len(us), 2),
+        "iters": len(us),
     }
+    if rounds:
+        medians = [round(statistics.median(x) / 1000, 2) for x in rounds]
+        r["round_medians_us"] = medians
+        r["best_round_median_us"] = min(medians)
+    return r
+
+
+def time_call(call: Callable[[], Any], iters: int, warmup: int, sync: Callable[[], None]) -> dict:
+    return summarize(call_samples(call, iters, warmup, sync))
 
 
 def profile(calls: dict[str, Callable[[], Any]], ops: list[str], iters: int, top: int) -> None:
@@ -346,6 +362,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", default="1,64", help="comma-separated batch sizes (default 1,64)")
     p.add_argument("--iters", type=int, default=2000, help="timed calls per op (default 2000)")
     p.add_argument("--warmup", type=int, default=200)
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=5,
+        help="rounds over the ops, each op timed for iters / rounds calls a round (default 5)",
+    )
     p.add_argument(
         "--ops", default=",".join(OPS), help="comma-separated subset of " + ", ".join(OPS)
     )
@@ -390,20 +412,35 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     results: dict[str, dict[str, Any]] = {}
-    print(f"snapmla host overhead, mode {mode}, {args.iters} calls per op, microseconds per call")
-    print(f"{'op':<15}{'batch':>6}{'median':>10}{'p90':>10}{'min':>10}{'mean':>10}")
-    for batch in batches:
-        calls, sync, keep = build_calls(snapmla, mode, batch, args.default_stream)
-        extra = [k for k in calls if k == "producer" or (k.startswith("torch_") and args.torch_ops)]
-        names = ops + extra
-        for name in names:
-            r = time_call(calls[name], args.iters, args.warmup, sync)
-            results.setdefault(name, {})[str(batch)] = r
-            print(
-                f"{name:<15}{batch:>6}{r['median_us']:>10.1f}{r['p90_us']:>10.1f}"
-                f"{r['min_us']:>10.1f}{r['mean_us']:>10.1f}"
-            )
-        del keep
+    rounds = max(1, min(args.rounds, args.iters))
+    print(
+        f"snapmla host overhead, mode {mode}, {args.iters} calls per op in {rounds} rounds "
+        "(every op once a round, so that the host's slow and fast spells fall on all of them), "
+        "microseconds per call"
+    )
+    # Every batch's calls at once, each op timed for iters / rounds calls a round.
+    setups = [(batch, *build_calls(snapmla, mode, batch, args.default_stream)) for batch in batches]
+    samples: dict[tuple[str, int], list[list[int]]] = {}
+    for k in range(rounds):
+        per_round = args.iters // rounds + (1 if k < args.iters % rounds else 0)
+        for batch, calls, sync, _keep in setups:
+            extra = [
+                c for c in calls if c == "producer" or (c.startswith("torch_") and args.torch_ops)
+            ]
+            for name in ops + extra:
+                samples.setdefault((name, batch), []).append(
+                    call_samples(calls[name], per_round, args.warmup if k == 0 else 8, sync)
+                )
+    print(f"{'op':<15}{'batch':>6}{'median':>10}{'p90':>10}{'min':>10}{'mean':>10}  round medians")
+    for (name, batch), by_round in sorted(samples.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        r = summarize([x for rs in by_round for x in rs], by_round)
+        results.setdefault(name, {})[str(batch)] = r
+        print(
+            f"{name:<15}{batch:>6}{r['median_us']:>10.1f}{r['p90_us']:>10.1f}"
+            f"{r['min_us']:>10.1f}{r['mean_us']:>10.1f}  "
+            + " ".join(f"{m:.1f}" for m in r["round_medians_us"])
+        )
+    del setups
     if mode == "fake":
         print(
             "producer: the fake tensor's own __dlpack__ (not snapmla's cost; one per tensor "
@@ -422,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "settings": {
             "iters": args.iters,
+            "rounds": rounds,
             "warmup": args.warmup,
             "batches": batches,
             "num_heads": NUM_HEADS,
