@@ -247,3 +247,51 @@ def test_refusals_name_the_argument(rng: np.random.Generator) -> None:
         )
     synchronize()
     assert torch.isnan(out.float()).all(), "a refused call wrote its output"
+
+
+def test_decode_memo_hit_refuses_what_the_checks_refuse(rng: np.random.Generator) -> None:
+    """A call that differs from an earlier accepted one (in the op's call memo) only by a
+    tensor's layout or dtype at the same address and shape is still refused, and writes
+    nothing: the memo keys the contiguous-required tensors by is_contiguous(), not strides."""
+    case, cache, q, bt, sl = _torch_case(rng, [100], 16)
+    plan, workspace = smt.decode_buffers(1, num_heads=16, max_pages=case.max_pages)
+    smt.plan(plan, sl, num_heads=16, max_pages=case.max_pages)
+    out, lse = poisoned_outputs(1, 1, 16)
+
+    def call(**changed):
+        a = dict(cache=cache, q=q, block_table=bt, cache_seqlens=sl, plan=plan,
+                 workspace=workspace, out=out, lse=lse)  # fmt: skip
+        a.update(changed)
+        return smt.decode(
+            a["cache"], 0, a["q"], a["block_table"], a["cache_seqlens"], a["plan"],
+            a["workspace"], softmax_scale=SM_SCALE, out=a["out"], lse=a["lse"],
+        )  # fmt: skip
+
+    for _ in range(2):  # accepted, then a memo hit
+        call()
+    synchronize()
+    want = out.clone()
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    # same address and shape, not contiguous
+    for name, base, strides in (("out", out, (8192, 8192, 1, 16)), ("lse", lse, (16, 0, 1))):
+        bad = base.as_strided(base.shape, strides)
+        assert bad.data_ptr() == base.data_ptr() and not bad.is_contiguous()
+        with pytest.raises(snapmla.SnapMLAError, match=f"'{name}'"):
+            call(**{name: bad})
+    # same address and shape, another dtype of the same width
+    for name, bad in (
+        ("out", out.view(torch.float16)),
+        ("lse", lse.view(torch.int32)),
+        ("cache_seqlens", sl.view(torch.float32)),
+        ("block_table", bt.view(torch.float32)),
+        ("plan", plan.view(torch.int8)),
+        ("workspace", workspace.view(torch.int8)),
+    ):
+        with pytest.raises(snapmla.SnapMLAError, match=f"'{name}'"):
+            call(**{name: bad})
+    synchronize()
+    assert torch.isnan(out.float()).all() and torch.isnan(lse).all(), "a refused call wrote"
+    call()  # the accepted call again: the same bits
+    synchronize()
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
