@@ -459,7 +459,8 @@ _STREAM_DEVICES = frozenset((CUDA, CUDA_MANAGED, ROCM))
 _torch_dtypes: dict[Any, str] | None = None
 
 
-_ITEMSIZES = {"bfloat16": 2, "float32": 4, "int32": 4, "int64": 8, "uint8": 1, "float8_e4m3fn": 1}
+# Bytes an element, by dtype name (torch_fields: no torch call for it).
+_ITEMSIZES = {name: bits // 8 for (_, bits), name in _DTYPE_NAMES.items()}
 
 
 def _torch_dtype_names(torch: Any) -> dict[Any, str]:

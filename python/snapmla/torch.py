@@ -174,23 +174,12 @@ def _current_device() -> int:
     return _get_device() if _get_device is not None else torch.cuda.current_device()
 
 
-# The stream handles as cffi values, by raw stream (a cast costs as much as the rest of a
-# memo-hit call's own Python work). Cleared when full.
-_stream_values: dict[int, Any] = {}
-
-
 def _stream_of(index: int) -> Any:
-    """PyTorch's current stream on device ``index``, as the C calls take it."""
+    """PyTorch's current stream on device ``index``, as the C calls take it (``_lib.stream_t``
+    keeps the cffi values by handle)."""
     if _raw_stream is not None:
-        raw = int(_raw_stream(index))
-    else:
-        raw = int(torch.cuda.current_stream(index).cuda_stream)
-    value = _stream_values.get(raw)
-    if value is None:
-        if len(_stream_values) >= 256:
-            _stream_values.clear()
-        value = _stream_values[raw] = _lib.stream_t(raw)
-    return value
+        return _lib.stream_t(int(_raw_stream(index)))
+    return _lib.stream_t(int(torch.cuda.current_stream(index).cuda_stream))
 
 
 def _stream(device: torch.device) -> Any:
