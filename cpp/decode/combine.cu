@@ -300,6 +300,7 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
         const int64_t slot = partial_slot(part, first);
         lse[k] = p.partial_lse[slot * rows_pad + fr];
         const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
+        // (indexed as float4, as before load_partial4: the default build's SASS unchanged)
         x[k] = load_partial4(p, reinterpret_cast<const float*>(
                                      reinterpret_cast<const float4*>(row) + c));
       } else {
