@@ -105,8 +105,6 @@ builds=(
   "seesaw_timeline_roles_lmax:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
   "seesaw_trace_roles_halves:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1 -DSNAPMLA_SEESAW_ROLES_PV_HALVES=1"
   "seesaw_trace_roles_ahead:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1 -DSNAPMLA_SEESAW_ROLES_QK_AHEAD=1"
-  # split requests' partial outputs as BF16 (segment.cuh; compare "kernel + combine")
-  "seesaw_trace_pbf16:-DSNAPMLA_PARTIAL_BF16=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -39,42 +39,6 @@ __device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, flo
   }
 }
 
-// SNAPMLA_PARTIAL_BF16 (experimental, off; written in session 26, never run): a split request's
-// partial outputs O_s / l_s in the workspace as BF16 (rounded to nearest even) instead of fp32,
-// in the same element layout (the first half of the fp32 allocation's bytes). Why: the combine
-// costs 4-7 us where requests are split (bench/NOTES.md, session 23: 8x1x128x4096 30.0 -> 25.7
-// us without it), most of it the partials' traffic, written by the attention kernel and read
-// back by the combine; BF16 halves it. The cost is one more BF16 rounding (2^-9 relative) of
-// each part's output before the merge, beside the output's own: a numerics change, to be
-// measured with the accuracy study (128 heads, default split) before it could be a default.
-#ifndef SNAPMLA_PARTIAL_BF16
-#define SNAPMLA_PARTIAL_BF16 0
-#endif
-
-// The partial elements at dst and dst + 1 (dst: where they are as fp32 in p.partial_o, 8-byte
-// aligned), in the format above.
-__device__ __forceinline__ void store_partial2(const DecodeParams& p, float* dst, float lo,
-                                               float hi) {
-  if constexpr (SNAPMLA_PARTIAL_BF16 != 0) {
-    uint16_t* at = reinterpret_cast<uint16_t*>(p.partial_o) + (dst - p.partial_o);
-    *reinterpret_cast<uint32_t*>(at) = pack_bf16x2(lo, hi);
-  } else {
-    *reinterpret_cast<float2*>(dst) = make_float2(lo, hi);
-  }
-}
-
-// The partial elements src .. src + 3 (src: where they are as fp32, 16-byte aligned) as fp32.
-__device__ __forceinline__ float4 load_partial4(const DecodeParams& p, const float* src) {
-  if constexpr (SNAPMLA_PARTIAL_BF16 != 0) {
-    const uint16_t* at = reinterpret_cast<const uint16_t*>(p.partial_o) + (src - p.partial_o);
-    const uint2 u = *reinterpret_cast<const uint2*>(at);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-  } else {
-    return *reinterpret_cast<const float4*>(src);
-  }
-}
-
 // Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
 // the part where the request starts.
 __device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
@@ -199,7 +163,8 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
     float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      store_partial2(p, dst + 8 * n + 2 * t4, o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
+      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) =
+          make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
   } else {
     const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + col0;

@@ -150,8 +150,9 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
         float* dst =
             p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {  // fp32, or BF16 under SNAPMLA_PARTIAL_BF16
-          store_partial2(p, dst + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+        for (int m = 0; m < kMTiles; ++m) {
+          *reinterpret_cast<float2*>(dst + 64 * m) =
+              make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
         }
       } else if (to_out) {
         const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
