@@ -47,9 +47,16 @@
 #include "decode/seesaw/kernel.cuh"
 #include "decode/seesaw/steps.cuh"
 
-// setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8, summing to 256).
+#ifndef SNAPMLA_SEESAW_ROLES_PAIR
+#define SNAPMLA_SEESAW_ROLES_PAIR 0  // (below: pairs of pages)
+#endif
+// setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8). Two S
+// warpgroups: their sum 256; pairs: 64 / 192 (ptxas: 200 B spilled, loop invariants and one O^T
+// element a pair; at 72 / 184 more). One S warpgroup (pairs = 2, 384 threads, 168 registers
+// each at launch): 120 / 192.
 #ifndef SNAPMLA_SEESAW_ROLES_S_REGS
-#define SNAPMLA_SEESAW_ROLES_S_REGS 72
+#define SNAPMLA_SEESAW_ROLES_S_REGS \
+  (SNAPMLA_SEESAW_ROLES_PAIR == 2 ? 120 : SNAPMLA_SEESAW_ROLES_PAIR ? 64 : 72)
 #endif
 
 namespace snapmla {
@@ -57,11 +64,17 @@ namespace decode {
 namespace seesaw {
 namespace roles {
 
-constexpr int kCtaThreads = 4 * kWgThreads;
+// SNAPMLA_SEESAW_ROLES_PAIR = 2: one S warpgroup runs both pages of every pair (two QK
+// accumulators; no exchange), beside the two PV warpgroups.
+constexpr bool kSolo = SNAPMLA_SEESAW_ROLES_PAIR == 2;
+constexpr int kSWgs = kSolo ? 1 : 2;  // S warpgroups 0 .. kSWgs - 1, then the two PV warpgroups
+constexpr int kCtaThreads = (kSWgs + 2) * kWgThreads;
 constexpr int kSRegs = SNAPMLA_SEESAW_ROLES_S_REGS;
-constexpr int kPvRegs = 256 - kSRegs;
+constexpr int kPvRegs = kSolo ? 192 : 256 - kSRegs;
+// (what the launch gives: 65,536 / kCtaThreads, rounded down to a multiple of 8, a thread)
+constexpr int kLaunchRegs = 65536 / kCtaThreads / 8 * 8;
 static_assert(kSRegs % 8 == 0 && kSRegs >= 24 && kPvRegs <= 256, "setmaxnreg's bounds");
-static_assert((kSRegs + kPvRegs) * 2 * kWgThreads <= 65536, "the register file");
+static_assert(kSRegs * kSWgs + kPvRegs * 2 <= kLaunchRegs * (kSWgs + 2), "the register pool");
 
 enum Barrier : int {
   kBarPready = 1,                      // + i % kPBuffers, 384 threads
@@ -77,8 +90,23 @@ static_assert(kBarAll + 1 <= 16, "16 named barriers per CTA");
 // an instance completes before the owner arrives on its id again (at block i + 2, after it
 // read the statistics of block i + 1). (One barrier for both handoffs tied the PVs of block
 // i to the other S warpgroup's softmax of block i + 1: session 24's timeline.)
-constexpr int kPreadyThreads = 3 * kWgThreads;
-constexpr int kPfreeThreads = 3 * kWgThreads;
+// SNAPMLA_SEESAW_ROLES_PAIR (experimental, off; session 27): the PV warpgroups take two pages
+// at a time, so that each m-tile's promotion (wait, 32 FFMA) and its P8 handoff serve 128 tokens
+// instead of 64. For that both pages' P8 must share the rows' maximum and P scale, so both S
+// warpgroups work on every pair, one page each, and exchange their rows' local maximum, sum
+// and P maximum once a pair (the exchange in the stages' alignment padding, Stage::xchg,
+// double-buffered by the pair's parity; barrier kBarStats + parity, 256 threads). Both then
+// hold the same running statistics (computed in one order, warpgroup 0's values first), so
+// nothing else passes between them; warpgroup 0 publishes them. Pready and Pfree count all
+// 512 threads and go by the pair's parity; P buffers and statistics by page (2j, 2j + 1 mod 4;
+// the statistics at the even one), so the epilogue's 1/l goes to the odd buffers 1 and 3.
+// The exponentials are against each page's own row maximum (the local-maximum softmax), scaled
+// after the exchange. A pair whose second page is past the segment (n odd) runs that page with every token
+// invisible: its S warpgroup writes P8 0 and its PV fragments are zero (the stage is not
+// waited for, whatever it holds).
+constexpr bool kPair = SNAPMLA_SEESAW_ROLES_PAIR != 0;
+constexpr int kPreadyThreads = kPair ? kCtaThreads : 3 * kWgThreads;
+constexpr int kPfreeThreads = kPair ? kCtaThreads : 3 * kWgThreads;
 constexpr int kStatsThreads = 2 * kWgThreads;
 constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
 static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
@@ -106,7 +134,7 @@ constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
 #define ROLES_PV_TRACE(block, event)                                                           \
   do {                                                                                         \
     if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)             \
-      p.trace[((wg - 2) * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();          \
+      p.trace[((wg - kSWgs) * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();          \
   } while (0)
 #else
 #define ROLES_PV_TRACE(block, event) \
@@ -158,7 +186,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     const int g = lane / 4, t = lane % 4;
     const int rows_total = p.q_len * p.num_heads;
     const int r0 = 16 * warp + g;  // S rows of this thread: r0 and r0 + 8
-    const int half = wg - 2;       // PV warpgroups: the latent half
+    const int half = wg - kSWgs;   // PV warpgroups: the latent half
     const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
     const RequestRange requests = requests_ahead;
     uint32_t it = 0;  // blocks this CTA consumed: the ring's stage and phase
@@ -229,7 +257,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         // Issued unconditionally (a wgmma under a branch ptxas cannot prove uniform serializes
         // every wgmma of the kernel, C7518): past the last block (real false) it reads a stage
         // no load writes any more, and its result is never used.
-        auto issue_qk = [&](int i, bool real) {
+        auto issue_qk = [&](int i, bool real, float (&acc)[32]) {
           SharedStorage::Stage& st = stage_of(i);
           SEESAW_TRACE(i, kTrQkIssue);
           if (real) mbar_wait(full_of(i), phase_of(i));
@@ -255,19 +283,231 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               const uint64_t da = qd.at(c * kTileBytes + 32 * k);
               const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
               if (c == 0 && k == 0) {
-                wgmma_m64n64k32_e4m3_ss_init(z, da, db);
+                wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
               } else {
-                wgmma_m64n64k32_e4m3_ss(z, da, db, 1);
+                wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
               }
             }
           }
 #pragma unroll
           for (int k = 0; k < kRopeSteps; ++k) {
-            wgmma_m64n64k16_bf16_ss(z, qrd.at(32 * k), kr_desc.at(32 * k), 1);
+            wgmma_m64n64k16_bf16_ss(acc, qrd.at(32 * k), kr_desc.at(32 * k), 1);
           }
           wgmma_commit();
         };
-        issue_qk(wg, wg < n);
+        if constexpr (kSolo) {
+          // ---- one S warpgroup, both pages of pair j (2 j into z, 2 j + 1 into zb)
+          float zb[32];
+          const int n_pairs = (n + 1) / 2;
+          float m_run[2] = {-INFINITY, -INFINITY}, sig_run[2] = {1.f, 1.f}, l_run[2] = {0.f, 0.f};
+          issue_qk(0, true, z);
+          issue_qk(1, 1 < n, zb);
+          for (int j = 0; j < n_pairs; ++j) {
+            const int ia = 2 * j, ib = ia + 1;
+            const bool real_b = ib < n;
+            SharedStorage::Stage& st_a = stage_of(ia);
+            SharedStorage::Stage& st_b = stage_of(ib);
+            wgmma_wait<0>();
+            fence_regs(z);
+            fence_regs(zb);
+            SEESAW_TRACE(ia, kTrQkDone);
+            // QK(j) done, so this warpgroup is past its softmax of pair j - 1: the RoPE tiles and
+            // scales of its stages take pair j + 1's pages
+            if (warp == 0 && lane == 0 && j >= 1) {
+              if (ia + 2 < n) load_rope_scale(ia + 2, s.refill_page[(ia - 2) % kRefillSlots]);
+              if (ib + 2 < n) load_rope_scale(ib + 2, s.refill_page[(ib - 2) % kRefillSlots]);
+            }
+            const int tok_a = (seg.blk_lo + ia) * kBlockN, tok_b = tok_a + kBlockN;
+            const bool full_a = tok_a + kBlockN <= min_limit;
+            const bool full_b = real_b && tok_b + kBlockN <= min_limit;
+            float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
+            const int limit[2] = {visibility_limit(p, tile * kRowsM + r0, seqlen),
+                                  visibility_limit(p, tile * kRowsM + r0 + 8, seqlen)};
+            // (page b past the segment: nothing visible)
+            const int limit_b[2] = {real_b ? limit[0] : tok_b, real_b ? limit[1] : tok_b};
+            float mx[2] = {-INFINITY, -INFINITY};
+            auto logits = [&](float (&acc)[32], const float* scale, int tok0, bool full,
+                              const int (&lim)[2]) {
+              if (full) {
+                seesaw::scaled_logits<4, true>(acc, [&](int e) { return acc[e]; }, scale, t, tok0,
+                                               lim, mx);
+              } else {
+                seesaw::scaled_logits<4, false>(acc, [&](int e) { return acc[e]; }, scale, t, tok0,
+                                                lim, mx);
+              }
+            };
+            logits(z, st_a.scale, tok_a, full_a, limit);
+            logits(zb, st_b.scale, tok_b, full_b, limit_b);
+            float m_new[2], bias[2];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              mx[ri] = quad_max(mx[ri]) * row_factor[ri];
+              m_new[ri] = fmaxf(m_run[ri], mx[ri]);
+              bias[ri] = kExpShift - (m_new[ri] == -INFINITY ? 0.f : m_new[ri]);
+            }
+            float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+            if (full_a) {
+              exp_scaled<4, true>(z, row_factor, bias, st_a.scale, t, e_sum, p_max);
+            } else {
+              exp_scaled<4, false>(z, row_factor, bias, st_a.scale, t, e_sum, p_max);
+            }
+            if (full_b) {
+              exp_scaled<4, true>(zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
+            } else {
+              exp_scaled<4, false>(zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
+            }
+            SEESAW_TRACE(ia, kTrExp);
+            float sig[2], inv_sig[2], gamma[2], l[2];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
+              p_max[ri] = quad_max(p_max[ri]);
+              const float m_use = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+              gamma[ri] = ex2_ftz(m_run[ri] - m_use) * (sig_run[ri] * inv_sig[ri]);
+              l[ri] = fmaf(l_run[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+              m_run[ri] = m_new[ri];
+              sig_run[ri] = sig[ri];
+              l_run[ri] = l[ri];
+            }
+            uint32_t wa[2][4], wb[2][4];
+            p8_words<2>(z, inv_sig, wa);
+            p8_words<2>(zb, inv_sig, wb);
+            SEESAW_TRACE(ia, kTrP8);
+            // The PVs of pair j - 2 are done with these P buffers and statistics
+            if (j >= 2) named_barrier(kBarPfree + (j & 1), kPfreeThreads);
+            SEESAW_TRACE(ia, kTrPfree);
+            store_p8<2>(smem_u32(s.p8[ia % kPBuffers]) + stsm_off, wa);
+            store_p8<2>(smem_u32(s.p8[ib % kPBuffers]) + stsm_off, wb);
+            if (t == 0) {
+              RowStats& ps = s.stats[ia % kPBuffers];
+#pragma unroll
+              for (int ri = 0; ri < 2; ++ri) {
+                ps.m[r0 + 8 * ri] = m_new[ri];
+                ps.sig[r0 + 8 * ri] = sig[ri];
+                ps.l[r0 + 8 * ri] = l[ri];
+                ps.gamma[r0 + 8 * ri] = gamma[ri];
+              }
+            }
+            fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+            named_barrier_arrive(kBarPready + (j & 1), kPreadyThreads);
+            SEESAW_TRACE(ia, kTrPublished);
+            issue_qk(ia + 2, ia + 2 < n, z);
+            issue_qk(ib + 2, ib + 2 < n, zb);
+          }
+          wgmma_wait<0>();  // the QKs past the last pair
+        } else if constexpr (kPair) {
+        issue_qk(wg, wg < n, z);
+          // ---- pairs of pages: this warpgroup's page of pair j is i = 2 j + wg
+          const int n_pairs = (n + 1) / 2;
+          float m_run[2] = {-INFINITY, -INFINITY}, sig_run[2] = {1.f, 1.f}, l_run[2] = {0.f, 0.f};
+          for (int j = 0; j < n_pairs; ++j) {
+            const int i = 2 * j + wg;
+            const bool real = i < n;
+            SharedStorage::Stage& st = stage_of(i);
+            wgmma_wait<0>();
+            fence_regs(z);
+            SEESAW_TRACE(i, kTrQkDone);
+            // (as below: every warp of this warpgroup is past its softmax of page i - 2)
+            if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
+              load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
+            }
+            const int tok0 = (seg.blk_lo + i) * kBlockN;
+            const bool full = real && tok0 + kBlockN <= min_limit;
+            float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
+            float mx[2] = {-INFINITY, -INFINITY};
+            if (full) {
+              const int unused[2] = {0, 0};
+              seesaw::scaled_logits<4, true>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
+                                             unused, mx);
+            } else {
+              int limit[2] = {tok0, tok0};  // a page past the segment: nothing visible
+              if (real) {
+                limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
+                limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+              }
+              seesaw::scaled_logits<4, false>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
+                                              limit, mx);
+            }
+            float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+            {
+              float bias[2];
+#pragma unroll
+              for (int ri = 0; ri < 2; ++ri) {
+                mx[ri] = quad_max(mx[ri]) * row_factor[ri];
+                bias[ri] = kExpShift - (mx[ri] == -INFINITY ? 0.f : mx[ri]);
+              }
+              if (full) {
+                exp_scaled<4, true>(z, row_factor, bias, st.scale, t, e_sum, p_max);
+              } else {
+                exp_scaled<4, false>(z, row_factor, bias, st.scale, t, e_sum, p_max);
+              }
+            }
+            SEESAW_TRACE(i, kTrExp);
+            // The exchange: this warpgroup's (local max, sum, P max) of its rows, then the other's
+            float* mine = s.stage[2 * (j & 1) + wg].xchg;
+            const float* other = s.stage[2 * (j & 1) + (wg ^ 1)].xchg;
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
+              p_max[ri] = quad_max(p_max[ri]);
+              if (t == 0) {
+                const int row = r0 + 8 * ri;
+                mine[row] = mx[ri];
+                mine[kRowsM + row] = e_sum[ri];
+                mine[2 * kRowsM + row] = p_max[ri];
+              }
+            }
+            named_barrier(kBarStats + (j & 1), kStatsThreads);
+            SEESAW_TRACE(i, kTrStats);
+            float m_new[2], sig[2], gamma[2], l[2], p_scale[2];
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              const int row = r0 + 8 * ri;
+              const float mo = other[row], eo = other[kRowsM + row], po = other[2 * kRowsM + row];
+              // warpgroup 0's values first: both warpgroups compute the same statistics
+              const float mx0 = wg == 0 ? mx[ri] : mo, mx1 = wg == 0 ? mo : mx[ri];
+              const float e0 = wg == 0 ? e_sum[ri] : eo, e1 = wg == 0 ? eo : e_sum[ri];
+              const float p0 = wg == 0 ? p_max[ri] : po, p1 = wg == 0 ? po : p_max[ri];
+              m_new[ri] = fmaxf(m_run[ri], fmaxf(mx0, mx1));
+              const float m_use = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+              const float c0 = mx0 == -INFINITY ? 0.f : ex2_ftz(mx0 - m_use);
+              const float c1 = mx1 == -INFINITY ? 0.f : ex2_ftz(mx1 - m_use);
+              sig[ri] = fmaxf(fmaxf(p0 * c0, p1 * c1) * kInvFp8Max, kMinProbScale);
+              const float inv_sig = rcp_approx_ftz(sig[ri]);
+              gamma[ri] = ex2_ftz(m_run[ri] - m_use) * (sig_run[ri] * inv_sig);
+              l[ri] = fmaf(l_run[ri], gamma[ri], fmaf(e1, c1, e0 * c0) * inv_sig);
+              p_scale[ri] = inv_sig * (wg == 0 ? c0 : c1);
+              m_run[ri] = m_new[ri];
+              sig_run[ri] = sig[ri];
+              l_run[ri] = l[ri];
+            }
+            uint32_t w[2][4];
+            p8_words<2>(z, p_scale, w);
+            SEESAW_TRACE(i, kTrP8);
+            // The PVs of pair j - 2 are done with these P buffers and statistics
+            if (j >= 2) named_barrier(kBarPfree + (j & 1), kPfreeThreads);
+            SEESAW_TRACE(i, kTrPfree);
+            store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+            if (wg == 0 && t == 0) {
+              RowStats& ps = s.stats[(2 * j) % kPBuffers];
+#pragma unroll
+              for (int ri = 0; ri < 2; ++ri) {
+                ps.m[r0 + 8 * ri] = m_new[ri];
+                ps.sig[r0 + 8 * ri] = sig[ri];
+                ps.l[r0 + 8 * ri] = l[ri];
+                ps.gamma[r0 + 8 * ri] = gamma[ri];
+              }
+            }
+            fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+            named_barrier_arrive(kBarPready + (j & 1), kPreadyThreads);
+            SEESAW_TRACE(i, kTrPublished);
+            issue_qk(i + 2, i + 2 < n, z);
+          }
+          wgmma_wait<0>();  // the QK past the last pair
+        } else {
+        issue_qk(wg, wg < n, z);
         for (int i = wg; i < n; i += 2) {
           SharedStorage::Stage& st = stage_of(i);
           wgmma_wait<0>();
@@ -371,7 +611,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           SEESAW_TRACE(i, kTrP8);
           // SNAPMLA_SEESAW_ROLES_QK_AHEAD: z is free, so the next owned block's QK runs under
           // this block's publication (else it is issued after it).
-          if constexpr (kQkAhead) issue_qk(i + 2, i + 2 < n);
+          if constexpr (kQkAhead) issue_qk(i + 2, i + 2 < n, z);
           // The PVs of block i - kPBuffers are done with this P buffer and statistics
           if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
           SEESAW_TRACE(i, kTrPfree);
@@ -390,11 +630,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
           named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
           SEESAW_TRACE(i, kTrPublished);
-          if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n);
+          if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n, z);
         }
         wgmma_wait<0>();  // the QK past the last block
         // The last block's statistics instance needs this warpgroup's sync too.
         if (((n - 1) & 1) != wg) named_barrier(kBarStats + (n - 1) % 2, kStatsThreads);
+        }  // kPair
       } else {
         // ================= PV warpgroup: O^T of latent half `half`, every block, then the epilogue
         const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
@@ -458,6 +699,88 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             }
           }
         };
+        if constexpr (kPair) {
+          // O^T = gamma O^T + V^T P^T over both pages of pair j: an m-tile's four k-steps into
+          // one temporary, one promotion. Page b = 2 j + 1 may be past the segment (real_b
+          // false): its fragments are zero and its P8 is 0.
+          // One k-step's V^T A fragment (4 registers) of m-tile m of page i; kEdge: tokens from
+          // `valid` up and NaN codes zeroed (steps.cuh's vt_fragments_masked, one k-step).
+          auto kstep_fragment = [&](int i, int m, int ks, int valid, auto edge_tag,
+                                    uint32_t (&a)[4]) {
+            const uint32_t addr =
+                smem_u32(stage_of(i).content[2 * half + m / 2]) + ldsm_off[m & 1];
+            vt_fragment(addr + 32 * kChunkBytes * ks, a);
+            if constexpr (decltype(edge_tag)::value) {
+              const uint32_t lo = valid_token_bytes(32 * ks + 2 * t, valid);
+              const uint32_t hi = valid_token_bytes(32 * ks + 16 + 2 * t, valid);
+#pragma unroll
+              for (int q = 0; q < 4; ++q) a[q] = zero_nan_bytes(a[q] & (q < 2 ? lo : hi));
+            }
+          };
+          // An m-tile's four k-steps (page a's two, then page b's) through two fragment slots:
+          // each slot is reloaded once the wgmma that read it completed (wait<1>), so one wgmma
+          // stays queued while the next fragment is read; 8 fragment registers, not 16.
+          auto pv_pair = [&](int j, bool real_b, auto edge_tag) {
+            const int ia = 2 * j, ib = ia + 1;
+            constexpr bool kEdge = decltype(edge_tag)::value;
+            const int valid_a = kEdge ? min(max(seqlen - (seg.blk_lo + ia) * kBlockN, 0), kBlockN) : 0;
+            const int valid_b =
+                kEdge && real_b ? min(max(seqlen - (seg.blk_lo + ib) * kBlockN, 0), kBlockN) : 0;
+            const RowStats& ps = s.stats[ia % kPBuffers];
+            const SmemDesc pa = make_desc_base(s.p8[ia % kPBuffers], Swizzle::k64B, kPRowBytes);
+            const SmemDesc pb = make_desc_base(s.p8[ib % kPBuffers], Swizzle::k64B, kPRowBytes);
+            uint32_t a[2][4];
+            kstep_fragment(ia, 0, 0, valid_a, edge_tag, a[0]);
+            kstep_fragment(ia, 0, 1, valid_a, edge_tag, a[1]);
+            float tmp[kNRegs];
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+              wgmma_fence();
+              wgmma_pv<kN, true>(tmp, a[0], pa.at(0));
+              wgmma_commit();
+              wgmma_pv<kN, false>(tmp, a[1], pa.at(32));
+              wgmma_commit();
+              wgmma_wait<1>();
+              kstep_fragment(ib, m, 0, valid_b, edge_tag, a[0]);
+              wgmma_fence();
+              wgmma_pv<kN, false>(tmp, a[0], pb.at(0));
+              wgmma_commit();
+              wgmma_wait<1>();
+              kstep_fragment(ib, m, 1, valid_b, edge_tag, a[1]);
+              wgmma_fence();
+              wgmma_pv<kN, false>(tmp, a[1], pb.at(32));
+              wgmma_commit();
+              wgmma_wait<1>();
+              if (m + 1 < kMTiles) kstep_fragment(ia, m + 1, 0, valid_a, edge_tag, a[0]);
+              wgmma_wait<0>();
+              fence_regs(tmp);
+              if (m + 1 < kMTiles) kstep_fragment(ia, m + 1, 1, valid_a, edge_tag, a[1]);
+              seesaw::promote_cols(o[m], 0, tmp, ps.gamma, t);
+            }
+          };
+          const int n_pairs = (n + 1) / 2;
+          for (int j = 0; j < n_pairs; ++j) {
+            const int ia = 2 * j, ib = ia + 1;
+            const bool real_b = ib < n;
+            named_barrier(kBarPready + (j & 1), kPreadyThreads);
+            mbar_wait(full_of(ia), phase_of(ia));
+            if (real_b) mbar_wait(full_of(ib), phase_of(ib));
+            ROLES_PV_TRACE(j, kTrPvStart);
+            if (!real_b || is_edge(ib)) {  // (page a is an edge page only where b is)
+              pv_pair(j, real_b, std::true_type{});
+            } else {
+              pv_pair(j, real_b, std::false_type{});
+            }
+            ROLES_PV_TRACE(j, kTrPvEnd);
+            // (read before the arrival: the S warpgroups rewrite them after)
+            const int32_t page_a = wtid == 0 && ia + kStages < n ? s.refill_page[ia % kRefillSlots] : -1;
+            const int32_t page_b = wtid == 0 && ib + kStages < n ? s.refill_page[ib % kRefillSlots] : -1;
+            if (j + 2 < n_pairs) named_barrier_arrive(kBarPfree + (j & 1), kPfreeThreads);
+            ROLES_PV_TRACE(j, kTrPfreeArrived);
+            if (wtid == 0 && ia + kStages < n) load_content_half(ia + kStages, half, page_a);
+            if (wtid == 0 && ib + kStages < n) load_content_half(ib + kStages, half, page_b);
+          }
+        } else {
         for (int i = 0; i < n; ++i) {
           named_barrier(kBarPready + i % kPBuffers, kPreadyThreads);
           mbar_wait(full_of(i), phase_of(i));
@@ -475,15 +798,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           // Every warp's fragments of this half were read (its wgmmas completed): refill it.
           if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
         }
+        }  // kPair
         if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
           if (b == requests.end) griddep_launch_dependents();
         }
         // ---- epilogue (kernel.cuh's): row wtid's 1/l into a statistics buffer no block uses any
         // more ((n + half) % kPBuffers; the other PV warpgroup may still read gamma of block n - 4
         // there, not l), lse by half 0
+        // (pairs: the last pair's statistics at its even buffer; 1 and 3 hold no pair's)
+        const int res_buffer = kPair ? 1 + 2 * half : (n + half) % kPBuffers;
         {
-          const RowStats& fin = s.stats[(n - 1) % kPBuffers];
-          RowStats& res_of = s.stats[(n + half) % kPBuffers];
+          const RowStats& fin = s.stats[(kPair ? 2 * ((n - 1) / 2) : n - 1) % kPBuffers];
+          RowStats& res_of = s.stats[res_buffer];
           const int fr = tile * kRowsM + wtid;
           if (wtid < kN && fr < rows_total) {
             const RowResult res =
@@ -493,7 +819,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           named_barrier(kBarPvWg + half, kWgThreads);
         }
-        store_o_rows(p, o, s.stats[(n + half) % kPBuffers].l, b, tile, rows_total,
+        store_o_rows(p, o, s.stats[res_buffer].l, b, tile, rows_total,
                      kHalfDim * half + 16 * warp + 2 * g, t, seg);
       }
       it += n;
@@ -503,7 +829,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       if (!kPv && tid == 0) s.bad_page = 0;  // thread 0 issues the next request's first loads
     }
   };
-  if (wg < 2) {
+  if (wg < kSWgs) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kSRegs) : "memory");
     run_requests(std::false_type{});
   } else {
