@@ -67,6 +67,10 @@ namespace roles {
 // SNAPMLA_SEESAW_ROLES_PAIR = 2: one S warpgroup runs both pages of every pair (two QK
 // accumulators; no exchange), beside the two PV warpgroups.
 constexpr bool kSolo = SNAPMLA_SEESAW_ROLES_PAIR == 2;
+#ifndef SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE
+#define SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE 0
+#endif
+constexpr bool kPagePromote = SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE != 0;
 constexpr int kSWgs = kSolo ? 1 : 2;  // S warpgroups 0 .. kSWgs - 1, then the two PV warpgroups
 constexpr int kCtaThreads = (kSWgs + 2) * kWgThreads;
 constexpr int kSRegs = SNAPMLA_SEESAW_ROLES_S_REGS;
@@ -733,6 +737,37 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             kstep_fragment(ia, 0, 0, valid_a, edge_tag, a[0]);
             kstep_fragment(ia, 0, 1, valid_a, edge_tag, a[1]);
             float tmp[kNRegs];
+            if constexpr (kPagePromote) {
+              // SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE: each page's two k-steps into the
+              // temporary, then into O^T (page a: O = gamma O + T; page b, at the same scale and
+              // maximum: O += T), so that the tensor cores accumulate 64 tokens at a time as in
+              // kernel.cuh
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                wgmma_fence();
+                wgmma_pv<kN, true>(tmp, a[0], pa.at(0));
+                wgmma_pv<kN, false>(tmp, a[1], pa.at(32));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(tmp);
+                kstep_fragment(ib, m, 0, valid_b, edge_tag, a[0]);
+                kstep_fragment(ib, m, 1, valid_b, edge_tag, a[1]);
+                seesaw::promote_cols(o[m], 0, tmp, ps.gamma, t);
+                wgmma_fence();
+                wgmma_pv<kN, true>(tmp, a[0], pb.at(0));
+                wgmma_pv<kN, false>(tmp, a[1], pb.at(32));
+                wgmma_commit();
+                wgmma_wait<0>();
+                fence_regs(tmp);
+                if (m + 1 < kMTiles) {
+                  kstep_fragment(ia, m + 1, 0, valid_a, edge_tag, a[0]);
+                  kstep_fragment(ia, m + 1, 1, valid_a, edge_tag, a[1]);
+                }
+#pragma unroll
+                for (int e = 0; e < kNRegs; ++e) o[m][e] += tmp[e];
+              }
+              return;
+            }
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
               wgmma_fence();
