@@ -105,12 +105,10 @@ builds=(
   "seesaw_timeline_roles_lmax:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1"
   "seesaw_trace_roles_halves:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1 -DSNAPMLA_SEESAW_ROLES_PV_HALVES=1"
   "seesaw_trace_roles_ahead:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_LOCAL_MAX=1 -DSNAPMLA_SEESAW_ROLES_QK_AHEAD=1"
-  # the role-split kernel on pairs of pages (SNAPMLA_SEESAW_ROLES_PAIR, session 27)
-  "seesaw_trace_pair:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=1"
-  "seesaw_timeline_pair:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=1"
+  # the role-split kernel on pairs of pages, one S warpgroup (SNAPMLA_SEESAW_ROLES_PAIR=2,
+  # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  "seesaw_trace_pair2pp:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2 -DSNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -98,9 +98,6 @@ struct alignas(1024) SharedStorage {
     uint8_t content[kChunks][kTileBytes];  // [64 tokens][128 B] x 4, 128B swizzle
     uint8_t rope[kTileBytes];              // [64 tokens][64 bf16], 128B swizzle
     float scale[kBlockN];
-    // Not loaded: the role-split kernel's pair exchange (roles.cuh, SNAPMLA_SEESAW_ROLES_PAIR)
-    // in what would be the stage's alignment padding (the stage's size is unchanged).
-    float xchg[3 * kRowsM];
   } stage[kStages];
   // block i % kPBuffers: [rows][64 B]
   alignas(1024) uint8_t p8[kPBuffers][kRowsM * kPRowBytes];
@@ -120,8 +117,6 @@ struct TensorMaps {
   CUtensorMap q_content;  // uint8  {512, rows}:      box {128, 64}, 128B swizzle
   CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
 };
-
-static_assert(sizeof(SharedStorage::Stage) == 41 * 1024, "Stage::xchg fills the padding only");
 
 // Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;

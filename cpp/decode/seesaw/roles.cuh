@@ -48,15 +48,13 @@
 #include "decode/seesaw/steps.cuh"
 
 #ifndef SNAPMLA_SEESAW_ROLES_PAIR
-#define SNAPMLA_SEESAW_ROLES_PAIR 0  // (below: pairs of pages)
+#define SNAPMLA_SEESAW_ROLES_PAIR 0  // 2: pairs of pages (below)
 #endif
 // setmaxnreg's split: an S thread's and a PV thread's registers (multiples of 8). Two S
-// warpgroups: their sum 256; pairs: 64 / 192 (ptxas: 200 B spilled, loop invariants and one O^T
-// element a pair; at 72 / 184 more). One S warpgroup (pairs = 2, 384 threads, 168 registers
-// each at launch): 120 / 192.
+// warpgroups: their sum 256. Pairs (one S warpgroup, 384 threads, 168 registers each at
+// launch): 120 / 192 (ptxas: 88 B spilled, loop invariants).
 #ifndef SNAPMLA_SEESAW_ROLES_S_REGS
-#define SNAPMLA_SEESAW_ROLES_S_REGS \
-  (SNAPMLA_SEESAW_ROLES_PAIR == 2 ? 120 : SNAPMLA_SEESAW_ROLES_PAIR ? 64 : 72)
+#define SNAPMLA_SEESAW_ROLES_S_REGS (SNAPMLA_SEESAW_ROLES_PAIR == 2 ? 120 : 72)
 #endif
 
 namespace snapmla {
@@ -64,13 +62,10 @@ namespace decode {
 namespace seesaw {
 namespace roles {
 
-// SNAPMLA_SEESAW_ROLES_PAIR = 2: one S warpgroup runs both pages of every pair (two QK
-// accumulators; no exchange), beside the two PV warpgroups.
+// SNAPMLA_SEESAW_ROLES_PAIR = 2 (below): one S warpgroup.
+static_assert(SNAPMLA_SEESAW_ROLES_PAIR == 0 || SNAPMLA_SEESAW_ROLES_PAIR == 2,
+              "SNAPMLA_SEESAW_ROLES_PAIR: 0 or 2");
 constexpr bool kSolo = SNAPMLA_SEESAW_ROLES_PAIR == 2;
-#ifndef SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE
-#define SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE 0
-#endif
-constexpr bool kPagePromote = SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE != 0;
 constexpr int kSWgs = kSolo ? 1 : 2;  // S warpgroups 0 .. kSWgs - 1, then the two PV warpgroups
 constexpr int kCtaThreads = (kSWgs + 2) * kWgThreads;
 constexpr int kSRegs = SNAPMLA_SEESAW_ROLES_S_REGS;
@@ -94,20 +89,24 @@ static_assert(kBarAll + 1 <= 16, "16 named barriers per CTA");
 // an instance completes before the owner arrives on its id again (at block i + 2, after it
 // read the statistics of block i + 1). (One barrier for both handoffs tied the PVs of block
 // i to the other S warpgroup's softmax of block i + 1: session 24's timeline.)
-// SNAPMLA_SEESAW_ROLES_PAIR (experimental, off; session 27): the PV warpgroups take two pages
-// at a time, so that each m-tile's promotion (wait, 32 FFMA) and its P8 handoff serve 128 tokens
-// instead of 64. For that both pages' P8 must share the rows' maximum and P scale, so both S
-// warpgroups work on every pair, one page each, and exchange their rows' local maximum, sum
-// and P maximum once a pair (the exchange in the stages' alignment padding, Stage::xchg,
-// double-buffered by the pair's parity; barrier kBarStats + parity, 256 threads). Both then
-// hold the same running statistics (computed in one order, warpgroup 0's values first), so
-// nothing else passes between them; warpgroup 0 publishes them. Pready and Pfree count all
-// 512 threads and go by the pair's parity; P buffers and statistics by page (2j, 2j + 1 mod 4;
-// the statistics at the even one), so the epilogue's 1/l goes to the odd buffers 1 and 3.
-// The exponentials are against each page's own row maximum (the local-maximum softmax), scaled
-// after the exchange. A pair whose second page is past the segment (n odd) runs that page with every token
-// invisible: its S warpgroup writes P8 0 and its PV fragments are zero (the stage is not
-// waited for, whatever it holds).
+// SNAPMLA_SEESAW_ROLES_PAIR = 2 (experimental, off; session 27): the kernel on pairs of pages.
+// One S warpgroup runs the QK of both pages of pair j (pages 2 j and 2 j + 1, two accumulators)
+// and one softmax over their 128 tokens, so both pages' P8 share the rows' maximum and P scale;
+// each PV m-tile then runs its four k-steps into one temporary with one promotion (two fragment
+// slots, each reloaded once the wgmma that read it completed: wait<1>). 384 threads: the S
+// warpgroup (120 registers) and the two PV warpgroups (192). Pready and Pfree count all threads
+// and go by the pair's parity; P buffers and statistics by page (2 j, 2 j + 1 mod 4; the
+// statistics at the even one), so the epilogue's 1/l goes to the odd buffers 1 and 3. A pair
+// whose second page is past the segment (n odd) runs that page with every token invisible: P8
+// 0 and zero V^T fragments (its stage is not waited for, whatever it holds).
+// Measured on the H200 (bench/NOTES.md, session 27): kernel alone 6-7% faster than the
+// default at 32x128x16384 (206.8-208.4 against 221.4-223.6 us) and 128x16x16384 q_len 4, 11-17%
+// slower at 1x128x8192 and 8x128x4096; its 128-token P blocks are not the contract's 64-token
+// ones, so the exact-logit agreement with the model fails at h 64 s_q 4 (2.0e-3 against 1e-3;
+// promoting once a page instead changed nothing). The S warpgroup sets the period (~610
+// instructions a warp per 64 tokens, ~190 of them the QK's descriptor moves). (=1, both S
+// warpgroups on every pair with an exchange of their statistics, 4fa69b6, ran level with the
+// role-split kernel and was removed.)
 constexpr bool kPair = SNAPMLA_SEESAW_ROLES_PAIR != 0;
 constexpr int kPreadyThreads = kPair ? kCtaThreads : 3 * kWgThreads;
 constexpr int kPfreeThreads = kPair ? kCtaThreads : 3 * kWgThreads;
@@ -401,115 +400,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             issue_qk(ib + 2, ib + 2 < n, zb);
           }
           wgmma_wait<0>();  // the QKs past the last pair
-        } else if constexpr (kPair) {
-        issue_qk(wg, wg < n, z);
-          // ---- pairs of pages: this warpgroup's page of pair j is i = 2 j + wg
-          const int n_pairs = (n + 1) / 2;
-          float m_run[2] = {-INFINITY, -INFINITY}, sig_run[2] = {1.f, 1.f}, l_run[2] = {0.f, 0.f};
-          for (int j = 0; j < n_pairs; ++j) {
-            const int i = 2 * j + wg;
-            const bool real = i < n;
-            SharedStorage::Stage& st = stage_of(i);
-            wgmma_wait<0>();
-            fence_regs(z);
-            SEESAW_TRACE(i, kTrQkDone);
-            // (as below: every warp of this warpgroup is past its softmax of page i - 2)
-            if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
-              load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
-            }
-            const int tok0 = (seg.blk_lo + i) * kBlockN;
-            const bool full = real && tok0 + kBlockN <= min_limit;
-            float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
-            float mx[2] = {-INFINITY, -INFINITY};
-            if (full) {
-              const int unused[2] = {0, 0};
-              seesaw::scaled_logits<4, true>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
-                                             unused, mx);
-            } else {
-              int limit[2] = {tok0, tok0};  // a page past the segment: nothing visible
-              if (real) {
-                limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
-                limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
-              }
-              seesaw::scaled_logits<4, false>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
-                                              limit, mx);
-            }
-            float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-            {
-              float bias[2];
-#pragma unroll
-              for (int ri = 0; ri < 2; ++ri) {
-                mx[ri] = quad_max(mx[ri]) * row_factor[ri];
-                bias[ri] = kExpShift - (mx[ri] == -INFINITY ? 0.f : mx[ri]);
-              }
-              if (full) {
-                exp_scaled<4, true>(z, row_factor, bias, st.scale, t, e_sum, p_max);
-              } else {
-                exp_scaled<4, false>(z, row_factor, bias, st.scale, t, e_sum, p_max);
-              }
-            }
-            SEESAW_TRACE(i, kTrExp);
-            // The exchange: this warpgroup's (local max, sum, P max) of its rows, then the other's
-            float* mine = s.stage[2 * (j & 1) + wg].xchg;
-            const float* other = s.stage[2 * (j & 1) + (wg ^ 1)].xchg;
-#pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
-              p_max[ri] = quad_max(p_max[ri]);
-              if (t == 0) {
-                const int row = r0 + 8 * ri;
-                mine[row] = mx[ri];
-                mine[kRowsM + row] = e_sum[ri];
-                mine[2 * kRowsM + row] = p_max[ri];
-              }
-            }
-            named_barrier(kBarStats + (j & 1), kStatsThreads);
-            SEESAW_TRACE(i, kTrStats);
-            float m_new[2], sig[2], gamma[2], l[2], p_scale[2];
-#pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              const int row = r0 + 8 * ri;
-              const float mo = other[row], eo = other[kRowsM + row], po = other[2 * kRowsM + row];
-              // warpgroup 0's values first: both warpgroups compute the same statistics
-              const float mx0 = wg == 0 ? mx[ri] : mo, mx1 = wg == 0 ? mo : mx[ri];
-              const float e0 = wg == 0 ? e_sum[ri] : eo, e1 = wg == 0 ? eo : e_sum[ri];
-              const float p0 = wg == 0 ? p_max[ri] : po, p1 = wg == 0 ? po : p_max[ri];
-              m_new[ri] = fmaxf(m_run[ri], fmaxf(mx0, mx1));
-              const float m_use = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
-              const float c0 = mx0 == -INFINITY ? 0.f : ex2_ftz(mx0 - m_use);
-              const float c1 = mx1 == -INFINITY ? 0.f : ex2_ftz(mx1 - m_use);
-              sig[ri] = fmaxf(fmaxf(p0 * c0, p1 * c1) * kInvFp8Max, kMinProbScale);
-              const float inv_sig = rcp_approx_ftz(sig[ri]);
-              gamma[ri] = ex2_ftz(m_run[ri] - m_use) * (sig_run[ri] * inv_sig);
-              l[ri] = fmaf(l_run[ri], gamma[ri], fmaf(e1, c1, e0 * c0) * inv_sig);
-              p_scale[ri] = inv_sig * (wg == 0 ? c0 : c1);
-              m_run[ri] = m_new[ri];
-              sig_run[ri] = sig[ri];
-              l_run[ri] = l[ri];
-            }
-            uint32_t w[2][4];
-            p8_words<2>(z, p_scale, w);
-            SEESAW_TRACE(i, kTrP8);
-            // The PVs of pair j - 2 are done with these P buffers and statistics
-            if (j >= 2) named_barrier(kBarPfree + (j & 1), kPfreeThreads);
-            SEESAW_TRACE(i, kTrPfree);
-            store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
-            if (wg == 0 && t == 0) {
-              RowStats& ps = s.stats[(2 * j) % kPBuffers];
-#pragma unroll
-              for (int ri = 0; ri < 2; ++ri) {
-                ps.m[r0 + 8 * ri] = m_new[ri];
-                ps.sig[r0 + 8 * ri] = sig[ri];
-                ps.l[r0 + 8 * ri] = l[ri];
-                ps.gamma[r0 + 8 * ri] = gamma[ri];
-              }
-            }
-            fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
-            named_barrier_arrive(kBarPready + (j & 1), kPreadyThreads);
-            SEESAW_TRACE(i, kTrPublished);
-            issue_qk(i + 2, i + 2 < n, z);
-          }
-          wgmma_wait<0>();  // the QK past the last pair
         } else {
         issue_qk(wg, wg < n, z);
         for (int i = wg; i < n; i += 2) {
@@ -737,37 +627,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             kstep_fragment(ia, 0, 0, valid_a, edge_tag, a[0]);
             kstep_fragment(ia, 0, 1, valid_a, edge_tag, a[1]);
             float tmp[kNRegs];
-            if constexpr (kPagePromote) {
-              // SNAPMLA_SEESAW_ROLES_PAIR_PAGE_PROMOTE: each page's two k-steps into the
-              // temporary, then into O^T (page a: O = gamma O + T; page b, at the same scale and
-              // maximum: O += T), so that the tensor cores accumulate 64 tokens at a time as in
-              // kernel.cuh
-#pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
-                wgmma_fence();
-                wgmma_pv<kN, true>(tmp, a[0], pa.at(0));
-                wgmma_pv<kN, false>(tmp, a[1], pa.at(32));
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(tmp);
-                kstep_fragment(ib, m, 0, valid_b, edge_tag, a[0]);
-                kstep_fragment(ib, m, 1, valid_b, edge_tag, a[1]);
-                seesaw::promote_cols(o[m], 0, tmp, ps.gamma, t);
-                wgmma_fence();
-                wgmma_pv<kN, true>(tmp, a[0], pb.at(0));
-                wgmma_pv<kN, false>(tmp, a[1], pb.at(32));
-                wgmma_commit();
-                wgmma_wait<0>();
-                fence_regs(tmp);
-                if (m + 1 < kMTiles) {
-                  kstep_fragment(ia, m + 1, 0, valid_a, edge_tag, a[0]);
-                  kstep_fragment(ia, m + 1, 1, valid_a, edge_tag, a[1]);
-                }
-#pragma unroll
-                for (int e = 0; e < kNRegs; ++e) o[m][e] += tmp[e];
-              }
-              return;
-            }
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
               wgmma_fence();
