@@ -298,6 +298,19 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           wgmma_commit();
         };
+        // A block's (or pair's) row statistics for the PV warpgroups and the epilogue
+        auto write_stats = [&](RowStats& ps, const float (&m)[2], const float (&sg)[2],
+                               const float (&ll)[2], const float (&gm)[2]) {
+          if (t == 0) {
+#pragma unroll
+            for (int ri = 0; ri < 2; ++ri) {
+              ps.m[r0 + 8 * ri] = m[ri];
+              ps.sig[r0 + 8 * ri] = sg[ri];
+              ps.l[r0 + 8 * ri] = ll[ri];
+              ps.gamma[r0 + 8 * ri] = gm[ri];
+            }
+          }
+        };
         if constexpr (kSolo) {
           // ---- one S warpgroup, both pages of pair j (2 j into z, 2 j + 1 into zb)
           float zb[32];
@@ -383,16 +396,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             SEESAW_TRACE(ia, kTrPfree);
             store_p8<2>(smem_u32(s.p8[ia % kPBuffers]) + stsm_off, wa);
             store_p8<2>(smem_u32(s.p8[ib % kPBuffers]) + stsm_off, wb);
-            if (t == 0) {
-              RowStats& ps = s.stats[ia % kPBuffers];
-#pragma unroll
-              for (int ri = 0; ri < 2; ++ri) {
-                ps.m[r0 + 8 * ri] = m_new[ri];
-                ps.sig[r0 + 8 * ri] = sig[ri];
-                ps.l[r0 + 8 * ri] = l[ri];
-                ps.gamma[r0 + 8 * ri] = gamma[ri];
-              }
-            }
+            write_stats(s.stats[ia % kPBuffers], m_new, sig, l, gamma);
             fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
             named_barrier_arrive(kBarPready + (j & 1), kPreadyThreads);
             SEESAW_TRACE(ia, kTrPublished);
@@ -510,16 +514,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
           SEESAW_TRACE(i, kTrPfree);
           store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
-          if (t == 0) {
-            RowStats& ps = s.stats[i % kPBuffers];
-#pragma unroll
-            for (int ri = 0; ri < 2; ++ri) {
-              ps.m[r0 + 8 * ri] = m_new[ri];
-              ps.sig[r0 + 8 * ri] = sig[ri];
-              ps.l[r0 + 8 * ri] = l[ri];
-              ps.gamma[r0 + 8 * ri] = gamma[ri];
-            }
-          }
+          write_stats(s.stats[i % kPBuffers], m_new, sig, l, gamma);
           fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
           named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
           named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
