@@ -17,14 +17,14 @@
 // the PV side ~one promoted PV a block per warpgroup.
 //
 // Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (72 / 184, their
-// sum 256 = 65,536 / 256; ptxas spills nothing in either loop). Loads: no producer warpgroup. The first pages and the Q by thread 0 at a
-// request's start; then each content half of block i + kStages by its PV warpgroup after its PV
-// of block i, and the RoPE tile and the scales of block i + 2 by the S warpgroup that owns it
-// once its QK of block i is done (every warp of it is then past its softmax of block i - 2).
-// The page ids go through a ring in shared memory (refill_page), written by the owner.
-// Handoffs (named barriers; the Pready and Pfree ids cycle with the P buffers, so an instance
-// is complete before its id is reused: the owner of block i + kPBuffers waits for the PVs of
-// block i first):
+// sum 256 = 65,536 / 256; ptxas spills nothing in either loop). Loads: no producer warpgroup.
+// The first pages and the Q by thread 0 at a request's start; then each content half of block
+// i + kStages by its PV warpgroup after its PV of block i, and the RoPE tile and the scales of
+// block i + 2 by the S warpgroup that owns it once its QK of block i is done (every warp of it
+// is then past its softmax of block i - 2). The page ids go through a ring in shared memory
+// (refill_page), written by the owner. Handoffs (named barriers; the Pready and Pfree ids cycle
+// with the P buffers, so an instance is complete before its id is reused: the owner of block
+// i + kPBuffers waits for the PVs of block i first):
 //   Pready(i % 4)  384: the owner of block i arrives (P8, statistics, refill page written); both
 //                  PV warpgroups sync.
 //   Stats(i % 2)   256: the owner arrives; the other S warpgroup syncs before its softmax of
@@ -134,10 +134,10 @@ constexpr bool kPvHalves = SNAPMLA_SEESAW_ROLES_PV_HALVES != 0;
 // warpgroup 2 + h stamps pv_start (its waits for P8 and the stage done), pv_end and
 // pfree_arrived in row h.
 #ifdef SNAPMLA_SEESAW_TRACE
-#define ROLES_PV_TRACE(block, event)                                                           \
-  do {                                                                                         \
-    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)             \
-      p.trace[((wg - kSWgs) * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64();          \
+#define ROLES_PV_TRACE(block, event)                                                      \
+  do {                                                                                    \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && wtid == 0 && (block) < kTraceBlocks)        \
+      p.trace[((wg - kSWgs) * kTraceBlocks + (block)) * kTrEvents + (event)] = clock64(); \
   } while (0)
 #else
 #define ROLES_PV_TRACE(block, event) \
@@ -172,7 +172,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       prefetch_tensormap(&maps.q_rope);
     }
   }
-  const RequestRange requests_ahead = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
+  const RequestRange requests_ahead =
+      part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     mbar_init(&s.q_bar, 1);
@@ -345,11 +346,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             auto logits = [&](float (&acc)[32], const float* scale, int tok0, bool full,
                               const int (&lim)[2]) {
               if (full) {
-                seesaw::scaled_logits<4, true>(acc, [&](int e) { return acc[e]; }, scale, t, tok0,
-                                               lim, mx);
+                seesaw::scaled_logits<4, true>(
+                    acc, [&](int e) { return acc[e]; }, scale, t, tok0, lim, mx);
               } else {
-                seesaw::scaled_logits<4, false>(acc, [&](int e) { return acc[e]; }, scale, t, tok0,
-                                                lim, mx);
+                seesaw::scaled_logits<4, false>(
+                    acc, [&](int e) { return acc[e]; }, scale, t, tok0, lim, mx);
               }
             };
             logits(z, st_a.scale, tok_a, full_a, limit);
@@ -405,125 +406,126 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           }
           wgmma_wait<0>();  // the QKs past the last pair
         } else {
-        issue_qk(wg, wg < n, z);
-        for (int i = wg; i < n; i += 2) {
-          SharedStorage::Stage& st = stage_of(i);
-          wgmma_wait<0>();
-          fence_regs(z);
-          SEESAW_TRACE(i, kTrQkDone);
-          // QK(i) done: every warp of this warpgroup issued it, so every warp is past its softmax
-          // of block i - 2, the last read of that stage's RoPE tile and scales: refill them.
-          if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
-            load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
-          }
-          // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
-          const int tok0 = (seg.blk_lo + i) * kBlockN;
-          const bool full = tok0 + kBlockN <= min_limit;
-          float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
-          float mx[2] = {-INFINITY, -INFINITY};
-          auto scaled_logits = [&](auto full_tag) {
-            constexpr bool kFull = decltype(full_tag)::value;
-            int limit[2];
-            if constexpr (!kFull) {
-              limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
-              limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+          issue_qk(wg, wg < n, z);
+          for (int i = wg; i < n; i += 2) {
+            SharedStorage::Stage& st = stage_of(i);
+            wgmma_wait<0>();
+            fence_regs(z);
+            SEESAW_TRACE(i, kTrQkDone);
+            // QK(i) done: every warp of this warpgroup issued it, so every warp is past its softmax
+            // of block i - 2, the last read of that stage's RoPE tile and scales: refill them.
+            if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
+              load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
             }
-            seesaw::scaled_logits<4, kFull>(z, [&](int e) { return z[e]; }, st.scale, t, tok0,
-                                            limit, mx);
-          };
-          if (full) {
-            scaled_logits(std::true_type{});
-          } else {
-            scaled_logits(std::false_type{});
-          }
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            mx[ri] = quad_max(mx[ri]) * row_factor[ri];
-          }
-          // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why). Under
-          // kLocalMax m is the block's own row maximum mx (the exponentials do not wait for the
-          // other S warpgroup's statistics), and c = exp(mx - m_new) scales P' and its sum after.
-          float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-          auto p_prime = [&](const float (&bias)[2]) {
-            auto run = [&](auto full_tag) {
-              exp_scaled<4, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
-                                                       p_max);
+            // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
+            const int tok0 = (seg.blk_lo + i) * kBlockN;
+            const bool full = tok0 + kBlockN <= min_limit;
+            float row_factor[2] = {s.q_scale[r0] * p.scale_log2, s.q_scale[r0 + 8] * p.scale_log2};
+            float mx[2] = {-INFINITY, -INFINITY};
+            auto scaled_logits = [&](auto full_tag) {
+              constexpr bool kFull = decltype(full_tag)::value;
+              int limit[2];
+              if constexpr (!kFull) {
+                limit[0] = visibility_limit(p, tile * kRowsM + r0, seqlen);
+                limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
+              }
+              seesaw::scaled_logits<4, kFull>(
+                  z, [&](int e) { return z[e]; }, st.scale, t, tok0, limit, mx);
             };
             if (full) {
-              run(std::true_type{});
+              scaled_logits(std::true_type{});
             } else {
-              run(std::false_type{});
+              scaled_logits(std::false_type{});
             }
-            SEESAW_TRACE(i, kTrExp);
 #pragma unroll
             for (int ri = 0; ri < 2; ++ri) {
-              e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
-              p_max[ri] = quad_max(p_max[ri]);
+              mx[ri] = quad_max(mx[ri]) * row_factor[ri];
             }
-          };
-          if constexpr (kLocalMax) {
-            const float bias[2] = {kExpShift - (mx[0] == -INFINITY ? 0.f : mx[0]),
-                                   kExpShift - (mx[1] == -INFINITY ? 0.f : mx[1])};
-            p_prime(bias);
-          }
-          // The previous block's statistics (the other S warpgroup's)
-          float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
-          if (i > 0) {
-            named_barrier(kBarStats + (i - 1) % 2, kStatsThreads);
-            SEESAW_TRACE(i, kTrStats);
-            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+            // e = exp(z - m), P' = e s_k; invisible tokens exactly 0 (kernel.cuh says why). Under
+            // kLocalMax m is the block's own row maximum mx (the exponentials do not wait for the
+            // other S warpgroup's statistics), and c = exp(mx - m_new) scales P' and its sum after.
+            float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+            auto p_prime = [&](const float (&bias)[2]) {
+              auto run = [&](auto full_tag) {
+                exp_scaled<4, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
+                                                         p_max);
+              };
+              if (full) {
+                run(std::true_type{});
+              } else {
+                run(std::false_type{});
+              }
+              SEESAW_TRACE(i, kTrExp);
+#pragma unroll
+              for (int ri = 0; ri < 2; ++ri) {
+                e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
+                p_max[ri] = quad_max(p_max[ri]);
+              }
+            };
+            if constexpr (kLocalMax) {
+              const float bias[2] = {kExpShift - (mx[0] == -INFINITY ? 0.f : mx[0]),
+                                     kExpShift - (mx[1] == -INFINITY ? 0.f : mx[1])};
+              p_prime(bias);
+            }
+            // The previous block's statistics (the other S warpgroup's)
+            float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f},
+                  l_prev[2] = {0.f, 0.f};
+            if (i > 0) {
+              named_barrier(kBarStats + (i - 1) % 2, kStatsThreads);
+              SEESAW_TRACE(i, kTrStats);
+              const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+              for (int ri = 0; ri < 2; ++ri) {
+                m_prev[ri] = ps.m[r0 + 8 * ri];
+                sig_prev[ri] = ps.sig[r0 + 8 * ri];
+                l_prev[ri] = ps.l[r0 + 8 * ri];
+              }
+            }
+            float m_new[2], m_use[2];
 #pragma unroll
             for (int ri = 0; ri < 2; ++ri) {
-              m_prev[ri] = ps.m[r0 + 8 * ri];
-              sig_prev[ri] = ps.sig[r0 + 8 * ri];
-              l_prev[ri] = ps.l[r0 + 8 * ri];
+              m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+              m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
             }
-          }
-          float m_new[2], m_use[2];
+            if constexpr (!kLocalMax) {
+              const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+              p_prime(bias);
+            }
+            float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
-            m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+            for (int ri = 0; ri < 2; ++ri) {
+              // kLocalMax's c (zero where the block shows the row nothing); 1 otherwise
+              const float c_loc = !kLocalMax            ? 1.f
+                                  : mx[ri] == -INFINITY ? 0.f
+                                                        : ex2_ftz(mx[ri] - m_use[ri]);
+              e_sum[ri] *= c_loc;
+              p_max[ri] *= c_loc;
+              sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+              inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+              inv_sig[ri] *= c_loc;
+            }
+            uint32_t w[2][4];
+            p8_words<2>(z, inv_sig, w);
+            SEESAW_TRACE(i, kTrP8);
+            // SNAPMLA_SEESAW_ROLES_QK_AHEAD: z is free, so the next owned block's QK runs under
+            // this block's publication (else it is issued after it).
+            if constexpr (kQkAhead) issue_qk(i + 2, i + 2 < n, z);
+            // The PVs of block i - kPBuffers are done with this P buffer and statistics
+            if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
+            SEESAW_TRACE(i, kTrPfree);
+            store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
+            write_stats(s.stats[i % kPBuffers], m_new, sig, l, gamma);
+            fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+            named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
+            named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
+            SEESAW_TRACE(i, kTrPublished);
+            if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n, z);
           }
-          if constexpr (!kLocalMax) {
-            const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
-            p_prime(bias);
-          }
-          float sig[2], inv_sig[2], gamma[2], l[2];
-#pragma unroll
-          for (int ri = 0; ri < 2; ++ri) {
-            // kLocalMax's c (zero where the block shows the row nothing); 1 otherwise
-            const float c_loc = !kLocalMax              ? 1.f
-                                : mx[ri] == -INFINITY ? 0.f
-                                                      : ex2_ftz(mx[ri] - m_use[ri]);
-            e_sum[ri] *= c_loc;
-            p_max[ri] *= c_loc;
-            sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
-            inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-            inv_sig[ri] *= c_loc;
-          }
-          uint32_t w[2][4];
-          p8_words<2>(z, inv_sig, w);
-          SEESAW_TRACE(i, kTrP8);
-          // SNAPMLA_SEESAW_ROLES_QK_AHEAD: z is free, so the next owned block's QK runs under
-          // this block's publication (else it is issued after it).
-          if constexpr (kQkAhead) issue_qk(i + 2, i + 2 < n, z);
-          // The PVs of block i - kPBuffers are done with this P buffer and statistics
-          if (i >= kPBuffers) named_barrier(kBarPfree + i % kPBuffers, kPfreeThreads);
-          SEESAW_TRACE(i, kTrPfree);
-          store_p8<2>(smem_u32(s.p8[i % kPBuffers]) + stsm_off, w);
-          write_stats(s.stats[i % kPBuffers], m_new, sig, l, gamma);
-          fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
-          named_barrier_arrive(kBarPready + i % kPBuffers, kPreadyThreads);
-          named_barrier_arrive(kBarStats + i % 2, kStatsThreads);
-          SEESAW_TRACE(i, kTrPublished);
-          if constexpr (!kQkAhead) issue_qk(i + 2, i + 2 < n, z);
-        }
-        wgmma_wait<0>();  // the QK past the last block
-        // The last block's statistics instance needs this warpgroup's sync too.
-        if (((n - 1) & 1) != wg) named_barrier(kBarStats + (n - 1) % 2, kStatsThreads);
+          wgmma_wait<0>();  // the QK past the last block
+          // The last block's statistics instance needs this warpgroup's sync too.
+          if (((n - 1) & 1) != wg) named_barrier(kBarStats + (n - 1) % 2, kStatsThreads);
         }  // kPair
       } else {
         // ================= PV warpgroup: O^T of latent half `half`, every block, then the epilogue
@@ -592,18 +594,16 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           // O^T = gamma O^T + V^T P^T over both pages of pair j: an m-tile's four k-steps into
           // one temporary, one promotion. Page b = 2 j + 1 may be past the segment (real_b
           // false): its fragments are zero and its P8 is 0.
-          // One k-step's V^T A fragment (4 registers) of m-tile m of page i; kEdge: tokens from
-          // `valid` up and NaN codes zeroed (steps.cuh's vt_fragments_masked, one k-step).
+          // One k-step's V^T A fragment of m-tile m of page i; kEdge: masked as
+          // vt_fragments_masked masks (steps.cuh)
           auto kstep_fragment = [&](int i, int m, int ks, int valid, auto edge_tag,
                                     uint32_t (&a)[4]) {
-            const uint32_t addr =
-                smem_u32(stage_of(i).content[2 * half + m / 2]) + ldsm_off[m & 1];
+            const uint32_t addr = smem_u32(stage_of(i).content[2 * half + m / 2]) + ldsm_off[m & 1];
             vt_fragment(addr + 32 * kChunkBytes * ks, a);
             if constexpr (decltype(edge_tag)::value) {
-              const uint32_t lo = valid_token_bytes(32 * ks + 2 * t, valid);
-              const uint32_t hi = valid_token_bytes(32 * ks + 16 + 2 * t, valid);
-#pragma unroll
-              for (int q = 0; q < 4; ++q) a[q] = zero_nan_bytes(a[q] & (q < 2 ? lo : hi));
+              uint32_t vmask[2];
+              vt_kstep_masks(ks, t, valid, vmask);
+              mask_vt_fragment(a, vmask);
             }
           };
           // An m-tile's four k-steps (page a's two, then page b's) through two fragment slots:
@@ -612,7 +612,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           auto pv_pair = [&](int j, bool real_b, auto edge_tag) {
             const int ia = 2 * j, ib = ia + 1;
             constexpr bool kEdge = decltype(edge_tag)::value;
-            const int valid_a = kEdge ? min(max(seqlen - (seg.blk_lo + ia) * kBlockN, 0), kBlockN) : 0;
+            const int valid_a =
+                kEdge ? min(max(seqlen - (seg.blk_lo + ia) * kBlockN, 0), kBlockN) : 0;
             const int valid_b =
                 kEdge && real_b ? min(max(seqlen - (seg.blk_lo + ib) * kBlockN, 0), kBlockN) : 0;
             const RowStats& ps = s.stats[ia % kPBuffers];
@@ -662,31 +663,34 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             }
             ROLES_PV_TRACE(j, kTrPvEnd);
             // (read before the arrival: the S warpgroups rewrite them after)
-            const int32_t page_a = wtid == 0 && ia + kStages < n ? s.refill_page[ia % kRefillSlots] : -1;
-            const int32_t page_b = wtid == 0 && ib + kStages < n ? s.refill_page[ib % kRefillSlots] : -1;
+            const int32_t page_a =
+                wtid == 0 && ia + kStages < n ? s.refill_page[ia % kRefillSlots] : -1;
+            const int32_t page_b =
+                wtid == 0 && ib + kStages < n ? s.refill_page[ib % kRefillSlots] : -1;
             if (j + 2 < n_pairs) named_barrier_arrive(kBarPfree + (j & 1), kPfreeThreads);
             ROLES_PV_TRACE(j, kTrPfreeArrived);
             if (wtid == 0 && ia + kStages < n) load_content_half(ia + kStages, half, page_a);
             if (wtid == 0 && ib + kStages < n) load_content_half(ib + kStages, half, page_b);
           }
         } else {
-        for (int i = 0; i < n; ++i) {
-          named_barrier(kBarPready + i % kPBuffers, kPreadyThreads);
-          mbar_wait(full_of(i), phase_of(i));
-          ROLES_PV_TRACE(i, kTrPvStart);
-          if (is_edge(i)) {
-            pv_block(i, std::true_type{});
-          } else {
-            pv_block(i, std::false_type{});
+          for (int i = 0; i < n; ++i) {
+            named_barrier(kBarPready + i % kPBuffers, kPreadyThreads);
+            mbar_wait(full_of(i), phase_of(i));
+            ROLES_PV_TRACE(i, kTrPvStart);
+            if (is_edge(i)) {
+              pv_block(i, std::true_type{});
+            } else {
+              pv_block(i, std::false_type{});
+            }
+            ROLES_PV_TRACE(i, kTrPvEnd);
+            // (read before the arrival: the owner of block i + kPBuffers rewrites it after)
+            const int32_t page =
+                wtid == 0 && i + kStages < n ? s.refill_page[i % kRefillSlots] : -1;
+            if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
+            ROLES_PV_TRACE(i, kTrPfreeArrived);
+            // Every warp's fragments of this half were read (its wgmmas completed): refill it.
+            if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
           }
-          ROLES_PV_TRACE(i, kTrPvEnd);
-          // (read before the arrival: the owner of block i + kPBuffers rewrites it after)
-          const int32_t page = wtid == 0 && i + kStages < n ? s.refill_page[i % kRefillSlots] : -1;
-          if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
-          ROLES_PV_TRACE(i, kTrPfreeArrived);
-          // Every warp's fragments of this half were read (its wgmmas completed): refill it.
-          if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
-        }
         }  // kPair
         if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
           if (b == requests.end) griddep_launch_dependents();

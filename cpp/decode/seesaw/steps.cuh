@@ -86,28 +86,32 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
+// The edge masks of k-step ks's V^T A fragment (tokens from `valid` up cleared), and their
+// application, which also zeroes NaN codes (a NaN there must not reach rows whose P8 is 0;
+// elsewhere a NaN in V reaches every row through its logit anyway).
+__device__ __forceinline__ void vt_kstep_masks(int ks, int t, int valid, uint32_t (&vmask)[2]) {
+#pragma unroll
+  for (int hh = 0; hh < 2; ++hh) vmask[hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+}
+__device__ __forceinline__ void mask_vt_fragment(uint32_t (&a)[4], const uint32_t (&vmask)[2]) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) a[j] = zero_nan_bytes(a[j] & vmask[j / 2]);
+}
+
 // V^T A fragments (both k-steps) at `addr` (a content chunk's shared address plus the lane's
-// ldmatrix offset). kEdge (a block some row does not see whole): tokens from `valid` up and
-// NaN codes are zeroed (a NaN there must not reach rows whose P8 is 0; elsewhere a NaN in V
-// reaches every row through its logit anyway).
+// ldmatrix offset). kEdge (a block some row does not see whole): masked (above).
 template <bool kEdge>
 __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int valid,
                                                     uint32_t (&a)[2][4]) {
   uint32_t vmask[2][2];
   if constexpr (kEdge) {
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-    }
+    for (int ks = 0; ks < 2; ++ks) vt_kstep_masks(ks, t, valid, vmask[ks]);
   }
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
     vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
-    if constexpr (kEdge) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
-    }
+    if constexpr (kEdge) mask_vt_fragment(a[ks], vmask[ks]);
   }
 }
 
