@@ -267,6 +267,34 @@ def test_fast_kernel_pv_direct_is_not_built() -> None:
     assert not [k for k in kernels if _seesaw_name(64, False, True) in k]
 
 
+@pytest.mark.parametrize(("n", "two_term"), SEESAW_VARIANTS)
+def test_fast_kernel_qk_descriptors_stay_uniform(n: int, two_term: bool) -> None:
+    """The QK's shared-memory descriptors are built in uniform registers (UIADD3 and the like),
+    not in ordinary ones moved over by R2UR before each wgmma. Session 28 found the N = 64
+    kernel paying ~8 instructions a QK wgmma for that (167 R2UR before its 20 QK wgmmas, 480 in
+    all) because a store the producer's copy of the request loop never runs made ptxas keep the
+    shared base in an ordinary register across the role split; the QK issue sits on the
+    consumers' latency-bound chain. Allowed: one R2UR a wgmma on average (loop-carried stage
+    indices); printed for the record."""
+    sass = _seesaw(n, two_term)
+    pending = before_ss = ss = 0
+    for line in sass:
+        if re.search(r"\bR2UR\b", line):
+            pending += 1
+        m = re.search(r"\b[QH]GMMA\.[0-9x]+\S*\s+R\d+,\s+(\S+)", line)
+        if m:
+            if not m.group(1).startswith("R"):  # A from shared memory: a QK wgmma
+                ss += 1
+                before_ss += pending
+            pending = 0
+    total = sum(bool(re.search(r"\bR2UR\b", line)) for line in sass)
+    print(
+        f"seesaw N={n}{' two-term' if two_term else ''}: {before_ss} R2UR before its {ss} QK "
+        f"wgmmas, {total} in all"
+    )
+    assert ss == 20 and before_ss <= ss, (before_ss, ss)
+
+
 # The N = 64 instantiation's consumers spill a few scalars (O^T alone is 128 of their 240
 # registers); strict: once they stop spilling this fails, as a reminder to drop the mark.
 _N64_SPILLS = pytest.mark.xfail(strict=True, reason="N = 64 spills a few scalars (bench/NOTES.md)")

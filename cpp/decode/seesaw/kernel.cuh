@@ -596,7 +596,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         if constexpr (kFusedQ && !kIsProducer) {  // (not in the producer's 24 registers)
           if (tid < kThreads) quantize_q_tile(b);
         }
-      } else if (tid < kRowsM) {
+      } else if (!kIsProducer && tid < kRowsM) {
+        // (Not compiled into the producer's copy, whose threads are past kRowsM: there it
+        // made ptxas hold the shared base in an ordinary register across the role split and
+        // build every QK descriptor of the consumers there, ~8 instructions a wgmma and 480
+        // R2UR in all; session 28, bench/NOTES.md.)
         q_wait();
         const int fr = tile * kRowsM + tid;
         s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
