@@ -4,7 +4,12 @@
 // setmaxnreg roles, an mbarrier wait in the loop). In the seesaw kernels it does not: the
 // shared base is copied into a regular register before the loop, and every wgmma costs a LEA or
 // VIADD, an IMAD.MOV of the constant high half and four R2UR (~8 instructions, ~190 a block:
-// bench/NOTES.md, session 27). Bisecting what in the kernels causes that is session 28's item.
+// bench/NOTES.md, session 27). Found in session 28 by shrinking a copy of the N = 64 kernel: a
+// q_scale store under `tid < kRowsM`, compiled into the producer warpgroup's copy of the request
+// loop where it never runs; without it the consumers' descriptors are uniform (74a7c2c). The
+// role-split kernel (roles.cuh) has the same symptom from five such divergent shared-memory
+// uses in its S warpgroups' own copy (first loads, refills, q_scale, bad_page, refill_page);
+// adding divergent stores and mbarrier arrives to this probe did not reproduce it.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp -Iinclude \
 //        -c bench/desc_uniform_probe.cu -o /tmp/p.o && cuobjdump -sass /tmp/p.o | awk \
