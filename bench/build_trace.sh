@@ -60,13 +60,6 @@ builds=(
   # the whole QK in one fp32 accumulator (SNAPMLA_SEESAW_QK_ONE_ACC, experimental, off;
   # session 21: its accuracy, for the two-owner / four-PV-warpgroup schedule)
   "seesaw_trace_oneacc:-DSNAPMLA_SEESAW_QK_ONE_ACC=1"
-  # N = 64's whole-N PV with its V^T fragments and 0 / 1 / 2 columns of gamma loaded ahead of
-  # the wgmma wait (SNAPMLA_SEESAW_PV_PREFETCH, experimental, off; session 28), and with one QK
-  # accumulator too
-  "seesaw_trace_pvpf0:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_PV_GAMMA_AHEAD=0"
-  "seesaw_trace_pvpf1:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_PV_GAMMA_AHEAD=1"
-  "seesaw_trace_pvpf2:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_PV_GAMMA_AHEAD=2"
-  "seesaw_trace_pvpf1_oneacc:-DSNAPMLA_SEESAW_PV_PREFETCH=1 -DSNAPMLA_SEESAW_PV_GAMMA_AHEAD=1 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"

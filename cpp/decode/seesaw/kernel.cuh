@@ -161,20 +161,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
 #define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
-// SNAPMLA_SEESAW_PV_PREFETCH (experimental, off; session 28): in the whole-N groups above, the
-// next m-tile's V^T fragments (ldmatrix) and the promotion's gamma loaded ahead of the wgmma
-// wait they followed, each consumed at once after it (ncu at 32x128x16384: short-scoreboard
-// stalls are the PV's largest, ~14% of the consumers' samples).
-#ifndef SNAPMLA_SEESAW_PV_PREFETCH
-#define SNAPMLA_SEESAW_PV_PREFETCH 0
-#endif
-constexpr bool kPvPrefetch = SNAPMLA_SEESAW_PV_PREFETCH != 0;
-// (with it: gamma's first SNAPMLA_SEESAW_PV_GAMMA_AHEAD 8-row columns loaded before the wait;
-// all eight spilled 1 KB)
-#ifndef SNAPMLA_SEESAW_PV_GAMMA_AHEAD
-#define SNAPMLA_SEESAW_PV_GAMMA_AHEAD 2
-#endif
-constexpr int kGammaAhead = SNAPMLA_SEESAW_PV_GAMMA_AHEAD;
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -998,44 +984,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
-          constexpr int kT = kMTiles - kM0;
-          if constexpr (kPvPrefetch) {
-            // Each group's loads ahead of the wait they used to follow: the next m-tile's V^T
-            // fragments into the buffer the group just waited for has released (the first two
-            // before any wait), and the promotion's gamma before the wait.
-            auto promote_whole = [&](int q, const float2 (&gm)[kNTiles]) {
-              seesaw::promote_cols_loaded(o[kM0 + q], 0, tmpw[q % 2], gm);
-            };
-            v_fragments(i, kM0, edge_tag, aw[0]);
-#pragma unroll
-            for (int q = 0; q < kT; ++q) {
-              wgmma_fence();
-              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
-              wgmma_commit();
-              if ((SNAPMLA_SEESAW_PV_PREFETCH & 1) && q == 0 && kT > 1) {
-                v_fragments(i, kM0 + 1, edge_tag, aw[1]);  // never read yet
-              }
-              if (q > 0) {
-                float2 gm[kNTiles];
-                seesaw::load_gamma<0, kGammaAhead>(ps.gamma, 0, t, gm);
-                wgmma_wait<1>();  // group q - 1 done: aw[(q - 1) % 2] is free
-                if (q + 1 < kT) v_fragments(i, kM0 + q + 1, edge_tag, aw[(q + 1) % 2]);
-                seesaw::load_gamma<kGammaAhead>(ps.gamma, 0, t, gm);
-                promote_whole(q - 1, gm);
-              }
-            }
-            float2 gm[kNTiles];
-            seesaw::load_gamma<0, kGammaAhead>(ps.gamma, 0, t, gm);
-            wgmma_wait<0>();
-            seesaw::load_gamma<kGammaAhead>(ps.gamma, 0, t, gm);
-            promote_whole(kT - 1, gm);
-            SEESAW_TRACE(i, kTrPvEnd);
-            return;
-          }
           auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
 #pragma unroll
-          for (int q = 0; q < kT; ++q) {
+          for (int q = 0; q < kMTiles - kM0; ++q) {
             v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
             wgmma_fence();
             wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
@@ -1047,7 +998,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
           }
           wgmma_wait<0>();
-          promote_whole(kT - 1);
+          promote_whole(kMTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }

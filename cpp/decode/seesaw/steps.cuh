@@ -117,42 +117,21 @@ __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int va
 
 // The promotion: O^T m-tile `o` = gamma O^T + T over its 8-column tiles [col0, col0 + kCols)
 // (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read from the
-// block's statistics where it is used (promote_cols), or loaded before by load_gamma
-// (promote_cols_loaded: the loads issued ahead of the wgmma wait that precedes the promotion).
-// (entries [kBegin, kEnd) of gm; all by default)
-template <int kBegin = 0, int kEnd = -1, int kCols>
-__device__ __forceinline__ void load_gamma(const float* gamma, int col0, int t, float2 (&gm)[kCols]) {
-#pragma unroll
-  for (int nn = kBegin; nn < (kEnd < 0 ? kCols : kEnd); ++nn) {
-    gm[nn] = *reinterpret_cast<const float2*>(&gamma[8 * (col0 + nn) + 2 * t]);
-  }
-}
-template <int kNRegs, int kCols>
-__device__ __forceinline__ void fma_cols(float (&o)[kNRegs], int col0, const float* tmp,
-                                         const float2 (&gm)[kCols]) {
-#pragma unroll
-  for (int nn = 0; nn < kCols; ++nn) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const int e = 4 * (col0 + nn) + c;
-      o[e] = fmaf(o[e], c & 1 ? gm[nn].y : gm[nn].x, tmp[4 * nn + c]);
-    }
-  }
-}
+// block's statistics where it is used.
 template <int kNRegs, int kTmpRegs>
 __device__ __forceinline__ void promote_cols(float (&o)[kNRegs], int col0, float (&tmp)[kTmpRegs],
                                              const float* gamma, int t) {
+  constexpr int kCols = kTmpRegs / 4;
   sm90::fence_regs(tmp);
-  float2 gm[kTmpRegs / 4];
-  load_gamma(gamma, col0, t, gm);
-  fma_cols(o, col0, tmp, gm);
-}
-template <int kNRegs, int kTmpRegs>
-__device__ __forceinline__ void promote_cols_loaded(float (&o)[kNRegs], int col0,
-                                                    float (&tmp)[kTmpRegs],
-                                                    const float2 (&gm)[kTmpRegs / 4]) {
-  sm90::fence_regs(tmp);
-  fma_cols(o, col0, tmp, gm);
+#pragma unroll
+  for (int nn = 0; nn < kCols; ++nn) {
+    const int col = col0 + nn;
+    const float2 gm = *reinterpret_cast<const float2*>(&gamma[8 * col + 2 * t]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      o[4 * col + c] = fmaf(o[4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
+    }
+  }
 }
 
 // The epilogue's stores of a thread's O^T (latent d0 + 64 m, + 1 of query rows 8 nn + 2 t + c1),
