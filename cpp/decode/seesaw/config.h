@@ -107,6 +107,7 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
+  int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
 };
 
 struct TensorMaps {

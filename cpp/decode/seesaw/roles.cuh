@@ -18,15 +18,14 @@
 //
 // Registers: 512 threads, 128 each at launch; setmaxnreg moves kSRegs / kPvRegs (72 / 184, their
 // sum 256 = 65,536 / 256; ptxas spills nothing in either loop). Loads: no producer warpgroup.
-// Every load is the PV warpgroups' (session 28): the first pages and the Q by PV warpgroup 0's
-// first thread at a request's start; then, after a PV warpgroup's PV of block i, its content
-// half of block i + kStages, and under PV warpgroup 0 the RoPE tile and the scales too (the
-// page ids by warp 0's lanes). So the S warpgroups' copy holds no divergent branch that reaches
-// shared memory, and ptxas keeps their QK descriptors in uniform registers (with the loads
-// there, ~8 instructions a wgmma). Handoffs (named barriers; the Pready and Pfree ids cycle
+// The first pages and the Q by thread 0 at a request's start; then each content half of block
+// i + kStages by its PV warpgroup after its PV of block i, and the RoPE tile and the scales of
+// block i + 2 by the S warpgroup that owns it once its QK of block i is done (every warp of it
+// is then past its softmax of block i - 2). The page ids go through a ring in shared memory
+// (refill_page), written by the owner. Handoffs (named barriers; the Pready and Pfree ids cycle
 // with the P buffers, so an instance is complete before its id is reused: the owner of block
 // i + kPBuffers waits for the PVs of block i first):
-//   Pready(i % 4)  384: the owner of block i arrives (P8 and statistics written); both
+//   Pready(i % 4)  384: the owner of block i arrives (P8, statistics, refill page written); both
 //                  PV warpgroups sync.
 //   Stats(i % 2)   256: the owner arrives; the other S warpgroup syncs before its softmax of
 //                  block i + 1 (for the last block, after its loop).
@@ -112,6 +111,7 @@ constexpr bool kPair = SNAPMLA_SEESAW_ROLES_PAIR != 0;
 constexpr int kPreadyThreads = kPair ? kCtaThreads : 3 * kWgThreads;
 constexpr int kPfreeThreads = kPair ? kCtaThreads : 3 * kWgThreads;
 constexpr int kStatsThreads = 2 * kWgThreads;
+constexpr int kRefillSlots = 2 * kStages;  // SharedStorage::refill_page
 static_assert(kStages == kPBuffers, "a block's refill goes with its P buffer's handoffs");
 // SNAPMLA_SEESAW_ROLES_LOCAL_MAX: the softmax's exponentials against the block's own row
 // maximum, before the previous block's statistics are read (kernel.cuh's
@@ -216,12 +216,18 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       auto load_rope_scale = [&](int i, int32_t page) {
         seesaw::load_rope_scale(stage_of(i), full_of(i), maps, page, p.num_pages, s.bad_page);
       };
-      // Every load and every store of the request's setup is the PV warpgroups': code of that
-      // kind in the S warpgroups' copy (a divergent branch on the thread index that reaches
-      // shared memory) made ptxas build the QK's descriptors in ordinary registers (~8
-      // instructions a wgmma: bench/NOTES.md, session 28).
-      const bool loader = kPv && half == 0 && wtid == 0;
-      if (loader) {  // the first pages and the Q (the Q after kPagesBeforeQ pages)
+      // Page ids of the refills, 32 at a time in the lanes of the refilling warp.
+      int32_t page_lane = -1;
+      int page_base = -1;
+      auto page_of = [&](int blk) -> int32_t {
+        const int base = blk & ~31;
+        if (base != page_base) {
+          page_base = base;
+          page_lane = base + lane < n ? pages[base + lane] : -1;
+        }
+        return __shfl_sync(0xffffffffu, page_lane, blk & 31);
+      };
+      if (!kPv && tid == 0) {  // the first pages and the Q (the Q after kPagesBeforeQ pages)
         auto load_q = [&] {
           q_wait();
           load_q_tile(s, maps, row0);
@@ -237,10 +243,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
         }
         if (q_at == first_pages) load_q();
       }
-      if (kPv && half == 0 && wtid < kRowsM) {
+      if (!kPv && tid < kRowsM) {
         q_wait();
-        const int fr = tile * kRowsM + wtid;
-        s.q_scale[wtid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
+        const int fr = tile * kRowsM + tid;
+        s.q_scale[tid] = fr < rows_total ? p.q_scale[int64_t{b} * rows_total + fr] : 0.f;
       }
       named_barrier_unaligned(kBarAll, kCtaThreads);
 
@@ -260,6 +266,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
           SEESAW_TRACE(i, kTrQkIssue);
           if (real) mbar_wait(full_of(i), phase_of(i));
           SEESAW_TRACE(i, kTrQkReady);
+          // The page block i + kStages loads, for both refills (published with P8 of block i;
+          // the slot's last reader, a PV warpgroup after its PV of block i - 8, passed
+          // Pfree(i - 8), which this warpgroup waited for at block i - 4)
+          if (real && warp == 0 && i + kStages < n) {
+            const int32_t page = page_of(i + kStages);
+            if (lane == 0) s.refill_page[i % kRefillSlots] = page;
+          }
           // The Q descriptors from an opaque copy each block: hoisted out of the loop, their 20
           // 64-bit values took 40 of the warpgroup's registers (ptxas spilled them).
           SmemDesc qd = q_desc, qrd = qr_desc;
@@ -315,6 +328,12 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             fence_regs(z);
             fence_regs(zb);
             SEESAW_TRACE(ia, kTrQkDone);
+            // QK(j) done, so this warpgroup is past its softmax of pair j - 1: the RoPE tiles and
+            // scales of its stages take pair j + 1's pages
+            if (warp == 0 && lane == 0 && j >= 1) {
+              if (ia + 2 < n) load_rope_scale(ia + 2, s.refill_page[(ia - 2) % kRefillSlots]);
+              if (ib + 2 < n) load_rope_scale(ib + 2, s.refill_page[(ib - 2) % kRefillSlots]);
+            }
             const int tok_a = (seg.blk_lo + ia) * kBlockN, tok_b = tok_a + kBlockN;
             const bool full_a = tok_a + kBlockN <= min_limit;
             const bool full_b = real_b && tok_b + kBlockN <= min_limit;
@@ -393,6 +412,11 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             wgmma_wait<0>();
             fence_regs(z);
             SEESAW_TRACE(i, kTrQkDone);
+            // QK(i) done: every warp of this warpgroup issued it, so every warp is past its softmax
+            // of block i - 2, the last read of that stage's RoPE tile and scales: refill them.
+            if (warp == 0 && lane == 0 && i >= 2 && i + 2 < n) {
+              load_rope_scale(i + 2, s.refill_page[(i - 2) % kRefillSlots]);
+            }
             // ---- softmax (kernel.cuh's softmax_publish, one-term, two rows a thread)
             const int tok0 = (seg.blk_lo + i) * kBlockN;
             const bool full = tok0 + kBlockN <= min_limit;
@@ -506,21 +530,6 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       } else {
         // ================= PV warpgroup: O^T of latent half `half`, every block, then the epilogue
         const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
-        // After this warpgroup's PV of block i (every warp's fragments of its half read), the
-        // stage takes block i + kStages: this half's content, and under half 0 the RoPE tile and
-        // the scales too (the S warpgroup's last read of those, in its softmax of block i, came
-        // before its P8, which this PV waited for). The refilling thread reads each page id one
-        // refill ahead (blocks rise by one), so that no refill waits for its global load.
-        const bool refiller = wtid == 0;
-        int32_t page_next = refiller && kStages < n ? pages[kStages] : -1;
-        auto refill = [&](int i) {
-          if (refiller && i + kStages < n) {
-            const int32_t page = page_next;
-            page_next = i + 1 + kStages < n ? pages[i + 1 + kStages] : -1;
-            load_content_half(i + kStages, half, page);
-            if (half == 0) load_rope_scale(i + kStages, page);
-          }
-        };
         float o[kMTiles][kNRegs];
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
@@ -653,10 +662,15 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               pv_pair(j, real_b, std::false_type{});
             }
             ROLES_PV_TRACE(j, kTrPvEnd);
+            // (read before the arrival: the S warpgroups rewrite them after)
+            const int32_t page_a =
+                wtid == 0 && ia + kStages < n ? s.refill_page[ia % kRefillSlots] : -1;
+            const int32_t page_b =
+                wtid == 0 && ib + kStages < n ? s.refill_page[ib % kRefillSlots] : -1;
             if (j + 2 < n_pairs) named_barrier_arrive(kBarPfree + (j & 1), kPfreeThreads);
             ROLES_PV_TRACE(j, kTrPfreeArrived);
-            refill(ia);
-            refill(ib);
+            if (wtid == 0 && ia + kStages < n) load_content_half(ia + kStages, half, page_a);
+            if (wtid == 0 && ib + kStages < n) load_content_half(ib + kStages, half, page_b);
           }
         } else {
           for (int i = 0; i < n; ++i) {
@@ -669,9 +683,13 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               pv_block(i, std::false_type{});
             }
             ROLES_PV_TRACE(i, kTrPvEnd);
+            // (read before the arrival: the owner of block i + kPBuffers rewrites it after)
+            const int32_t page =
+                wtid == 0 && i + kStages < n ? s.refill_page[i % kRefillSlots] : -1;
             if (i + kPBuffers < n) named_barrier_arrive(kBarPfree + i % kPBuffers, kPfreeThreads);
             ROLES_PV_TRACE(i, kTrPfreeArrived);
-            refill(i);
+            // Every warp's fragments of this half were read (its wgmmas completed): refill it.
+            if (wtid == 0 && i + kStages < n) load_content_half(i + kStages, half, page);
           }
         }  // kPair
         if constexpr (SNAPMLA_PDL >= 2 && SNAPMLA_SEESAW_EARLY_TRIGGER != 0) {
@@ -701,7 +719,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
       q_phase ^= 1;
       // Q, the ring, P8 and the statistics are free for the next request; bad_page was read.
       named_barrier_unaligned(kBarAll, kCtaThreads);
-      if (loader) s.bad_page = 0;  // it issues the next request's first loads
+      if (!kPv && tid == 0) s.bad_page = 0;  // thread 0 issues the next request's first loads
     }
   };
   if (wg < kSWgs) {
