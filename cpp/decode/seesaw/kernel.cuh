@@ -760,15 +760,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // scale it back exactly. m is bias's: the running maximum, or under kLocalMax the block's.
         float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
         auto p_prime = [&](const float (&bias)[2]) {
-          auto run = [&](auto full_tag) {
-            exp_scaled<kElems, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
-                                                          p_max);
-          };
-          if (full) {
-            run(std::true_type{});
-          } else {
-            run(std::false_type{});
-          }
+          exp_scaled<kElems>(full, z, row_factor, bias, st.scale, t, e_sum, p_max);
           SEESAW_TRACE(i, kTrExp);
           e_sum[0] *= kExpUnshift;
           e_sum[1] *= kExpUnshift;

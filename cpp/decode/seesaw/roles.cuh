@@ -363,16 +363,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               bias[ri] = kExpShift - (m_new[ri] == -INFINITY ? 0.f : m_new[ri]);
             }
             float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-            if (full_a) {
-              exp_scaled<4, true>(z, row_factor, bias, st_a.scale, t, e_sum, p_max);
-            } else {
-              exp_scaled<4, false>(z, row_factor, bias, st_a.scale, t, e_sum, p_max);
-            }
-            if (full_b) {
-              exp_scaled<4, true>(zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
-            } else {
-              exp_scaled<4, false>(zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
-            }
+            exp_scaled<4>(full_a, z, row_factor, bias, st_a.scale, t, e_sum, p_max);
+            exp_scaled<4>(full_b, zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
             SEESAW_TRACE(ia, kTrExp);
             float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
@@ -446,15 +438,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             // other S warpgroup's statistics), and c = exp(mx - m_new) scales P' and its sum after.
             float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
             auto p_prime = [&](const float (&bias)[2]) {
-              auto run = [&](auto full_tag) {
-                exp_scaled<4, decltype(full_tag)::value>(z, row_factor, bias, st.scale, t, e_sum,
-                                                         p_max);
-              };
-              if (full) {
-                run(std::true_type{});
-              } else {
-                run(std::false_type{});
-              }
+              exp_scaled<4>(full, z, row_factor, bias, st.scale, t, e_sum, p_max);
               SEESAW_TRACE(i, kTrExp);
 #pragma unroll
               for (int ri = 0; ri < 2; ++ri) {

@@ -240,6 +240,18 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
     }
   }
 }
+// The same for a block chosen at run time: `full` (every row sees the whole block) picks the
+// variant without the select.
+template <int kElems>
+__device__ __forceinline__ void exp_scaled(bool full, float (&z)[32], const float (&row_factor)[2],
+                                           const float (&bias)[2], const float* scale, int t,
+                                           float (&e_sum)[2], float (&p_max)[2]) {
+  if (full) {
+    exp_scaled<kElems, true>(z, row_factor, bias, scale, t, e_sum, p_max);
+  } else {
+    exp_scaled<kElems, false>(z, row_factor, bias, scale, t, e_sum, p_max);
+  }
+}
 
 }  // namespace seesaw
 }  // namespace decode
