@@ -165,11 +165,15 @@ def _seesaw(n: int, two_term: bool = False, direct: bool = False) -> list[str]:
     return _kernel(_sass_by_kernel(), _seesaw_name(n, two_term, direct))
 
 
+# A wgmma instruction: its shape, and its A operand (a register, or a shared-memory descriptor)
+_WGMMA = re.compile(r"\b([QH]GMMA\.[0-9x]+)\S*\s+R\d+,\s+(\S+)")
+
+
 def _wgmma(sass: list[str]) -> collections.Counter[tuple[str, str]]:
     """(shape, where its A operand comes from: "smem" or "reg") of each wgmma instruction."""
     found: collections.Counter[tuple[str, str]] = collections.Counter()
     for line in sass:
-        m = re.search(r"\b([QH]GMMA\.[0-9x]+)\S*\s+R\d+,\s+(\S+)", line)
+        m = _WGMMA.search(line)
         if m:
             found[(m.group(1), "reg" if m.group(2).startswith("R") else "smem")] += 1
     return found
@@ -281,9 +285,9 @@ def test_fast_kernel_qk_descriptors_stay_uniform(n: int, two_term: bool) -> None
     for line in sass:
         if re.search(r"\bR2UR\b", line):
             pending += 1
-        m = re.search(r"\b[QH]GMMA\.[0-9x]+\S*\s+R\d+,\s+(\S+)", line)
+        m = _WGMMA.search(line)
         if m:
-            if not m.group(1).startswith("R"):  # A from shared memory: a QK wgmma
+            if not m.group(2).startswith("R"):  # A from shared memory: a QK wgmma
                 ss += 1
                 before_ss += pending
             pending = 0
