@@ -108,14 +108,6 @@ builds=(
   # the role-split kernel on pairs of pages, one S warpgroup (SNAPMLA_SEESAW_ROLES_PAIR=2,
   # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  # N = 64's QK of the next own block issued in the middle of an iteration
-  # (SNAPMLA_SEESAW_QK_AHEAD, experimental, off; session 29), and what its one QK accumulator
-  # and half-N PV groups cost without the move
-  "seesaw_trace_qkahead1:-DSNAPMLA_SEESAW_QK_AHEAD=1"
-  "seesaw_trace_qkahead2:-DSNAPMLA_SEESAW_QK_AHEAD=2"
-  "seesaw_timeline_qkahead1:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_AHEAD=1"
-  "seesaw_timeline_qkahead2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_AHEAD=2"
-  "seesaw_trace_halfn_oneacc:-DSNAPMLA_SEESAW_PV_WHOLE=0 -DSNAPMLA_SEESAW_QK_ONE_ACC=1"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).

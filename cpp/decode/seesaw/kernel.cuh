@@ -182,19 +182,8 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #ifndef SNAPMLA_SEESAW_QK_ONE_ACC
 #define SNAPMLA_SEESAW_QK_ONE_ACC 0
 #endif
-// SNAPMLA_SEESAW_QK_AHEAD (experimental, off; session 29): at N = 64 (one-term, with the
-// producer) the owner issues QK(i + 2) in the middle of iteration i instead of at the start of
-// iteration i + 2: 1 between the other's PV(i - 1) and its own PV(i), 2 before both. The QK then
-// runs while the other warpgroup's softmax leaves the tensor cores idle, instead of with this
-// warpgroup waiting for it. It takes one accumulator (QK_ONE_ACC's, 32 registers; session 21
-// measured it as accurate as two), which ptxas then holds across the loop's back edge, so every
-// PV runs in half-N groups (with whole-N ones beside it 800-1,100 B spill). Every wgmma is
-// waited for by the end of PV(i): none is in flight across the back edge.
 #ifndef SNAPMLA_SEESAW_BENCH_NO_Q_WAIT
 #define SNAPMLA_SEESAW_BENCH_NO_Q_WAIT 0
-#endif
-#ifndef SNAPMLA_SEESAW_QK_AHEAD
-#define SNAPMLA_SEESAW_QK_AHEAD 0
 #endif
 #ifndef SNAPMLA_SEESAW_EARLY32
 #define SNAPMLA_SEESAW_EARLY32 0
@@ -333,8 +322,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       !kProducer && !kTwoTerm &&  // two-term: every warp below kN / 8 runs the softmax
       (kEarlyMTiles == kMTiles || (kN == 32 && SNAPMLA_SEESAW_REFILL32 != 0));
   constexpr int kRefillWarp = kRefillInSoftmax ? 3 : 0;
-  constexpr bool kQkAhead = SNAPMLA_SEESAW_QK_AHEAD != 0 && kN == 64 && !kTwoTerm && !kPvDirect &&
-                           kProducer && kEarlyMTiles == 0 && !kRefillInSoftmax;
   static_assert(!kRefillInSoftmax || kRowsPerWarp * kRefillWarp >= kN,
                 "the refill warp runs no softmax");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -677,7 +664,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // BF16 steps, in one fp32 accumulator (sa), for a schedule whose owners cannot hold two
       // (bench/NOTES.md, session 21); here to measure what the longer FP8 chain costs in
       // accuracy. sb is then never written or read.
-      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0 || kQkAhead;
+      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       float sa[32], sb[32];
       // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
       auto issue_qk = [&](int i) {
@@ -926,11 +913,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
 
       // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
-      // waited_tag (kQkAhead): the stage of block i was waited for before QK(i + 2) was issued
-      // (no spin loop with a wgmma in flight: ptxas would serialize every wgmma).
-      auto pv_block = [&](int i, auto edge_tag, auto m0_tag, auto waited_tag) {
+      auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
-        if constexpr (!(kQkAhead && decltype(waited_tag)::value)) mbar_wait(full_of(i), phase_of(i));
+        mbar_wait(full_of(i), phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
@@ -991,8 +976,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
-        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value &&
-                      !kQkAhead) {
+        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
@@ -1043,25 +1027,21 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
       using AllTiles = std::integral_constant<int, 0>;
       using LateTiles = std::integral_constant<int, kEarlyMTiles>;
-      auto pv = [&](int i, auto waited_tag) {  // every m-tile (waited_tag: see pv_block)
+      auto pv = [&](int i) {  // the own block: every m-tile
         if (is_edge(i)) {
-          pv_block(i, std::true_type{}, AllTiles{}, waited_tag);
+          pv_block(i, std::true_type{}, AllTiles{});
         } else {
-          pv_block(i, std::false_type{}, AllTiles{}, waited_tag);
+          pv_block(i, std::false_type{}, AllTiles{});
         }
       };
-      auto pv_late = [&](int i, auto waited_tag) {  // the other's block, past the early m-tiles
+      auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
         if constexpr (kEarlyMTiles < kMTiles) {
           if (is_edge(i)) {
-            pv_block(i, std::true_type{}, LateTiles{}, waited_tag);
+            pv_block(i, std::true_type{}, LateTiles{});
           } else {
-            pv_block(i, std::false_type{}, LateTiles{}, waited_tag);
+            pv_block(i, std::false_type{}, LateTiles{});
           }
         }
-      };
-      // kQkAhead: QK(i + 2), after the stages of the PVs behind it were waited for.
-      auto issue_qk_ahead = [&](int i) {
-        if (i + 2 < n) issue_qk(i + 2);
       };
       // Page ids of the refills, 32 at a time: lane j of the refill warp of each warpgroup holds
       // pages[page_base + j]. A global load per refill would stall the warp that the whole
@@ -1102,14 +1082,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto pv_seesaw_rest = [&](int i) {
         if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
         SEESAW_TRACE(i, kTrEarlyDone);
-        constexpr bool kAheadOfBoth = kQkAhead && SNAPMLA_SEESAW_QK_AHEAD >= 2;
-        if constexpr (kAheadOfBoth) {
-          if (i > 0) mbar_wait(full_of(i - 1), phase_of(i - 1));
-          issue_qk_ahead(i);
-        }
         if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
           if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
-          pv_late(i - 1, std::integral_constant<bool, kAheadOfBoth>{});
+          pv_late(i - 1);
           if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
           SEESAW_TRACE(i, kTrPfreeArrived);
           if constexpr (kProducer) {
@@ -1120,8 +1095,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
         if constexpr (!kRefillInSoftmax && !kProducer) refill_rope_scale(i);
         SEESAW_TRACE(i, kTrRefill);
-        if constexpr (kQkAhead && !kAheadOfBoth) issue_qk_ahead(i);
-        pv(i, std::true_type{});  // (the own block: its stage was waited for by QK(i))
+        pv(i);
         if constexpr (kProducer) {
           release(i);
         } else if constexpr (!kRefillInSoftmax) {
@@ -1132,14 +1106,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-      if constexpr (kQkAhead) {  // the first block's QK; the others' in the last iteration
-        if (wg < n) {
-          issue_qk(wg);
-          wgmma_wait<0>();
-        }
-      }
       for (int i = wg; i < n; i += 2) {
-        if constexpr (!kQkAhead) issue_qk(i);
+        issue_qk(i);
         if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
             named_barrier(kBarPready + ((i - 1) & 1), kThreads);
@@ -1170,7 +1138,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       }
       if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
         named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-        pv(n - 1, std::false_type{});
+        pv(n - 1);
       }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
