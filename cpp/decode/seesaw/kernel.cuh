@@ -182,9 +182,6 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
 #ifndef SNAPMLA_SEESAW_QK_ONE_ACC
 #define SNAPMLA_SEESAW_QK_ONE_ACC 0
 #endif
-#ifndef SNAPMLA_SEESAW_BENCH_NO_Q_WAIT
-#define SNAPMLA_SEESAW_BENCH_NO_Q_WAIT 0
-#endif
 #ifndef SNAPMLA_SEESAW_EARLY32
 #define SNAPMLA_SEESAW_EARLY32 0
 #endif
@@ -344,12 +341,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // launch has none), wait only before reading its output (q_wait below), not at entry.
   const bool late_q_wait =
       SNAPMLA_PDL >= 2 && (kTwoTerm || !(seesaw_fuses_q(kN) && p.q_in.q != nullptr));
-  // SNAPMLA_SEESAW_BENCH_NO_Q_WAIT (timing builds only, wrong results in general): no wait for
-  // the kernel before this one, so that a benchmark whose every call quantizes the same query
-  // into the same workspace times the call as if the Q-quant kernel cost nothing on the path.
-  constexpr bool kWaitForQ = SNAPMLA_SEESAW_BENCH_NO_Q_WAIT == 0;
   auto q_wait = [&] {
-    if (kWaitForQ && late_q_wait) griddep_wait();  // (a no-op after the first)
+    if (late_q_wait) griddep_wait();  // (a no-op after the first)
   };
 
   if constexpr (SNAPMLA_SEESAW_PREFETCH_MAPS != 0) {
@@ -377,7 +370,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
-  if (kWaitForQ && !late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
+  if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
   SEESAW_TRACE(0, kTrPlanChecked);
