@@ -563,7 +563,8 @@ def run_case(
     # ---- data: the BF16 pages (FlashInfer's cache), appended into our FP8 cache.
     ckv = torch.empty(total_pages, PAGE_SIZE, CONTENT_DIM, dtype=torch.bfloat16, device=dev)
     kpe = torch.empty(total_pages, PAGE_SIZE, ROPE_DIM, dtype=torch.bfloat16, device=dev)
-    cache = snapmla.KVCache(num_layers=1, num_pages=total_pages)
+    # --page-stride: each page in a larger slot (an engine's layout, e.g. vLLM's 64 x 656 bytes)
+    cache = snapmla.KVCache(num_layers=1, num_pages=total_pages, page_stride=args.page_stride)
     plan = None
     try:
         chunk = 4096  # pages per append
@@ -987,6 +988,13 @@ def _parser() -> argparse.ArgumentParser:
         help="with --two-term: rounds of one-term then two-term timing whose median ratio is "
         "cost_alternating (0: none)",
     )
+    p.add_argument(
+        "--page-stride",
+        type=int,
+        default=0,
+        help="bytes from one page of snapmla's cache to the next (KVCache's page_stride: 0 = "
+        "packed, 41216; e.g. 41984 for vLLM's 64 x 656-byte slots)",
+    )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p
 
@@ -1038,6 +1046,7 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "flashinfer": not args.no_flashinfer,
             "two_term": args.two_term,
+            "page_stride": args.page_stride,
         },
         "constants": {
             "bytes_per_token": {"snapmla": OUR_BYTES_PER_TOKEN, "flashinfer": BF16_BYTES_PER_TOKEN},

@@ -6,7 +6,7 @@
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-f32out]
 #                             [probe] [accuracy-layers] [bench-cases] [dump-save] [dump-compare]
-#                             [qquant]
+#                             [qquant] [bench-cases:<options>] [pytest-files]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -95,12 +95,21 @@ for stage in "$@"; do
         tests/gpu/test_accuracy_layers_gpu.py --tb=short 2>&1 \
         | tee "$OUT/pytest-accuracy-layers$TAG.log" | tail -20 || status=1
       ;;
-    bench-cases)  # BENCH_CASES (bench_decode.py --cases), short timing, next to FlashInfer
-      log "decode benchmark, cases ${BENCH_CASES:-}"
+    bench-cases|bench-cases:*)  # BENCH_CASES (bench_decode.py --cases), short timing, next to
+      # FlashInfer; after the colon more bench_decode.py options, '@' between them (e.g.
+      # bench-cases:--page-stride=41984 or bench-cases:--two-term@--two-term-rounds=3; a
+      # --cases=... there replaces BENCH_CASES)
+      extra=${stage#bench-cases}; extra=${extra#:}; extra=${extra//@/ }
+      log "decode benchmark, cases ${BENCH_CASES:-} ${extra}"
       name=$(unused_name "decode-cases$TAG")
       timeout 300 python3 bench/bench_decode.py --quick --cases "${BENCH_CASES:?BENCH_CASES}" \
-        --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-cases${name#decode-cases}.log" | tail -30 \
+        $extra --out "$OUT/$name.json" 2>&1 | tee "$OUT/bench-cases${name#decode-cases}.log" | tail -30 \
         || status=1
+      ;;
+    pytest-files)  # PYTEST_FILES: test files or node ids, e.g. the one a change touched
+      log "pytest ${PYTEST_FILES:-}"
+      timeout 400 python3 -m pytest -q -rfEs -p no:cacheprovider ${PYTEST_FILES:?PYTEST_FILES} \
+        --tb=short 2>&1 | tee "$OUT/pytest-files$TAG.log" | tail -20 || status=1
       ;;
     frag)
       log "seesaw fragment mapping (tests/cuda/seesaw_fragments.cu)"

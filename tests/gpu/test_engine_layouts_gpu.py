@@ -91,13 +91,16 @@ def test_per_layer_cache_matches_the_contiguous_one(rng: np.random.Generator) ->
 
 
 @pytest.mark.parametrize("kernel", ["auto", "reference"])
-def test_page_stride_matches_the_packed_cache(rng: np.random.Generator, kernel: str) -> None:
+@pytest.mark.parametrize("num_heads", [16, 32, 128])  # the seesaw kernel's PV widths 16, 32, 64
+def test_page_stride_matches_the_packed_cache(
+    rng: np.random.Generator, kernel: str, num_heads: int
+) -> None:
     """``page_stride``: every page inside a larger slot (vLLM's 64 x 656 bytes), the slack
-    poisoned; decode, append and fetch-dequant give the packed cache's bytes, and the slack is
-    never written."""
+    poisoned; decode (every seesaw width), append and fetch-dequant give the packed cache's
+    bytes, and the slack is never written."""
     torch = torch_module()
     stride = 64 * 656
-    case = make_case(rng, [130, 64, 1, 700], num_heads=16, num_layers=2)
+    case = make_case(rng, [130, 64, 1, 700], num_heads=num_heads, num_layers=2)
     a = snapmla.KVCache(case.num_layers, case.num_pages, buffer=to_torch(case.image))
     strided, b = _strided_cache(case, stride, 0xFF)
     q, bt, sl = device_inputs(case)
