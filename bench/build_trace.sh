@@ -108,13 +108,6 @@ builds=(
   # the role-split kernel on pairs of pages, one S warpgroup (SNAPMLA_SEESAW_ROLES_PAIR=2,
   # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  # a request's first page ids read before their loads (SNAPMLA_SEESAW_FIRST_IDS_AHEAD), and the
-  # two-term kernels' first pages without the wait for the Q-quant kernel (session 29)
-  # (and the loader in the producer's copy only, SNAPMLA_SEESAW_LOADER_PRODUCER_ONLY)
-  "seesaw_trace_lpo:-DSNAPMLA_SEESAW_LOADER_PRODUCER_ONLY=1"
-  "seesaw_trace_idsahead:-DSNAPMLA_SEESAW_LOADER_PRODUCER_ONLY=1 -DSNAPMLA_SEESAW_FIRST_IDS_AHEAD=1"
-  "seesaw_timeline_idsahead:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_LOADER_PRODUCER_ONLY=1 -DSNAPMLA_SEESAW_FIRST_IDS_AHEAD=1"
-  "seesaw_trace_idsahead_ttpf:-DSNAPMLA_SEESAW_LOADER_PRODUCER_ONLY=1 -DSNAPMLA_SEESAW_FIRST_IDS_AHEAD=1 -DSNAPMLA_SEESAW_TWO_TERM_PAGES_FIRST=1"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).

@@ -199,21 +199,6 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
-// SNAPMLA_SEESAW_FIRST_IDS_AHEAD (experimental, off; session 29): the loader reads a request's
-// first kStages page ids before it issues any of their loads, instead of each just before its
-// page's loads.
-#ifndef SNAPMLA_SEESAW_LOADER_PRODUCER_ONLY
-#define SNAPMLA_SEESAW_LOADER_PRODUCER_ONLY 0
-#endif
-#ifndef SNAPMLA_SEESAW_FIRST_IDS_AHEAD
-#define SNAPMLA_SEESAW_FIRST_IDS_AHEAD 0
-#endif
-// SNAPMLA_SEESAW_TWO_TERM_PAGES_FIRST (experimental, off; session 29): in the two-term kernels
-// (whose consumers load the Q tile themselves) the loader issues every first page without
-// waiting for the Q-quant kernel, instead of pages past kPagesBeforeQ after it.
-#ifndef SNAPMLA_SEESAW_TWO_TERM_PAGES_FIRST
-#define SNAPMLA_SEESAW_TWO_TERM_PAGES_FIRST 0
-#endif
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
@@ -522,21 +507,18 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto load_rope_scale = [&](int i, int32_t page) {
         seesaw::load_rope_scale(stage_of(i), full_of(i), maps, page, p.num_pages, s.bad_page);
       };
-      // SNAPMLA_SEESAW_LOADER_PRODUCER_ONLY: with a producer only its copy of the request loop
-      // compiles the loader (the consumers' copy never runs it: 400-600 instructions less).
-      constexpr bool kLoaderHere =
-          !kProducer || kIsProducer || SNAPMLA_SEESAW_LOADER_PRODUCER_ONLY == 0;
+      // With a producer only its copy of the request loop compiles the loader: the consumers'
+      // copy never runs it (as 74a7c2c's q_scale store; 400-600 instructions less, session 29).
+      constexpr bool kLoaderHere = !kProducer || kIsProducer;
       if (kLoaderHere && tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
-        constexpr int kPagesBeforeQAt =
-            kTwoTerm && SNAPMLA_SEESAW_TWO_TERM_PAGES_FIRST != 0 ? kStages : kPagesBeforeQ;
         auto load_q = [&] {
           if (!kTwoTerm && !fused_q) {  // the two-term or fused query's tile: the consumers below
             q_wait();
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQWaited);
             load_q_tile(s, maps, row0);
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQIssued);
-          } else if constexpr (kPagesBeforeQAt < kStages) {
+          } else if constexpr (kPagesBeforeQ < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
           if constexpr (kIsProducer && kEarlyStart) {  // the consumers may start (see kBarStart)
@@ -546,34 +528,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // The Q's place among the first pages: pages issued before it do not wait for the
         // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
         const int first_pages = min(kStages, n);
-        const int q_at = late_q_wait ? min(kPagesBeforeQAt, first_pages) : 0;
-        if constexpr (SNAPMLA_SEESAW_FIRST_IDS_AHEAD != 0) {
-          // The first pages' ids in flight together: read one at a time, each page's loads
-          // waited a global round trip for its id (8x128x4096's timeline: pages 1-3 issued
-          // ~1,200 cycles apart, the second block's QK waiting ~1,000 cycles for its page).
-          int32_t first_ids[kStages];
-#pragma unroll
-          for (int i = 0; i < kStages; ++i) first_ids[i] = i < first_pages ? pages[i] : -1;
-#pragma unroll
-          for (int i = 0; i < kStages; ++i) {
-            if (i < first_pages) {
-              if (i == q_at) load_q();
-              const int32_t page = first_ids[i];
-              if (i == 0 && page_ok(page)) SEESAW_LOADER_TRACE(b == requests.begin, kTrPageRead);
-              load_content_half(i, 0, page);
-              load_content_half(i, 1, page);
-              load_rope_scale(i, page);
-            }
-          }
-        } else {
-          for (int i = 0; i < first_pages; ++i) {
-            if (i == q_at) load_q();
-            const int32_t page = pages[i];
-            if (i == 0 && page_ok(page)) SEESAW_LOADER_TRACE(b == requests.begin, kTrPageRead);
-            load_content_half(i, 0, page);
-            load_content_half(i, 1, page);
-            load_rope_scale(i, page);
-          }
+        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
+        for (int i = 0; i < first_pages; ++i) {
+          if (i == q_at) load_q();
+          const int32_t page = pages[i];
+          if (i == 0 && page_ok(page)) SEESAW_LOADER_TRACE(b == requests.begin, kTrPageRead);
+          load_content_half(i, 0, page);
+          load_content_half(i, 1, page);
+          load_rope_scale(i, page);
         }
         if (q_at == first_pages) load_q();
         SEESAW_LOADER_TRACE(b == requests.begin, kTrLoadsIssued);
