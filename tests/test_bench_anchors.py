@@ -103,6 +103,14 @@ def test_ceilings(bench_decode: ModuleType) -> None:
     )
 
 
+def test_page_stride_option(bench_decode: ModuleType) -> None:
+    """--page-stride reaches KVCache's page_stride: 0 (packed) unless given."""
+    parser = bench_decode._parser()
+    assert parser.parse_args([]).page_stride == 0
+    assert parser.parse_args(["--page-stride", "41984"]).page_stride == 41984
+    assert "page_stride=args.page_stride" in Path(bench_decode.__file__).read_text(encoding="utf-8")
+
+
 def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
     """--two-term results print under the table: kernel, time, cost and both errors."""
     assert bench_decode._parser().parse_args(["--two-term"]).two_term
