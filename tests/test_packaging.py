@@ -366,6 +366,19 @@ def test_fast_kernel_producer_split(n: int, two_term: bool) -> None:
         assert not alloc, alloc
 
 
+@pytest.mark.parametrize(("n", "two_term"), SEESAW_VARIANTS)
+def test_fast_kernel_consumers_compile_no_loader(n: int, two_term: bool) -> None:
+    """With a producer warpgroup every TMA load is the producer's, so the consumers' copy of the
+    request loop compiles none: before session 29 it held the page loader too, which only the
+    producer's thread runs (18-38 UTMALDG and 400-600 instructions in all, dead code; session
+    28 found such code in the other role's copy changing ptxas's registers for the consumers)."""
+    if not _has_producer(n, two_term):
+        pytest.skip("no producer warpgroup: the consumers issue the loads")
+    code = _consumer_code(_seesaw(n, two_term), n, two_term)
+    loads = [line for line in code if re.search(r"\bUTMALDG\b", line)]
+    assert not loads, f"{len(loads)} TMA loads in the consumers' code"
+
+
 def _registers(part: str) -> int:
     """REG of the one kernel named *part* in ``cuobjdump --dump-resource-usage``."""
     cmd, env = _sass_command()
