@@ -421,8 +421,9 @@ typedef enum snapmla_q_precision {
                                    Since 0.2 (tested on the H200). REFERENCE takes it
                                    at every shape; AUTO and FAST where q_len * num_heads
                                    <= 32 (the low rows interleaved in the seesaw kernel's
-                                   QK tile: 0.93-1.02x the one-term time at <= 16 rows,
-                                   1.02-1.04x at 32, H200, bench/NOTES.md); past 32
+                                   QK tile: 0.99-1.07x the one-term time at <= 16 rows,
+                                   the most at short contexts, 1.02-1.04x at 32, H200,
+                                   bench/NOTES.md, sessions 21-29); past 32
                                    only REFERENCE (AUTO refuses rather than run a kernel
                                    several times slower unasked) */
 } snapmla_q_precision_t;

@@ -27,9 +27,9 @@ roundings that each scheme prescribes is float64.
 * ``ours-q-fp8x2``: the contract's KV cache and FP8 P with the two-term FP8 query of issue #9
   (``reference.quantize_q2``: ``q_nope ~ s1 * q_hi + s2 * q_lo``, two FP8 rows, the second on
   the first's fp32 residual with its own per-row scale; the RoPE part as in the contract),
-  emulated (``decode_reference(q_terms=2)`` is its step-by-step model; no kernel runs it
-  yet). The summary compares its error with ``ours-q-bf16`` (the issue's target: at most
-  1.1x at every layer and context) and with ``ours-model``.
+  emulated (``decode_reference(q_terms=2)`` is its step-by-step model; the kernels' own
+  two-term output is ``ours-fp8x2``). The summary compares its error with ``ours-q-bf16``
+  (the issue's target: at most 1.1x at every layer and context) and with ``ours-model``.
 * ``ours-q-bf16``: the contract's KV cache and FP8 P with the BF16 query left unquantized
   (emulated): the difference to ``ours-model`` is the error of the query's FP8 rounding.
 * ``bf16``: exact float64 attention on the BF16 inputs with the output rounded to BF16 (lse to
