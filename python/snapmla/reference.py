@@ -24,9 +24,9 @@ Three layers:
   and within 1.15x of this model's own error against :func:`exact_attention` per
   ``snapmla.workload`` layer (``python -m snapmla.accuracy --kernel fast`` reports it).
 
-The two-term FP8 query (issue #9; ``q_precision="fp8x2"`` in ``snapmla.DecodePlan`` and the C
-API's ``SNAPMLA_Q_PRECISION_FP8X2``: both kernels run it, the tensor-core one where ``q_len * num_heads <=
-32``, and this model states it). A query row's content ``q_nope`` is
+The two-term FP8 query (issue #9; ``q_precision="fp8x2"`` in ``snapmla.DecodePlan`` and the
+C API's ``SNAPMLA_Q_PRECISION_FP8X2``: both kernels run it, the tensor-core one where
+``q_len * num_heads <= 32``, and this model states it). A query row's content ``q_nope`` is
 carried as two FP8 rows with their own per-row scales, ``q_nope ~ s1 * q_hi + s2 * q_lo``, so
 that its rounding drops from about 2^-4 to about 2^-8 relative while QK stays on FP8 tensor
 cores. With ``q`` the BF16 row's values as fp32 (exact) and every operation below an IEEE fp32
