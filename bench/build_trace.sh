@@ -131,6 +131,12 @@ if [ -z "${SNAPMLA_TRACE_ONLY:-}" ] || [[ " $SNAPMLA_TRACE_ONLY " == *" qgmma_pr
   "$NVCC" "${flags[@]}" bench/qgmma_probe.cu -o .carry/bin/qgmma_probe &
   pids+=($!)
 fi
+# Issue 7's PV forms measured alone (bench/pv_rate.cu; run .carry/bin/pv_rate on the GPU).
+if [ -z "${SNAPMLA_TRACE_ONLY:-}" ] || [[ " $SNAPMLA_TRACE_ONLY " == *" pv_rate "* ]]; then
+  rm -f .carry/bin/pv_rate
+  "$NVCC" "${flags[@]}" bench/pv_rate.cu -o .carry/bin/pv_rate &
+  pids+=($!)
+fi
 # SNAPMLA_TRACE_BASE: the timing binary of another commit (its own sources and source list),
 # built in the worktree above, as seesaw_trace_base.
 if [ -n "$base_tree" ]; then

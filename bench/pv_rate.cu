@@ -14,6 +14,18 @@
 //   4 fp8-n64-raw         the 8 m64n64k32 of variant 1 back to back, one wait
 //   5 f16-raw             the 16 m64n64k16 of variant 2 back to back, one wait
 //   6 fp8-n64-ss-raw      8 m64n64k32 with both operands in shared memory (the QK's form)
+// The other orientation, O[64 rows x 256 latent] = P V (session 29: is the A-in-registers rate a
+// matter of N?), P as the A operand in registers and V^T as a K-major B in shared memory
+// ([latent][64 tokens], 64-byte swizzle), which the kernel would have to build (variant 9):
+//   7 fp8-n256-rs-raw     2 m64n256k32 (the block's two k-steps), one wait
+//   8 fp8-n128-promoted   2 groups (half the latent each) of 2 m64n128k32 into a zeroed 64-register
+//                         temporary, one at a time, each added into O = gamma O + T
+//   9 vt-rewrite          no tensor work: the warpgroup rewrites a whole 32 KB content tile
+//                         (4 chunks of [64 tokens][128 B], 128-byte swizzle) into V^T
+//                         [512 latent][64 tokens] (64-byte swizzle) in another buffer: per
+//                         m-tile and k-step one ldmatrix.trans x4, four byte permutes and one
+//                         stmatrix x4 a warp (session 15's in-place form, 65899d9), then the
+//                         async-proxy fence and a warpgroup barrier, as a producer would
 //
 // Every CTA of a full grid (one per SM) runs `reps` blocks; CTA 0's warpgroups time them with
 // clock64 (cycles per block and warpgroup, median of the CTA's warpgroups). The numbers are what
@@ -29,24 +41,29 @@
 #include "decode/seesaw/fragments.cuh"
 #include "decode/wgmma_ops.cuh"
 #include "cuda_check.h"
+#include "wgmma_wide_ops.cuh"
 
 using namespace snapmla;
 using namespace snapmla::decode::seesaw;
 
 #define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
 
-constexpr int kVariants = 7;
+constexpr int kVariants = 10;
 const char* const kNames[kVariants] = {"fp8-halfN-promoted", "fp8-wholeN-promoted", "f16-direct",
                                        "fp8-n32-raw",        "fp8-n64-raw",         "f16-raw",
-                                       "fp8-n64-ss-raw"};
-// Tensor cycles of one block's PV for one warpgroup (256 latent x 64 rows x 64 tokens).
-const int kTensorCycles[kVariants] = {256, 256, 512, 256, 256, 512, 256};
+                                       "fp8-n64-ss-raw",     "fp8-n256-rs-raw",
+                                       "fp8-n128-promoted",  "vt-rewrite"};
+// Tensor cycles of one block's PV for one warpgroup (256 latent x 64 rows x 64 tokens); 0: none.
+const int kTensorCycles[kVariants] = {256, 256, 512, 256, 256, 512, 256, 256, 256, 0};
 
 struct Smem {
   uint8_t content[2][2][64 * 128];  // [warpgroup][chunk][64 tokens x 128 B], 128B swizzle
   uint8_t p8[64 * 64];              // [64 rows][64 B], 64B swizzle
   uint8_t p16[64 * 128];            // [64 rows][64 f16], 128B swizzle
   float gamma[64];
+  uint8_t vt[2][256 * 64];          // [warpgroup] V^T of its 256 latent: [latent][64 tokens]
+  uint8_t tile[2][4][64 * 128];     // [warpgroup] a whole content tile (variant 9's source)
+  uint8_t vt_all[2][512 * 64];      // [warpgroup] its V^T (variant 9's destination)
 };
 
 template <int kVariant>
@@ -61,6 +78,12 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
     reinterpret_cast<uint8_t*>(s.content)[i] = uint8_t((i * 2654435761u >> 13) & 0xbf);
   }
   for (int i = tid; i < int(sizeof(s.p8)); i += 256) s.p8[i] = uint8_t((i * 40503u >> 7) & 0x3f);
+  for (int i = tid; i < int(sizeof(s.vt)); i += 256) {
+    reinterpret_cast<uint8_t*>(s.vt)[i] = uint8_t((i * 2654435761u >> 11) & 0xbf);
+  }
+  for (int i = tid; i < int(sizeof(s.tile)); i += 256) {
+    reinterpret_cast<uint8_t*>(s.tile)[i] = uint8_t((i * 2654435761u >> 9) & 0xbf);
+  }
   for (int i = tid; i < int(sizeof(s.p16)) / 2; i += 256) {
     reinterpret_cast<uint16_t*>(s.p16)[i] = uint16_t(0x3000 + ((i * 40503u >> 5) & 0x3ff));
   }
@@ -207,6 +230,61 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
       sm90::wgmma_wait<0>();
 #pragma unroll
       for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
+    } else if constexpr (kVariant == 7 || kVariant == 8) {
+      // P's A fragments (any E4M3 codes: only the rate is measured) and V^T as the B operand.
+      uint32_t a[2][4];
+#pragma unroll
+      for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) a[ks][j] = 0x38383838u ^ (lane * 0x01010101u) ^ (ks + j);
+      }
+      const sm90::SmemDesc vt_desc = sm90::make_desc_base(s.vt[wg], sm90::Swizzle::k64B, 64);
+      float(&o128)[128] = *reinterpret_cast<float(*)[128]>(&o[0][0]);
+      if constexpr (kVariant == 7) {
+        sm90::wgmma_fence();
+        sm90::wgmma_m64n256k32_e4m3_rs(o128, a[0], vt_desc.at(0), 1);
+        sm90::wgmma_m64n256k32_e4m3_rs(o128, a[1], vt_desc.at(32), 1);
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(o128);
+      } else {
+        // rows g and g + 8 of the warp's 16: the accumulator's elements 4 c + {0, 1} and {2, 3}
+        const float gm[2] = {s.gamma[16 * warp + lane / 4], s.gamma[16 * warp + lane / 4 + 8]};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // latent [128 h, 128 h + 128): B rows 128 h ..
+          float tmp[64];
+          const uint32_t rows = h * 128 * 64;
+          sm90::wgmma_fence();
+          sm90::wgmma_m64n128k32_e4m3_rs_init(tmp, a[0], vt_desc.at(rows));
+          sm90::wgmma_m64n128k32_e4m3_rs(tmp, a[1], vt_desc.at(rows + 32), 1);
+          sm90::wgmma_commit();
+          sm90::wgmma_wait<0>();
+          sm90::fence_regs(tmp);
+#pragma unroll
+          for (int e = 0; e < 64; ++e) {
+            o128[64 * h + e] = fmaf(o128[64 * h + e], gm[(e / 2) % 2], tmp[e]);
+          }
+        }
+      }
+    } else if constexpr (kVariant == 9) {
+      // stmatrix row address of `lane` within an m-tile of V^T (k-step 1: ^ 32): matrix i holds
+      // M-rows 16 warp + 8 (i % 2) .. + 7, bytes 16 (i / 2) .. + 15 of the k-step (65899d9).
+      const uint32_t i4 = lane >> 3, row = 16 * warp + 8 * (i4 & 1) + (lane & 7);
+      const uint32_t st_off = row * 64 + (((i4 >> 1) ^ ((row >> 1) & 3)) << 4);
+      const uint32_t src = sm90::smem_u32(s.tile[wg][0]);
+      const uint32_t dst = sm90::smem_u32(s.vt_all[wg]);
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {  // m-tile m: latent 64 m .., chunk m / 2, unit half m % 2
+        const uint32_t chunk = src + (m / 2) * 64 * 128 + ldsm_off[m & 1];
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          uint32_t f[4];
+          vt_fragment(chunk + 32 * 128 * ks, f);
+          sm90::stsm_x4((dst + 4096 * m + st_off) ^ (32 * ks), f[0], f[1], f[2], f[3]);
+        }
+      }
+      sm90::fence_proxy_async();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(2 + wg));
     } else {  // 6: both operands in shared memory (the content tile as a K-major A, P8's rows as B)
       const sm90::SmemDesc a_desc = sm90::make_desc_base(s.content[wg][0], sm90::Swizzle::k128B, 128);
       const sm90::SmemDesc b_desc = sm90::make_desc_base(s.content[wg][1], sm90::Swizzle::k128B, 128);
@@ -252,6 +330,11 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
       }
     }
     const double per = double(wgs == 2 ? (best[0] > best[1] ? best[0] : best[1]) : best[0]) / reps;
+    if (kTensorCycles[kVariant] == 0) {
+      std::printf("%-20s  warpgroups %d  %7.0f cycles per block per warpgroup  (no tensor work)\n",
+                  kNames[kVariant], wgs, per);
+      continue;
+    }
     std::printf("%-20s  warpgroups %d  %7.0f cycles per block per warpgroup  (tensor %d: %4.0f%%;"
                 " SM tensor busy %4.0f%%)\n",
                 kNames[kVariant], wgs, per, kTensorCycles[kVariant],
@@ -276,5 +359,8 @@ int main(int argc, char** argv) {
   run<4>(reps, sms, sink, d_cycles);
   run<5>(reps, sms, sink, d_cycles);
   run<6>(reps, sms, sink, d_cycles);
+  run<7>(reps, sms, sink, d_cycles);
+  run<8>(reps, sms, sink, d_cycles);
+  run<9>(reps, sms, sink, d_cycles);
   return 0;
 }
