@@ -61,9 +61,10 @@ struct Smem {
   uint8_t p8[64 * 64];              // [64 rows][64 B], 64B swizzle
   uint8_t p16[64 * 128];            // [64 rows][64 f16], 128B swizzle
   float gamma[64];
-  uint8_t vt[2][256 * 64];          // [warpgroup] V^T of its 256 latent: [latent][64 tokens]
-  uint8_t tile[2][4][64 * 128];     // [warpgroup] a whole content tile (variant 9's source)
-  uint8_t vt_all[2][512 * 64];      // [warpgroup] its V^T (variant 9's destination)
+  // (1024-byte aligned: the swizzle patterns repeat every 512 or 1024 bytes)
+  alignas(1024) uint8_t vt[2][256 * 64];       // [warpgroup] V^T of 256 latent: [latent][64 tok]
+  alignas(1024) uint8_t tile[2][4][64 * 128];  // [warpgroup] a whole content tile (variant 9's)
+  alignas(1024) uint8_t vt_all[2][512 * 64];   // [warpgroup] its V^T (variant 9's destination)
 };
 
 template <int kVariant>
