@@ -154,7 +154,7 @@ def quantize_q(
             q_content + q_lo_scale * q_lo`` to about 2^-8 relative; the first three outputs
             are the same bits as with ``"fp8"`` (``snapmla.reference.quantize_q2``, the C
             header's ``snapmla_quantize_q2``). ``decode`` quantizes both terms itself for a
-            plan made with ``q_precision="fp8x2"``; experimental (GPU-tested, bench/NOTES.md).
+            plan made with ``q_precision="fp8x2"``; opt-in, tested on the H200 (bench/NOTES.md).
 
     Returns:
         ``(q_content, q_rope, q_scale)`` (``"fp8x2"``: ``+ (q_lo, q_lo_scale)``): the given
