@@ -84,11 +84,11 @@ __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot
                                              int fr, int lane, float m,
                                              float (&acc)[kColsPerLane]) {
   const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-  const float4* src = reinterpret_cast<const float4*>(
-      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
+  const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
+  const float factor = partial_factor(row);
 #pragma unroll
   for (int v = 0; v < kColsPerLane / 4; ++v) {
-    const float4 x = src[v];
+    const float4 x = load_partial4(row, lane * kColsPerLane, 4 * v, factor);
     acc[4 * v] += w * x.x;
     acc[4 * v + 1] += w * x.y;
     acc[4 * v + 2] += w * x.z;
@@ -301,7 +301,7 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
         const int64_t slot = partial_slot(part, first);
         lse[k] = p.partial_lse[slot * rows_pad + fr];
         const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
-        x[k] = reinterpret_cast<const float4*>(row)[c];
+        x[k] = load_partial4(row, 0, 4 * c, partial_factor(row));
       } else {
         lse[k] = -INFINITY;
         x[k] = make_float4(0.f, 0.f, 0.f, 0.f);

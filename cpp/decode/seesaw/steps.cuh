@@ -150,13 +150,13 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
       const float inv_l = inv_l_of[row];
       const bool to_partial = kDryRun ? inv_l == 12345.f : seg.split;  // (dry: never)
       const bool to_out = !kDryRun && !seg.split;
-      if (to_partial) {
-        float* dst =
-            p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+      if (to_partial) {  // (inv_l_of holds 2^e / l there under SNAPMLA_PARTIAL_F16)
+        float* row = partial_row(p, seg, fr);
+        float* dst = row + d0;
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
-          *reinterpret_cast<float2*>(dst + 64 * m) =
-              make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+          store_partial2(row, dst + 64 * m, o[m][4 * nn + c1] * inv_l,
+                         o[m][4 * nn + 2 + c1] * inv_l);
         }
       } else if (to_out) {
         const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
@@ -169,6 +169,30 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
   }
 }
 
+// SNAPMLA_PARTIAL_F16 (segment.cuh): the largest |O^T| of each query row this thread holds
+// (the layout of store_o_rows), over the 8 lanes that share the row (lane % 4 == t), into
+// row_amax[row] by a shared-memory atomic maximum (as unsigned bits: non-negative floats order
+// so; NaN is ignored). row_amax[] starts at 0.
+template <int kMTiles, int kNRegs>
+__device__ __forceinline__ void publish_row_amax(const float (&o)[kMTiles][kNRegs], int lane,
+                                                 uint32_t* row_amax) {
+  const int t = lane % 4;
+#pragma unroll
+  for (int nn = 0; nn < kNRegs / 4; ++nn) {
+#pragma unroll
+    for (int c1 = 0; c1 < 2; ++c1) {
+      float a = 0.f;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        a = fmaxf(a, fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
+      }
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
+      if (lane < 4) atomicMax(&row_amax[8 * nn + 2 * t + c1], __float_as_uint(a));
+    }
+  }
+}
 
 // The Q tile of rows [row0, row0 + 64) (content chunks and RoPE) onto q_bar, with its bytes.
 __device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& maps,
