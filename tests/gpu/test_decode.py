@@ -10,6 +10,7 @@ exactly 0 / +inf, rows that see a NaN all NaN, every kernel.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -294,6 +295,48 @@ def test_split_count_changes_rounding_only(rng: np.random.Generator) -> None:
     a = [to_numpy(o, BF16).astype(np.float64) for o in outs]
     for x in a[1:]:
         assert ref.rel_l2(x, a[0]) <= 2e-3
+
+
+def _rescaled_case(case, k: int):
+    """``case`` with every token's scale and RoPE times 2^k and the query times 2^-k: every
+    logit is what it was (products of powers of two), V is 2^k times, so is the output."""
+    scaled = dataclasses.replace(case, image=case.image.copy(), kv=[list(case.kv[0])])
+    f = np.float32(2.0**k)
+    for r, n in enumerate(int(x) for x in case.seqlens):
+        content, rope, scale = case.kv[0][r]
+        kv = (content, (rope.astype(np.float32) * f).astype(BF16), (scale * f).astype(np.float32))
+        ref.write_tokens(scaled.image, case.num_pages, 0, page_slots(case.block_table[r], n), *kv)
+        scaled.kv[0][r] = kv
+    scaled.q = (case.q.astype(np.float32) / f).astype(BF16)
+    return scaled
+
+
+@pytest.mark.parametrize("k", [-60, -20, 20, 60])
+@pytest.mark.parametrize(("h", "lens"), [(128, [4096, 1000, 65]), (16, [8192, 300])])
+def test_split_partials_keep_each_rows_range(
+    rng: np.random.Generator, h: int, lens: list, k: int
+) -> None:
+    """Requests split into many parts, their tokens' scale and RoPE times 2^k and the query
+    times 2^-k: every kernel's output is 2^k times the unscaled case's and its lse the same
+    (fp32 out; within 1e-4 relative L2, the only difference being roundings that do not
+    commute with the power of two). What it pins: the partials between the attention kernel
+    and the combine keep each row's range (an unscaled FP16 or BF16 partial would overflow or
+    fall into subnormals at 2^+-60)."""
+    base = make_case(rng, lens, num_heads=h, q_len=1)
+    scaled = _rescaled_case(base, k)
+    cache_base, cache_scaled = make_cache(base), make_cache(scaled)
+    for kernel in KERNELS:
+        label = f"2^{k} h={h} lens={lens} kernel={kernel}"
+        run = {"kernel": kernel, "num_sm_parts": 132, "out_dtype": "float32"}
+        o0, l0 = run_decode(cache_base, base, **run)
+        o1, l1 = run_decode(cache_scaled, scaled, **run)
+        want = to_numpy(o0).astype(np.float64) * 2.0**k
+        got = to_numpy(o1).astype(np.float64)
+        assert np.isfinite(got).all(), f"{label}: non-finite rows"
+        err = ref.rel_l2(got, want)
+        assert err <= 1e-4, f"{label}: rel L2 {err:.3g} against 2^k times the unscaled output"
+        lse0, lse1 = to_numpy(l0, np.float32), to_numpy(l1, np.float32)
+        assert np.allclose(lse1, lse0, rtol=0, atol=1e-4), f"{label}: lse moved"
 
 
 def _exact_logit_case(rng: np.random.Generator, lens: list[int], h: int, s_q: int):
