@@ -90,16 +90,15 @@ __device__ __forceinline__ float partial_factor(const float* row) {
   return SNAPMLA_PARTIAL_F16 != 0 ? row[kPartialScaleWord] : 1.f;
 }
 
-// The row's values at columns col0 + off .. + 3 (a multiple of 4) as fp32 O_s / l_s; `factor`
-// is partial_factor(row).
-__device__ __forceinline__ float4 load_partial4(const float* row, int col0, int off,
-                                                float factor) {
+// The row's values at columns col0 + off .. + 3 (a multiple of 4) as fp32: O_s / l_s times
+// 2^e where FP16 (the caller multiplies partial_factor(row) back in).
+__device__ __forceinline__ float4 load_partial4(const float* row, int col0, int off) {
   if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
     const uint2 u =
         *reinterpret_cast<const uint2*>(reinterpret_cast<const uint16_t*>(row) + col0 + off);
     const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
     const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-    return make_float4(a.x * factor, a.y * factor, b.x * factor, b.y * factor);
+    return make_float4(a.x, a.y, b.x, b.y);
   } else {
     return reinterpret_cast<const float4*>(row + col0)[off / 4];
   }

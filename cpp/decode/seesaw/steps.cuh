@@ -176,20 +176,27 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
 template <int kMTiles, int kNRegs>
 __device__ __forceinline__ void publish_row_amax(const float (&o)[kMTiles][kNRegs], int lane,
                                                  uint32_t* row_amax) {
-  const int t = lane % 4;
+  constexpr int kRows = kNRegs / 2;  // rows 8 (r / 2) + 2 t + r % 2 of this thread
+  float a[kRows];
 #pragma unroll
-  for (int nn = 0; nn < kNRegs / 4; ++nn) {
+  for (int r = 0; r < kRows; ++r) {
+    const int nn = r / 2, c1 = r % 2;
+    a[r] = 0.f;
 #pragma unroll
-    for (int c1 = 0; c1 < 2; ++c1) {
-      float a = 0.f;
+    for (int m = 0; m < kMTiles; ++m) {
+      a[r] = fmaxf(a[r], fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
+    }
+  }
+  // Each level over every row first: the shuffles of different rows in flight together.
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
-        a = fmaxf(a, fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
-      }
-      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 4));
-      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
-      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
-      if (lane < 4) atomicMax(&row_amax[8 * nn + 2 * t + c1], __float_as_uint(a));
+  for (int x = 4; x < 32; x *= 2) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) a[r] = fmaxf(a[r], __shfl_xor_sync(0xffffffffu, a[r], x));
+  }
+  if (lane < 4) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      atomicMax(&row_amax[8 * (r / 2) + 2 * lane + r % 2], __float_as_uint(a[r]));
     }
   }
 }
