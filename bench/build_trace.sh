@@ -97,10 +97,6 @@ builds=(
   "seesaw_timeline_early0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_EARLY_START=0"
   # the combine's launch from the CTAs' end and its plan words after its wait (the defaults
   # before session 22: SNAPMLA_SEESAW_EARLY_TRIGGER=0, SNAPMLA_COMBINE_PLAN_FIRST=0)
-  # split partials as scaled FP16 (SNAPMLA_PARTIAL_F16, experimental, off; session 30): compare
-  # "kernel + combine" and the timeline's epilogue
-  "seesaw_trace_pf16:-DSNAPMLA_PARTIAL_F16=1"
-  "seesaw_timeline_pf16:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_PARTIAL_F16=1"
   "seesaw_trace_trig0_cplan0:-DSNAPMLA_SEESAW_EARLY_TRIGGER=0 -DSNAPMLA_COMBINE_PLAN_FIRST=0"
   "seesaw_trace_roles:-DSNAPMLA_SEESAW_ROLES=1"
   "seesaw_timeline_roles:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1"

@@ -84,15 +84,15 @@ __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot
                                              int fr, int lane, float m,
                                              float (&acc)[kColsPerLane]) {
   const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-  const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
-  const float wf = w * partial_factor(row);  // (the format's 2^-e: segment.cuh)
+  const float4* src = reinterpret_cast<const float4*>(
+      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
 #pragma unroll
   for (int v = 0; v < kColsPerLane / 4; ++v) {
-    const float4 x = load_partial4(row, lane * kColsPerLane, 4 * v);
-    acc[4 * v] += wf * x.x;
-    acc[4 * v + 1] += wf * x.y;
-    acc[4 * v + 2] += wf * x.z;
-    acc[4 * v + 3] += wf * x.w;
+    const float4 x = src[v];
+    acc[4 * v] += w * x.x;
+    acc[4 * v + 1] += w * x.y;
+    acc[4 * v + 2] += w * x.z;
+    acc[4 * v + 3] += w * x.w;
   }
   return w;
 }
@@ -277,15 +277,13 @@ struct RunningMerge {
     acc.w *= f;
     m = m_new;
   }
-  // x: a partial's columns, times `factor` (the format's 2^-e: segment.cuh)
-  __device__ __forceinline__ void add(float lse, float4 x, float factor) {  // lse <= m, not NaN
+  __device__ __forceinline__ void add(float lse, float4 x) {  // lse <= m, not NaN
     const float f = expf(lse - m);
     w += f;
-    const float ff = f * factor;
-    acc.x += ff * x.x;
-    acc.y += ff * x.y;
-    acc.z += ff * x.z;
-    acc.w += ff * x.w;
+    acc.x += f * x.x;
+    acc.y += f * x.y;
+    acc.z += f * x.z;
+    acc.w += f * x.w;
   }
 };
 
@@ -294,7 +292,7 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
                                             int stride, int rows_pad, int fr, int c,
                                             RunningMerge& r) {
   for (int base = first + g; base <= last; base += kChunk * stride) {
-    float lse[kChunk], factor[kChunk];
+    float lse[kChunk];
     float4 x[kChunk];
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {  // every load of the chunk first
@@ -303,11 +301,9 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
         const int64_t slot = partial_slot(part, first);
         lse[k] = p.partial_lse[slot * rows_pad + fr];
         const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
-        x[k] = load_partial4(row, 0, 4 * c);
-        factor[k] = partial_factor(row);
+        x[k] = reinterpret_cast<const float4*>(row)[c];
       } else {
         lse[k] = -INFINITY;
-        factor[k] = 1.f;
         x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
       }
     }
@@ -321,7 +317,7 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
     r.raise_to(m_chunk);
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k], factor[k]);
+      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k]);
     }
   }
 }

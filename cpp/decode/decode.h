@@ -115,11 +115,6 @@ struct WorkspaceLayout {
 #ifndef SNAPMLA_SEESAW_FUSED_Q
 #define SNAPMLA_SEESAW_FUSED_Q 1
 #endif
-// SNAPMLA_PARTIAL_F16 (experimental, off): split partials as scaled FP16 (segment.cuh says how
-// and why).
-#ifndef SNAPMLA_PARTIAL_F16
-#define SNAPMLA_PARTIAL_F16 0
-#endif
 // SNAPMLA_SEESAW_SPREAD32 (1, the default since session 17; 0: the one-term layout): the
 // one-term query at PV width 32 runs the two-term kernel's row layout with zero low rows
 // (launch_seesaw_decode): tile row 16 j + e holds query row 8 j + e, so all four warps of a

@@ -59,8 +59,6 @@ struct SharedStorage {
   // kTwoTerm: the query's low row [64 rows][512 e4m3] and rho = s2 / s1 per row.
   alignas(16) uint8_t q_lo[kTwoTerm ? kTileRows * kQStride : 16];
   float q_rho[kTwoTerm ? kTileRows : 1];
-  // SNAPMLA_PARTIAL_F16: a row's largest |O| per half (last: the others keep their offsets)
-  float red_amax[2][SNAPMLA_PARTIAL_F16 != 0 ? kTileRows : 1];
 };
 
 // ----------------------------------------------------------------------------- PTX wrappers
@@ -356,29 +354,10 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
     // ---- epilogue: l across the quad and the row group, then out (or a partial)
     float l[2];
     reduce_l(st, row_local, half, t4, s.red_l, l, pair_sync);
-    // SNAPMLA_PARTIAL_F16: each row's largest |O| over the quad and both halves (segment.cuh)
-    float amax[2] = {0.f, 0.f};
-    if (SNAPMLA_PARTIAL_F16 != 0 && seg.split) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-#pragma unroll
-        for (int n = 0; n < kColTiles; ++n) {
-          amax[i] = fmaxf(amax[i], fmaxf(fabsf(o[n][2 * i]), fabsf(o[n][2 * i + 1])));
-        }
-        amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 1));
-        amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xffffffffu, amax[i], 2));
-        if (t4 == 0) s.red_amax[half][row_local[i]] = amax[i];
-      }
-      pair_sync();
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        amax[i] = fmaxf(s.red_amax[0][row_local[i]], s.red_amax[1][row_local[i]]);
-      }
-    }
     write_row<0>(p, b, tile * kTileRows + row_local[0], 256 * half, t4, o, l[0], st.m[0], st.sig[0],
-                 bad_page, seg, half == 0 && t4 == 0, amax[0]);
+                 bad_page, seg, half == 0 && t4 == 0);
     write_row<1>(p, b, tile * kTileRows + row_local[1], 256 * half, t4, o, l[1], st.m[1], st.sig[1],
-                 bad_page, seg, half == 0 && t4 == 0, amax[1]);
+                 bad_page, seg, half == 0 && t4 == 0);
     __syncthreads();  // smem is reused by the next request of this part
   }
 }

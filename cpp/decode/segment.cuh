@@ -7,8 +7,6 @@
 // for n = 0 .. 31: the mma.sync m16n8 / wgmma m64nN fragment layout.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include "common/numerics.cuh"
 #include "decode/decode.h"
 
@@ -38,69 +36,6 @@ __device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, flo
     *reinterpret_cast<float2*>(p.out_f32 + i) = make_float2(lo, hi);
   } else {
     *reinterpret_cast<uint32_t*>(p.out + i) = pack_bf16x2(lo, hi);
-  }
-}
-
-// SNAPMLA_PARTIAL_F16 (experimental, off): a split request's partial rows O_s / l_s in the
-// workspace as FP16 with a power-of-two scale per (part, row), instead of fp32. Why: where
-// requests are split, every CTA's epilogue writes a 128 KB fp32 partial at the same moment
-// (8x128x4096's timeline: ~5,200 cycles from the epilogue's start to its last store, an L2
-// write burst) and the combine reads it all back; FP16 halves those bytes. Session 27's
-// unscaled BF16 partials were 0.8 us faster at 8x1x128x4096 but broke the contract's bounds
-// (their 2^-9 rounding); FP16 rounds to 2^-12 but has no range of its own (65,504 at most,
-// subnormal below 2^-14), hence the scale. The row's fp32 slot (2 KB) holds:
-//   bytes [0, 1024)     its 512 values v 2^e as FP16, rounded to nearest even;
-//   bytes [1024, 1028)  the float 2^-e, which the combine multiplies back (exactly);
-// e = 14 - floor(log2(max |v|)), clamped to [-126, 126], puts the row's largest value in
-// [2^14, 2^15): no overflow, and a value stays a normal FP16 down to 2^-28 of the row's largest.
-// A NaN or infinite row keeps its NaN and inf (the maximum ignores NaN; an inf row's finite
-// values fall to 0, as no finite scale can hold both).
-// (The switch is defined in decode.h.)
-constexpr int kPartialScaleWord = kContentDim / 2;  // the fp32 word of a row's 2^-e
-
-// The exponent e above for a row whose largest |value| is amax (>= 0, or NaN).
-__device__ __forceinline__ int partial_exponent(float amax) {
-  const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu) - 127;
-  return min(max(14 - ex, -126), 126);
-}
-// 2^e for e in [-126, 127], exactly.
-__device__ __forceinline__ float exp2_int(int e) {
-  return __uint_as_float(static_cast<uint32_t>(e + 127) << 23);
-}
-
-// A split partial's row: its first fp32 word in the workspace.
-__device__ __forceinline__ float* partial_row(const DecodeParams& p, const Segment& seg, int fr) {
-  return p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim;
-}
-
-// The row's values at `at` and at + 1 (at: where they are as fp32 in the row that starts at
-// `row`, 8-byte aligned), already times 2^e where FP16.
-__device__ __forceinline__ void store_partial2(float* row, float* at, float lo, float hi) {
-  if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    *reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(row) + (at - row)) =
-        *reinterpret_cast<const uint32_t*>(&h);
-  } else {
-    *reinterpret_cast<float2*>(at) = make_float2(lo, hi);
-  }
-}
-
-// The row's factor back to O_s / l_s: 2^-e (FP16), 1 (fp32).
-__device__ __forceinline__ float partial_factor(const float* row) {
-  return SNAPMLA_PARTIAL_F16 != 0 ? row[kPartialScaleWord] : 1.f;
-}
-
-// The row's values at columns col0 + off .. + 3 (a multiple of 4) as fp32: O_s / l_s times
-// 2^e where FP16 (the caller multiplies partial_factor(row) back in).
-__device__ __forceinline__ float4 load_partial4(const float* row, int col0, int off) {
-  if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-    const uint2 u =
-        *reinterpret_cast<const uint2*>(reinterpret_cast<const uint16_t*>(row) + col0 + off);
-    const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
-    const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
-    return make_float4(a.x, a.y, b.x, b.y);
-  } else {
-    return reinterpret_cast<const float4*>(row + col0)[off / 4];
   }
 }
 
@@ -212,41 +147,24 @@ __device__ __forceinline__ void store_lse(const DecodeParams& p, int b, int fr, 
   }
 }
 
-// A split partial row's 1/l times 2^e (SNAPMLA_PARTIAL_F16, above), for the row whose largest
-// |O| is amax; its 2^-e into the row's scale word where `writes_scale`. Without
-// SNAPMLA_PARTIAL_F16: inv_l.
-__device__ __forceinline__ float partial_inv_l(float* row, float inv_l, float amax,
-                                               bool writes_scale) {
-  if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-    const int e = partial_exponent(amax * inv_l);
-    if (writes_scale) row[kPartialScaleWord] = exp2_int(-e);
-    return inv_l * exp2_int(e);
-  } else {
-    return inv_l;
-  }
-}
-
 // Epilogue of row I (0: fragment row g, 1: g + 8): out = O / l (or the partial O / l) and lse.
-// o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4 and + 1. amax: the row's
-// largest |O| (used by SNAPMLA_PARTIAL_F16's split partials only). The thread that writes the
-// row's lse (writes_lse) also writes its partial's scale.
+// o[n][2 I], o[n][2 I + 1] are the row's columns col0 + 8 n + 2 t4 and + 1.
 template <int I>
 __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, int col0, int t4,
                                           const float (&o)[kColTiles][4], float l, float m,
                                           float sig, bool bad_page, const Segment& seg,
-                                          bool writes_lse, float amax) {
+                                          bool writes_lse) {
   const int rows_total = p.q_len * p.num_heads;
   if (fr >= rows_total) return;
   const RowResult res = row_result(l, m, sig, bad_page, seg.split);
   const float inv_l = res.inv_l;
   if (seg.split) {
     const int rows_pad = p.row_tiles * kTileRows;
-    float* row = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim;
-    float* dst = row + col0;
-    const float scaled = partial_inv_l(row, inv_l, amax, writes_lse);
+    float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      store_partial2(row, dst + 8 * n + 2 * t4, o[n][2 * I] * scaled, o[n][2 * I + 1] * scaled);
+      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) =
+          make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
   } else {
     const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + col0;

@@ -108,9 +108,6 @@ struct alignas(1024) SharedStorage {
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
   int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
-  // SNAPMLA_PARTIAL_F16 (segment.cuh): a split row's largest |O| (float bits); last, so that
-  // the other members keep their offsets without it
-  uint32_t row_amax[SNAPMLA_PARTIAL_F16 != 0 ? kRowsM : 1];
 };
 
 struct TensorMaps {

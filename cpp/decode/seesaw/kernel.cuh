@@ -370,9 +370,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     mbar_init(&s.q_bar, 1);
     mbar_fence_init();
   }
-  if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-    if (tid < kRowsM) s.row_amax[tid] = 0;  // (reset after each request's epilogue)
-  }
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
@@ -1139,11 +1136,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         named_barrier(kBarPready + ((n - 1) & 1), kThreads);
         pv(n - 1);
       }
-      // SNAPMLA_PARTIAL_F16: each split row's largest |O| (O^T final: this warpgroup's PVs
-      // are done), read past the barrier below.
-      if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-        if (seg.split) publish_row_amax(o, lane, s.row_amax);
-      }
       // Every PV done; the last block's statistics visible.
       if constexpr (kProducer) {
         named_barrier_unaligned(kBarConsumers, kThreads);
@@ -1181,14 +1173,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         if (wtid < kN && fr < rows_total) {
           const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
-          float inv_l = res.inv_l;
-          if constexpr (SNAPMLA_PARTIAL_F16 != 0) {  // 2^e / l, and 2^-e into the row
-            if (seg.split) {
-              inv_l = partial_inv_l(partial_row(p, seg, fr), inv_l,
-                                    __uint_as_float(s.row_amax[wtid]), wg == 0 && !kDryEpilogue);
-            }
-          }
-          res_of.l[wtid] = inv_l;
+          res_of.l[wtid] = res.inv_l;
           if (wg == 0 && !kDryEpilogue) store_lse(p, b, fr, seg, res.lse);
         }
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
@@ -1205,15 +1190,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // through kBarCta alone, with the producer resetting it at the next request's start).
         named_barrier_unaligned(kBarConsumers, kThreads);
         if (tid == 0) s.bad_page = 0;
-        if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-          if (tid < kRowsM) s.row_amax[tid] = 0;  // every consumer read it (above)
-        }
         named_barrier_unaligned(kBarCta, kCtaThreads);
       } else {
         __syncthreads();
-        if constexpr (SNAPMLA_PARTIAL_F16 != 0) {
-          if (tid < kRowsM) s.row_amax[tid] = 0;  // (the next request's start barrier orders it)
-        }
       }
     }
   };

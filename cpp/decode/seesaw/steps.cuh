@@ -150,13 +150,13 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
       const float inv_l = inv_l_of[row];
       const bool to_partial = kDryRun ? inv_l == 12345.f : seg.split;  // (dry: never)
       const bool to_out = !kDryRun && !seg.split;
-      if (to_partial) {  // (inv_l_of holds 2^e / l there under SNAPMLA_PARTIAL_F16)
-        float* row = partial_row(p, seg, fr);
-        float* dst = row + d0;
+      if (to_partial) {
+        float* dst =
+            p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m) {
-          store_partial2(row, dst + 64 * m, o[m][4 * nn + c1] * inv_l,
-                         o[m][4 * nn + 2 + c1] * inv_l);
+          *reinterpret_cast<float2*>(dst + 64 * m) =
+              make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
         }
       } else if (to_out) {
         const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
@@ -169,37 +169,6 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
   }
 }
 
-// SNAPMLA_PARTIAL_F16 (segment.cuh): the largest |O^T| of each query row this thread holds
-// (the layout of store_o_rows), over the 8 lanes that share the row (lane % 4 == t), into
-// row_amax[row] by a shared-memory atomic maximum (as unsigned bits: non-negative floats order
-// so; NaN is ignored). row_amax[] starts at 0.
-template <int kMTiles, int kNRegs>
-__device__ __forceinline__ void publish_row_amax(const float (&o)[kMTiles][kNRegs], int lane,
-                                                 uint32_t* row_amax) {
-  constexpr int kRows = kNRegs / 2;  // rows 8 (r / 2) + 2 t + r % 2 of this thread
-  float a[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int nn = r / 2, c1 = r % 2;
-    a[r] = 0.f;
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m) {
-      a[r] = fmaxf(a[r], fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
-    }
-  }
-  // Each level over every row first: the shuffles of different rows in flight together.
-#pragma unroll
-  for (int x = 4; x < 32; x *= 2) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) a[r] = fmaxf(a[r], __shfl_xor_sync(0xffffffffu, a[r], x));
-  }
-  if (lane < 4) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      atomicMax(&row_amax[8 * (r / 2) + 2 * lane + r % 2], __float_as_uint(a[r]));
-    }
-  }
-}
 
 // The Q tile of rows [row0, row0 + 64) (content chunks and RoPE) onto q_bar, with its bytes.
 __device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& maps,
