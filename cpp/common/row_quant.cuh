@@ -137,92 +137,46 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
   return quantize_loaded(load_row<kAligned>(content, rope, lane));
 }
 
-// The two-term query's low part (snapmla.reference.quantize_q2): per element the residual
-// r = fmaf(-s1, q_hi, q) (one rounding), its row scale s2 = max(amax(r) / 448, s1 * 2^-16) (fp32
-// IEEE division; NaN stays NaN) and q_lo = e4m3(r / s2) (IEEE quotient, one E4M3 rounding).
+// The two-term query's low part (snapmla.reference.quantize_q2): per element, x = q / s1 (the
+// IEEE quotient whose E4M3 rounding is the high code, recomputed here by the same divider),
+// q_lo = e4m3(16 (x - q_hi)) (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the
+// product is exact; one E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no
+// second row maximum, no division by s2 (session 30: the two-term Q-quant kernel 0.22 us
+// shorter at 16 rows than with s2 = max(amax(r) / 448, s1 * 2^-16), the form before it).
 // Same element-to-lane map as QuantizedRow's content. Whole warp must call it.
-constexpr float kQLoScaleFloor = 1.52587890625e-05f;  // 2^-16
 struct QuantizedLo {
   uint2 content[2];
   float scale;
 };
 
-// SNAPMLA_Q_LO_FIXED (experimental, off; session 30, a timing experiment for issue 9): the low
-// term at the fixed ratio s2 = s1 / 16, q_lo = e4m3(16 (x - q_hi)) with x = q / s1 the quotient
-// whose rounding gave q_hi (x - q_hi is exact: Sterbenz; |x - q_hi| <= 16, so |16 (x - q_hi)|
-// <= 256 fits E4M3). No second row maximum, no division: each element alone. Not the contract
-// (snapmla.reference.quantize_q2); the GPU tests that compare the Q-quant kernel's low term
-// with it fail on such a build.
-#ifndef SNAPMLA_Q_LO_FIXED
-#define SNAPMLA_Q_LO_FIXED 0
-#endif
-
 __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
                                                          const QuantizedRow& hi) {
   const float s1 = hi.scale;
-  if constexpr (SNAPMLA_Q_LO_FIXED != 0) {
-    auto quantize = [&](const auto& div, bool& ok) {
-      QuantizedLo lo;
-      lo.scale = s1 * 0.0625f;  // exact
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const Bf16x8& x = half ? in.c1 : in.c0;
-        const uint32_t codes[2] = {hi.content[half].x, hi.content[half].y};
-        float v[8];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const float2 h =
-              e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
-          v[2 * i] = 16.f * (div(lo_f(x.w[i]), ok) - h.x);
-          v[2 * i + 1] = 16.f * (div(hi_f(x.w[i]), ok) - h.y);
-        }
-        lo.content[half] = make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]),
-                                      to_e4m3x4(v[4], v[5], v[6], v[7]));
-      }
-      return lo;
-    };
-    bool ok = isfinite(s1);
-    QuantizedLo lo = ok ? quantize(FastDivider{s1, __frcp_rn(s1)}, ok) : QuantizedLo{};
-    if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s1}, ok);
-    return lo;
-  } else {
-    float r[16];
+  auto quantize = [&](const auto& div, bool& ok) {
+    QuantizedLo lo;
+    lo.scale = s1 * 0.0625f;  // exact
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const Bf16x8& x = half ? in.c1 : in.c0;
       const uint32_t codes[2] = {hi.content[half].x, hi.content[half].y};
+      float v[8];
 #pragma unroll
       for (int i = 0; i < 4; ++i) {  // elements 2i, 2i + 1 of this 8-wide chunk
         const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
-        r[8 * half + 2 * i] = fmaf(-s1, h.x, lo_f(x.w[i]));
-        r[8 * half + 2 * i + 1] = fmaf(-s1, h.y, hi_f(x.w[i]));
+        v[2 * i] = 16.f * (div(lo_f(x.w[i]), ok) - h.x);
+        v[2 * i + 1] = 16.f * (div(hi_f(x.w[i]), ok) - h.y);
       }
+      lo.content[half] =
+          make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
     }
-    float amax = 0.f;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = nan_max(amax, fabsf(r[i]));
-    amax = warp_nan_max(amax);
-    float s2 = __fdiv_rn(amax, kFp8Max);
-    const float s2_floor = s1 * kQLoScaleFloor;  // exact: a power-of-two multiple
-    s2 = (s2 < s2_floor) ? s2_floor : s2;       // NaN stays NaN
-
-    auto quantize = [&](const auto& div, bool& ok) {
-      QuantizedLo lo;
-      lo.scale = s2;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float* v = r + 8 * half;
-        lo.content[half] =
-            make_uint2(to_e4m3x4(div(v[0], ok), div(v[1], ok), div(v[2], ok), div(v[3], ok)),
-                       to_e4m3x4(div(v[4], ok), div(v[5], ok), div(v[6], ok), div(v[7], ok)));
-      }
-      return lo;
-    };
-    bool ok = isfinite(s2);
-    QuantizedLo lo = ok ? quantize(FastDivider{s2, __frcp_rn(s2)}, ok) : QuantizedLo{};
-    if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s2}, ok);
     return lo;
-  }
+  };
+  // quantize_loaded's paths: the fast quotient where every one is finite, else the IEEE one
+  // for the whole row (a non-finite s1: NaN or inf inputs), warp-uniformly.
+  bool ok = isfinite(s1);
+  QuantizedLo lo = ok ? quantize(FastDivider{s1, __frcp_rn(s1)}, ok) : QuantizedLo{};
+  if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s1}, ok);
+  return lo;
 }
 
 // Store a quantized row: content to `content_out` (512 bytes), RoPE to `rope_out` (64 bf16),

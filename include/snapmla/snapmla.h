@@ -394,10 +394,11 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
 /* The two-term query (optional, precision beyond the contract's one FP8 row; issue 9): as
  * snapmla_quantize_q, bit for bit in q_content, q_rope and q_scale, plus the row's residual
  * in a second FP8 row with its own scale, so that q_nope ~ q_scale * q_content + q_lo_scale *
- * q_lo to about 2^-8 relative. Per finite row, in fp32: r = fmaf(-s1, q_content, q_nope) (one
- * rounding; s1 = q_scale), s2 = amax(r) / 448 (IEEE division) floored at s1 * 2^-16, q_lo =
- * E4M3(r / s2) (IEEE quotient, round to nearest even, saturating). A NaN in the row makes s1,
- * s2 and every code of both rows NaN. snapmla.reference.quantize_q2 models it bit for bit.
+ * q_lo to about 2^-8 relative. Per element, in fp32: x = q_nope / s1 (the IEEE quotient that
+ * q_content rounds; s1 = q_scale), q_lo = E4M3(16 * (x - q_content)) (exact difference and
+ * product, one rounding to nearest even), and per row s2 = q_lo_scale = s1 / 16 exactly. A
+ * NaN in the row makes s1, s2 and every code of both rows NaN (an inf: s1 and s2 inf, codes
+ * zero or NaN). snapmla.reference.quantize_q2 models it bit for bit.
  *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
  *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
  *   The rest as snapmla_quantize_q. snapmla_decode quantizes the two terms itself for a plan

@@ -26,7 +26,7 @@ roundings that each scheme prescribes is float64.
   the difference to ``ours-model`` is the error of the FP8 probabilities alone.
 * ``ours-q-fp8x2``: the contract's KV cache and FP8 P with the two-term FP8 query of issue #9
   (``reference.quantize_q2``: ``q_nope ~ s1 * q_hi + s2 * q_lo``, two FP8 rows, the second on
-  the first's fp32 residual with its own per-row scale; the RoPE part as in the contract),
+  the first's rounding residual at scale ``s2 = s1 / 16``; the RoPE part as in the contract),
   emulated (``decode_reference(q_terms=2)`` is its step-by-step model; the kernels' own
   two-term output is ``ours-fp8x2``). The summary compares its error with ``ours-q-bf16``
   (the issue's target: at most 1.1x at every layer and context) and with ``ours-model``.

@@ -274,8 +274,9 @@ class DecodePlan(Closable):
                 ``.cuda_stream`` (PyTorch). ``None``: torch's current stream if
                 ``cache_seqlens`` is a torch tensor, else CuPy's current stream.
             q_precision: ``"fp8"`` (the numerics contract: one FP8 row per query) or
-                ``"fp8x2"`` (the two-term query: a second FP8 row on the first's residual and
-                a second content QK pass, ``snapmla.reference.decode_reference(q_terms=2)``;
+                ``"fp8x2"`` (the two-term query: a second FP8 row on the first's residual at
+                scale s1 / 16 and a second content QK pass,
+                ``snapmla.reference.decode_reference(q_terms=2)``;
                 about half the error where the query's rounding dominates). ``"fp8x2"``
                 reserves 516 more workspace bytes per query row. ``decode`` with this plan
                 runs the tensor-core kernel (``"auto"`` or ``"fast"``) where

@@ -19,7 +19,7 @@ __all__ = ["quantize_q"]
 
 MAX_QUANTIZE_HEADS = 1024
 # Query precisions: "fp8", the contract's one FP8 row; "fp8x2", the two-term query (a second
-# FP8 row on the first's residual, with its own scale; snapmla.reference.quantize_q2).
+# FP8 row on the first's rounding residual at scale s1 / 16; snapmla.reference.quantize_q2).
 PRECISIONS = ("fp8", "fp8x2")
 # Why the outputs' alignments (4: the element size, no note).
 _ALIGN_NOTES = {8: "the kernel's 8-byte stores", 16: "the kernel's 16-byte stores"}

@@ -36,36 +36,37 @@ operation rounding to nearest even (:func:`quantize_q2` is the bit-exact stateme
   ``s1 = max(amax(q_nope) / 448, 2^-32)``, ``q_hi = e4m3(q_nope / s1)``,
   ``qr = bf16(q_pe / s1)``. The RoPE part gets no second term: it is BF16 already (2^-9
   relative, finer than the two-term content), and stays pre-divided by ``s1``.
-* ``r = fmaf(-s1, q_hi, q_nope)`` per element: the residual with a single rounding (the
-  product of a 24-bit and a 4-bit significand is exact inside the FMA; the model computes the
-  exact value in float64 and rounds it to fp32 once). Exact cancellation gives ``+0``.
-* ``s2 = amax(r) / 448``, floored at ``s1 * 2^-16`` (:data:`Q_LO_SCALE_FLOOR`, an exact
-  power-of-two multiple of ``s1``): ``s2 = max(fp32(amax(r) / 448), s1 * 2^-16)``. The floor
-  is relative, not the absolute 2^-32 of ``s1``, so that the two-term form keeps the one-term
-  form's scale invariance (a power-of-two scaling of a row scales ``s1``, ``s2`` and nothing
-  else, down to ``s1``'s own floor); an absolute floor would round away the low term of rows
-  with ``amax(q_nope)`` below ~3e-6. It only binds when ``q_hi`` represents the row to
-  ``amax(r) < 448 * 2^-16 * s1`` (all-zero, or all exactly representable, residuals), where
-  ``|r| / s2 < 448`` still holds. It also makes the result independent of denormal flushing:
-  ``s2 >= 2^-48`` is normal, a nonzero ``q_lo`` needs ``|r| >= 2^-10 * s2 >= 2^-58`` (normal
-  in fp32), and a denormal ``amax(r) / 448`` loses to the floor, so a kernel compiled with
-  flush-to-zero produces the same bytes (a flushed ``r`` keeps its sign, and so does the
-  zero code it rounds to).
-* ``q_lo = e4m3(r / s2)`` (fp32 division, then one e4m3 rounding: RNE, saturating at 448;
-  ``fp32(amax(r) / 448)`` may round below ``amax(r) / 448``, as for ``s1``).
-* NaN: the floors are comparisons that keep NaN (``s < floor ? floor : s``, not ``fmaxf``). A
-  NaN in ``q_nope`` makes ``s1`` NaN, an inf makes it inf (``q_hi`` 0 or NaN, ``-inf * 0`` is
-  NaN); either way every ``r``, ``s2`` and every ``q_lo`` code of the row is NaN, and the row's
-  logits are NaN as in the one-term form. Finite rows give finite ``s1``, ``q_hi``, ``r``,
-  ``s2`` and ``q_lo``. (NaN in ``q_pe`` only reaches ``qr``, as today.)
+* ``x = q_nope / s1`` per element, the quotient whose E4M3 rounding is ``q_hi``, and its
+  rounding residual ``x - q_hi``: exact in fp32 (Sterbenz: a nonzero ``q_hi`` lies within a
+  factor of 2 of ``x``; a zero one leaves ``x`` itself), and at most 16 in magnitude (half of
+  E4M3's largest step, 32 in [256, 448]).
+* ``s2 = s1 * 2^-4`` (:data:`Q_LO_RATIO`; exact, a power-of-two multiple) and
+  ``q_lo = e4m3(16 * (x - q_hi))`` (the product is exact; one e4m3 rounding, RNE, within
+  +-256 so never saturating). Each element alone: no second row maximum and no division, so
+  a quantizer computes the low term from the first term's own quotients (session 30 of
+  ``bench/NOTES.md``: the two-term Q-quant kernel 0.22 us shorter at 16 rows, the two-term
+  decode's cost at 1x1x16x8192 from ~1.04x to ~1.015x). Until session 30 ``s2`` was the
+  residual's own row scale, ``max(amax(r) / 448, s1 * 2^-16)``; the fixed ratio represents
+  the query as well on random rows (relative error 6.2e-4 against 6.1e-4 with the row
+  scale, half a BF16 query's) and up to ~25% worse on rows with a few large outliers (4.2e-4
+  against 3.4e-4), where the residual's maximum would have been smaller than 16 ``s1``.
+  Scale invariance holds as in the one-term form (a power-of-two scaling of a row scales
+  ``s1`` and ``s2`` and nothing else, down to ``s1``'s floor). Denormals are kept (IEEE);
+  only a subnormal quotient ``x`` (a BF16-subnormal input far below its row's maximum) would
+  see flush-to-zero, and then only in the sign of its zero low code.
+* NaN: a NaN in ``q_nope`` makes ``s1`` and ``s2`` NaN and every code of both rows NaN; an
+  inf makes ``s1`` and ``s2`` inf, ``x`` 0 or NaN (``inf / inf``), so ``q_hi`` and ``q_lo``
+  hold zero codes and NaN codes, and ``rho = s2 / s1`` is NaN: the row's logits are NaN as
+  in the one-term form. Finite rows give finite ``s1``, ``q_hi``, ``s2`` and ``q_lo``. (NaN
+  in ``q_pe`` only reaches ``qr``, as today.)
 * Reconstruction: per element of a finite row, ``|q - s1*q_hi - s2*q_lo| <= 1.0001 *
   (2^-8 |q| + 2^-14 s1 + 2^-10 s2)`` (``q_hi``'s and ``q_lo``'s relative half-ulps of 2^-4
-  each, their e4m3 subnormal half-steps of 2^-10, and the fp32 roundings of ``q / s1``, ``r``
-  and ``r / s2`` inside the 1.0001), against the one-term ``2^-4 |q| + 2^-10 s1``.
+  each, their e4m3 subnormal half-steps of 2^-10, and the fp32 rounding of ``q / s1`` inside
+  the 1.0001), against the one-term ``2^-4 |q| + 2^-10 s1``.
 
 The logit then takes a second content dot product in its own fp32 accumulator (FP8 x FP8 on
 the tensor cores, like the first), combined with one FFMA by the per-row ratio
-``rho = fp32(s2 / s1)`` (IEEE division, ``2^-16`` exactly at the floor) before the
+``rho = fp32(s2 / s1)`` (IEEE division: ``2^-4`` exactly for every finite row) before the
 existing scaling::
 
     acc_hi = q_hi . c8_j + qr . kr_j        (today's accumulator, scale s1)
@@ -94,7 +95,7 @@ __all__ = [
     "PAGE_ROPE_OFFSET",
     "PAGE_SCALE_OFFSET",
     "PAGE_SIZE",
-    "Q_LO_SCALE_FLOOR",
+    "Q_LO_RATIO",
     "ROPE_DIM",
     "attend_logits",
     "decode_reference",
@@ -123,7 +124,7 @@ __all__ = [
 E4M3_MAX = 448.0  # kFp8Max: largest finite float8_e4m3fn
 MIN_SCALE = 2.0**-32  # kMinScale: floor of a token's (or query row's) content scale
 MIN_PROB_SCALE = 2.0**-64  # kMinProbScale: floor of a block's probability scale sigma
-Q_LO_SCALE_FLOOR = 2.0**-16  # two-term query: s2 >= s1 * 2^-16 (floor relative to s1)
+Q_LO_RATIO = 2.0**-4  # two-term query: s2 = s1 * 2^-4 (q_lo = e4m3(16 (q / s1 - q_hi)))
 
 PAGE_SIZE = 64
 CONTENT_DIM = 512
@@ -301,22 +302,17 @@ def quantize_q2(
     Returns:
       ``(q_hi fp8 [..., 512], qr bf16 [..., 64], s1 fp32 [...], q_lo fp8 [..., 512],
       s2 fp32 [...])``: the first three are :func:`quantize_q`'s, bit for bit; in fp32,
-      ``r = fmaf(-s1, q_hi, q_nope)`` (one rounding), ``s2 = max(amax(r) / 448, s1 * 2^-16)``
-      (NaN-propagating), ``q_lo = e4m3(r / s2)``, so that
+      ``x = q_nope / s1`` (the quotient ``q_hi`` rounds), ``s2 = s1 * 2^-4`` and
+      ``q_lo = e4m3(16 * (x - q_hi))`` (both exact but the e4m3 rounding), so that
       ``q_nope ~ s1 * q_hi + s2 * q_lo`` to about 2^-8 relative.
     """
     q_hi, qr, s1 = quantize_q(q)
-    qn = _bf16_to_f32(_as_bf16(q)[..., :CONTENT_DIM]).astype(np.float64)
+    qn = _bf16_to_f32(_as_bf16(q)[..., :CONTENT_DIM])
     with np.errstate(all="ignore"):
-        # fmaf(-s1, q_hi, q): the exact value fits float64 (a 28-bit product within a factor
-        # ~2 of q, or 0), so float64 arithmetic then one cast is the FMA's single rounding.
-        prod = s1.astype(np.float64)[..., None] * _fp8_to_f64(q_hi)
-        r = (qn - prod).astype(np.float32)
-        amax = np.max(np.abs(r), axis=-1)  # 512 wide (quantize_q checks); propagates NaN
-        s2 = (amax.astype(np.float32) / np.float32(E4M3_MAX)).astype(np.float32)
-        floor = (s1 * np.float32(Q_LO_SCALE_FLOOR)).astype(np.float32)  # exact: s1 >= 2^-32
-        s2 = np.where(s2 < floor, floor, s2).astype(np.float32)  # NaN stays NaN
-        q_lo = e4m3(r / s2[..., None])  # fp32 division, then one e4m3 rounding
+        x = (qn / s1[..., None]).astype(np.float32)  # quantize_rows' quotient, bit for bit
+        r = (x - _fp8_to_f64(q_hi).astype(np.float32)).astype(np.float32)  # exact
+        q_lo = e4m3(np.float32(1.0 / Q_LO_RATIO) * r)  # exact product, one e4m3 rounding
+        s2 = (s1 * np.float32(Q_LO_RATIO)).astype(np.float32)
     return q_hi, qr, s1, q_lo, s2
 
 

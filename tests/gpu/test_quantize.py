@@ -121,8 +121,8 @@ def _same_bits(got: np.ndarray, want: np.ndarray, view: type, label: str) -> Non
 def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None:
     """precision="fp8x2" (snapmla_quantize_q2) against reference.quantize_q2, bit for bit:
     the first three outputs are quantize_q's, the low row and its scale the two-term model's,
-    with the edge rows: all zero (both scales floored), exactly representable (zero residual:
-    s2 = s1 * 2^-16), tiny, huge, an infinity and a NaN."""
+    with the edge rows: all zero (s1 floored), exactly representable (zero residual: q_lo all
+    zero), tiny, huge, an infinity and a NaN."""
     q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
     rows = q.reshape(n * h, 576)
     edges = [
