@@ -141,63 +141,18 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
 // IEEE quotient whose E4M3 rounding is the high code, recomputed here by the same divider),
 // q_lo = e4m3(16 (x - q_hi)) (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the
 // product is exact; one E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no
-// second row maximum, no division by s2 (session 30: the two-term Q-quant kernel 0.22 us
-// shorter at 16 rows than with s2 = max(amax(r) / 448, s1 * 2^-16), the form before it).
+// second row maximum, no division by s2 (session 30, bench/NOTES.md: with s2 = max(amax(r) /
+// 448, s1 * 2^-16), the form before it, the Q-quant kernel took 2.13 us at 16 rows against
+// 1.98, both with REDUX row maxima, and the two-term decode cost ~1.03x at 1x1x16x8192 and
+// ~1.07x at 8x1x16x4096 against ~1.01x and ~1.05x).
 // Same element-to-lane map as QuantizedRow's content. Whole warp must call it.
 struct QuantizedLo {
   uint2 content[2];
   float scale;
 };
 
-// SNAPMLA_Q_LO_ROW_SCALE (experimental, off; session 30's timing comparison): the form before
-// it, s2 = max(amax(r) / 448, s1 2^-16) with r = fmaf(-s1, q_hi, q) and q_lo = e4m3(r / s2),
-// its row maximum by warp_nan_max_nonneg. Not the model's (quantize_q2) any more.
-#ifndef SNAPMLA_Q_LO_ROW_SCALE
-#define SNAPMLA_Q_LO_ROW_SCALE 0
-#endif
-__device__ __forceinline__ QuantizedLo quantize_low_term_row_scale(const RowInputs& in,
-                                                                   const QuantizedRow& hi) {
-  float r[16];
-  const float s1 = hi.scale;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const Bf16x8& x = half ? in.c1 : in.c0;
-    const uint32_t codes[2] = {hi.content[half].x, hi.content[half].y};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
-      r[8 * half + 2 * i] = fmaf(-s1, h.x, lo_f(x.w[i]));
-      r[8 * half + 2 * i + 1] = fmaf(-s1, h.y, hi_f(x.w[i]));
-    }
-  }
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < 16; ++i) amax = nan_max(amax, fabsf(r[i]));
-  amax = warp_nan_max_nonneg(amax);
-  float s2 = __fdiv_rn(amax, kFp8Max);
-  const float s2_floor = s1 * 1.52587890625e-05f;  // 2^-16
-  s2 = (s2 < s2_floor) ? s2_floor : s2;
-  auto quantize = [&](const auto& div, bool& ok) {
-    QuantizedLo lo;
-    lo.scale = s2;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const float* v = r + 8 * half;
-      lo.content[half] =
-          make_uint2(to_e4m3x4(div(v[0], ok), div(v[1], ok), div(v[2], ok), div(v[3], ok)),
-                     to_e4m3x4(div(v[4], ok), div(v[5], ok), div(v[6], ok), div(v[7], ok)));
-    }
-    return lo;
-  };
-  bool ok = isfinite(s2);
-  QuantizedLo lo = ok ? quantize(FastDivider{s2, __frcp_rn(s2)}, ok) : QuantizedLo{};
-  if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s2}, ok);
-  return lo;
-}
-
 __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
                                                          const QuantizedRow& hi) {
-  if constexpr (SNAPMLA_Q_LO_ROW_SCALE != 0) return quantize_low_term_row_scale(in, hi);
   const float s1 = hi.scale;
   auto quantize = [&](const auto& div, bool& ok) {
     QuantizedLo lo;
