@@ -561,8 +561,8 @@ class KernelRunner:
         """Allocate the cache (``num_layers`` layers of ``ceil(max_context / 64)`` pages).
         ``two_term_kernel``: the kernel of the two-term query's runs ("auto": the library's
         AUTO where q_len * heads <= 32, where it takes the two-term query, else "reference";
-        "reference"; or "fast", where q_len * heads <= 32). ``num_sm_parts``: the plans' split count (0:
-        the device's default; 1: one CTA a row tile takes the whole context, the longest
+        "reference"; or "fast", where q_len * heads <= 32). ``num_sm_parts``: the plans' split
+        count (0: the device's default; 1: one CTA a row tile takes the whole context, the longest
         chain of blocks a CTA's accumulators can see). ``out_dtype``: the kernel's output,
         ``"bfloat16"`` or ``"float32"`` (the values the BF16 output rounds, unrounded)."""
         import cupy
