@@ -72,18 +72,12 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
          (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
 }
 
-// warp_nan_max's result for a warp whose values are each >= +0 or the canonical NaN that
-// nan_max returns (0x7fffffff): such floats order as their bit patterns, the NaN above all,
-// so one integer maximum over the warp (REDUX) gives the same bits as the shuffle tree.
+// The warp's maximum by nan_max (NaN if any lane's is), for values whose sign bit is clear
+// (+0 .. +inf, as fabsf gives them) or the canonical NaN nan_max returns (0x7fffffff): those
+// order as their bit patterns, the NaN above all, so one integer maximum over the warp
+// (REDUX) gives the bits a shuffle tree of nan_max gives. (-0 would not: 0x80000000.)
 __device__ __forceinline__ float warp_nan_max_nonneg(float v) {
   return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(v)));
-}
-
-template <int kWidth = 32>
-__device__ __forceinline__ float warp_nan_max(float v) {
-#pragma unroll
-  for (int o = kWidth / 2; o > 0; o >>= 1) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
 }
 
 }  // namespace snapmla

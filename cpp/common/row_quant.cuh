@@ -118,7 +118,7 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
     amax = nan_max(amax, nan_max(fabsf(lo_f(in.c0.w[i])), fabsf(hi_f(in.c0.w[i]))));
     amax = nan_max(amax, nan_max(fabsf(lo_f(in.c1.w[i])), fabsf(hi_f(in.c1.w[i]))));
   }
-  amax = warp_nan_max_nonneg(amax);  // (every lane's amax is >= +0 or nan_max's NaN)
+  amax = warp_nan_max_nonneg(amax);  // (every lane's amax: fabsf's, or nan_max's NaN)
   const float s = row_scale(amax);
 
   // Fast path for the whole row; a row with a non-finite scale or quotient (rare: NaN/Inf
@@ -138,13 +138,11 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
 }
 
 // The two-term query's low part (snapmla.reference.quantize_q2): per element, x = q / s1 (the
-// IEEE quotient whose E4M3 rounding is the high code, recomputed here by the same divider),
-// q_lo = e4m3(16 (x - q_hi)) (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the
-// product is exact; one E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no
-// second row maximum, no division by s2 (session 30, bench/NOTES.md: with s2 = max(amax(r) /
-// 448, s1 * 2^-16), the form before it, the Q-quant kernel took 2.13 us at 16 rows against
-// 1.98, both with REDUX row maxima, and the two-term decode cost ~1.03x at 1x1x16x8192 and
-// ~1.07x at 8x1x16x4096 against ~1.01x and ~1.05x).
+// IEEE quotient whose E4M3 rounding is the high code, recomputed here), q_lo = e4m3(16 (x -
+// q_hi)) (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the product is exact; one
+// E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no second row maximum and no
+// division by s2, which is what made the two-term Q-quant kernel slow (bench/NOTES.md,
+// session 30, has the A/B against the form before it, s2 = max(amax(r) / 448, s1 2^-16)).
 // Same element-to-lane map as QuantizedRow's content. Whole warp must call it.
 struct QuantizedLo {
   uint2 content[2];
@@ -173,8 +171,12 @@ __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
     }
     return lo;
   };
-  // quantize_loaded's paths: the fast quotient where every one is finite, else the IEEE one
-  // for the whole row (a non-finite s1: NaN or inf inputs), warp-uniformly.
+  // The fast quotient for a finite s1 (every content quotient is then finite, |q| <= amax:
+  // the fallback below is a safeguard), the IEEE one for a NaN or inf s1. Where
+  // quantize_loaded fell back to IEEE for the whole row (its RoPE overflowed), the high
+  // codes came from IEEE quotients and x here from the fast one: both are correctly rounded
+  // except, at worst, for |x| below ~2^-100 (FastDivider's note), whose codes are +-0 either
+  // way, so the low codes agree.
   bool ok = isfinite(s1);
   QuantizedLo lo = ok ? quantize(FastDivider{s1, __frcp_rn(s1)}, ok) : QuantizedLo{};
   if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s1}, ok);

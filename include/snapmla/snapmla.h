@@ -393,7 +393,7 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
 
 /* The two-term query (optional, precision beyond the contract's one FP8 row; issue 9): as
  * snapmla_quantize_q, bit for bit in q_content, q_rope and q_scale, plus the row's residual
- * in a second FP8 row with its own scale, so that q_nope ~ q_scale * q_content + q_lo_scale *
+ * in a second FP8 row at scale q_scale / 16, so that q_nope ~ q_scale * q_content + q_lo_scale *
  * q_lo to about 2^-8 relative. Per element, in fp32: x = q_nope / s1 (the IEEE quotient that
  * q_content rounds; s1 = q_scale), q_lo = E4M3(16 * (x - q_content)) (exact difference and
  * product, one rounding to nearest even), and per row s2 = q_lo_scale = s1 / 16 exactly. A
@@ -422,9 +422,9 @@ typedef enum snapmla_q_precision {
                                    Since 0.2 (tested on the H200). REFERENCE takes it
                                    at every shape; AUTO and FAST where q_len * num_heads
                                    <= 32 (the low rows interleaved in the seesaw kernel's
-                                   QK tile: 0.99-1.07x the one-term time at <= 16 rows,
-                                   the most at short contexts, 1.02-1.04x at 32, H200,
-                                   bench/NOTES.md, sessions 21-29); past 32
+                                   QK tile: 0.99-1.05x the one-term time at <= 16 rows,
+                                   the most at 8x1x16x4096, 0.99-1.01x at 32, H200,
+                                   bench/NOTES.md, session 30); past 32
                                    only REFERENCE (AUTO refuses rather than run a kernel
                                    several times slower unasked) */
 } snapmla_q_precision_t;

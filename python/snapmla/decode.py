@@ -281,8 +281,8 @@ class DecodePlan(Closable):
                 reserves 516 more workspace bytes per query row. ``decode`` with this plan
                 runs the tensor-core kernel (``"auto"`` or ``"fast"``) where
                 ``q_len * num_heads <= 32``, its QK tile's empty half holding the low rows,
-                0.99-1.07x the one-term time at up to 16 rows (the most at short contexts)
-                and 1.02-1.04x at 32 (H200, bench/NOTES.md, sessions 21-29); past 32 it
+                0.99-1.05x the one-term time at up to 16 rows (the most at 8x1x16x4096)
+                and 0.99-1.01x at 32 (H200, bench/NOTES.md, session 30); past 32 it
                 needs ``kernel="reference"`` (several times slower), which ``"auto"`` does
                 not pick for you. Since 0.2, tested on the H200.
         """

@@ -27,7 +27,8 @@ Three layers:
 The two-term FP8 query (issue #9; ``q_precision="fp8x2"`` in ``snapmla.DecodePlan`` and the
 C API's ``SNAPMLA_Q_PRECISION_FP8X2``: both kernels run it, the tensor-core one where
 ``q_len * num_heads <= 32``, and this model states it). A query row's content ``q_nope`` is
-carried as two FP8 rows with their own per-row scales, ``q_nope ~ s1 * q_hi + s2 * q_lo``, so
+carried as two FP8 rows, the second at a sixteenth of the first's scale,
+``q_nope ~ s1 * q_hi + s2 * q_lo``, so
 that its rounding drops from about 2^-4 to about 2^-8 relative while QK stays on FP8 tensor
 cores. With ``q`` the BF16 row's values as fp32 (exact) and every operation below an IEEE fp32
 operation rounding to nearest even (:func:`quantize_q2` is the bit-exact statement):
@@ -43,16 +44,16 @@ operation rounding to nearest even (:func:`quantize_q2` is the bit-exact stateme
 * ``s2 = s1 * 2^-4`` (:data:`Q_LO_RATIO`; exact, a power-of-two multiple) and
   ``q_lo = e4m3(16 * (x - q_hi))`` (the product is exact; one e4m3 rounding, RNE, within
   +-256 so never saturating). Each element alone: no second row maximum and no division, so
-  a quantizer computes the low term from the first term's own quotients (session 30 of
-  ``bench/NOTES.md``: the two-term Q-quant kernel 0.22 us shorter at 16 rows, the two-term
-  decode's cost at 1x1x16x8192 from ~1.04x to ~1.015x). Until session 30 ``s2`` was the
-  residual's own row scale, ``max(amax(r) / 448, s1 * 2^-16)``; the fixed ratio represents
-  the query as well on random rows (relative error 6.2e-4 against 6.1e-4 with the row
-  scale, half a BF16 query's) and up to ~25% worse on rows with a few large outliers (4.2e-4
+  a quantizer computes the low term from the first term's own quotients (``bench/NOTES.md``,
+  session 30: the two-term Q-quant kernel 0.22 us shorter at 16 rows, the two-term decode's
+  cost at 1x1x16x8192 from 1.053 / 1.044x to 1.028 / 1.015x in one call). Until then ``s2``
+  was the residual's own row scale, ``max(amax(r) / 448, s1 * 2^-16)``; the fixed ratio
+  represents the query as well on random rows (relative error 6.2e-4 against 6.1e-4 with
+  the row scale, half a BF16 query's) and up to ~25% worse on rows with a few large outliers (4.2e-4
   against 3.4e-4), where the residual's maximum would have been smaller than 16 ``s1``.
   Scale invariance holds as in the one-term form (a power-of-two scaling of a row scales
   ``s1`` and ``s2`` and nothing else, down to ``s1``'s floor). Denormals are kept (IEEE);
-  only a subnormal quotient ``x`` (a BF16-subnormal input far below its row's maximum) would
+  only a subnormal quotient ``x`` (an input more than ~2^135 below its row's maximum) would
   see flush-to-zero, and then only in the sign of its zero low code.
 * NaN: a NaN in ``q_nope`` makes ``s1`` and ``s2`` NaN and every code of both rows NaN; an
   inf makes ``s1`` and ``s2`` inf, ``x`` 0 or NaN (``inf / inf``), so ``q_hi`` and ``q_lo``

@@ -302,7 +302,10 @@ def _rescaled_case(case, k: int):
     is k_pe / s, so the token's RoPE scales with s too: every logit is what it was (products
     of powers of two, the query's codes unchanged, its scale 2^-k times), V is 2^k times, and
     so is the output, exactly in the contract's model while the floors stay out of reach (the
-    query scale's 2^-32 and sigma's 2^-64: k in [-40, 20] at std 0.5)."""
+    query scale's 2^-32 and sigma's 2^-64: k in [-30, 20] at std 0.5, with ~2^10 of room
+    for sigma at -30). The token scales then go below the 2^-32 floor that quantization
+    gives (snapmla_append could not write this cache; the decode reads any scale). Layer 0
+    only; c_kv and k_pe are left unscaled (the test compares kernel with kernel)."""
     scaled = dataclasses.replace(case, image=case.image.copy(), kv=[list(case.kv[0])])
     f = np.float32(2.0**k)
     for r, n in enumerate(int(x) for x in case.seqlens):
@@ -314,7 +317,7 @@ def _rescaled_case(case, k: int):
     return scaled
 
 
-@pytest.mark.parametrize("k", [-40, -20, 20])
+@pytest.mark.parametrize("k", [-30, -20, 20])
 @pytest.mark.parametrize(("h", "lens"), [(128, [4096, 1000, 65]), (16, [8192, 300])])
 def test_split_partials_keep_each_rows_range(
     rng: np.random.Generator, h: int, lens: list, k: int
@@ -323,8 +326,9 @@ def test_split_partials_keep_each_rows_range(
     2^-k: every kernel's output is 2^k times the unscaled case's and its lse the same (fp32
     out; within 1e-4 relative L2, room for roundings that would not commute with the power of
     two). What it pins: the partials between the attention kernel and the combine keep each
-    row's range (at 2^-40 the outputs are ~1e-13, below FP16's subnormals; at 2^20 ~4e5,
-    past its largest value: an unscaled FP16 or BF16 partial fails here)."""
+    row's range (at 2^-30 the outputs are ~1e-10, below FP16's subnormals; at 2^20 ~1e6,
+    past its largest value: an unscaled FP16 partial fails here; an unscaled BF16 one, with
+    fp32's exponent range, would pass, and fails the decode tests' bounds instead)."""
     base = make_case(rng, lens, num_heads=h, q_len=1)
     scaled = _rescaled_case(base, k)
     cache_base, cache_scaled = make_cache(base), make_cache(scaled)

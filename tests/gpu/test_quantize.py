@@ -122,7 +122,8 @@ def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None
     """precision="fp8x2" (snapmla_quantize_q2) against reference.quantize_q2, bit for bit:
     the first three outputs are quantize_q's, the low row and its scale the two-term model's,
     with the edge rows: all zero (s1 floored), exactly representable (zero residual: q_lo all
-    zero), tiny, huge, an infinity and a NaN."""
+    zero), tiny, huge, an infinity, a NaN, and a RoPE value that overflows its quotient (the
+    row's high term by the IEEE division, its low term by the fast one)."""
     q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
     rows = q.reshape(n * h, 576)
     edges = [
@@ -132,9 +133,12 @@ def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None
         np.full(512, 3.0e38, np.float32),
         np.where(np.arange(512) == 7, np.inf, 1.0).astype(np.float32),
         np.where(np.arange(512) == 300, np.nan, 1.0).astype(np.float32),
+        np.linspace(-1.0, 1.0, 512, dtype=np.float32),  # + q_pe[0] = 3e38 below
     ]
     for i, edge in enumerate(edges[: len(rows)]):
         rows[i, :512] = edge.astype(BF16)
+    if len(rows) >= len(edges):
+        rows[len(edges) - 1, 512] = np.float32(3e38).astype(BF16)  # / s1 = 1/448: inf
     q = rows.reshape(n, h, 576)
     outs = (
         to_torch(np.full((n, h, 512), 0x7F, np.uint8)),
