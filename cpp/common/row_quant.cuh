@@ -71,6 +71,17 @@ struct IeeeDivider {
   __device__ __forceinline__ float operator()(float x, bool&) const { return __fdiv_rn(x, s); }
 };
 
+// quantize(div, ok) for a row with scale s: with the fast divider where s and every quotient
+// are finite, else again with the IEEE division for the whole row, warp-uniformly (rare: NaN or
+// inf inputs, a RoPE quotient that overflows). Whole warp must call it.
+template <class Result, class Quantize>
+__device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantize& quantize) {
+  bool ok = isfinite(s);
+  Result r = ok ? quantize(FastDivider{s, __frcp_rn(s)}, ok) : Result{};
+  if (!__all_sync(0xffffffffu, ok)) r = quantize(IeeeDivider{s}, ok);
+  return r;
+}
+
 struct QuantizedRow {
   uint2 content[2];  // 8 E4M3 each: elements [8l, 8l+8) and [256+8l, 256+8l+8)
   uint4 rope;        // 8 bf16 (lanes < 8 only)
@@ -121,13 +132,9 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   amax = warp_nan_max_nonneg(amax);  // (every lane's amax: fabsf's, or nan_max's NaN)
   const float s = row_scale(amax);
 
-  // Fast path for the whole row; a row with a non-finite scale or quotient (rare: NaN/Inf
-  // inputs, RoPE overflow) takes the IEEE division everywhere, warp-uniformly.
-  bool ok = isfinite(s);
-  QuantizedRow q = ok ? quantize_with(FastDivider{s, __frcp_rn(s)}, in.c0, in.c1, in.r, s, ok)
-                      : QuantizedRow{};
-  if (!__all_sync(0xffffffffu, ok)) q = quantize_with(IeeeDivider{s}, in.c0, in.c1, in.r, s, ok);
-  return q;
+  return quantize_by_row_divider<QuantizedRow>(s, [&](const auto& div, bool& ok) {
+    return quantize_with(div, in.c0, in.c1, in.r, s, ok);
+  });
 }
 
 // content / rope: this row's inputs (element 0). Whole warp must call it.
@@ -172,15 +179,12 @@ __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
     return lo;
   };
   // The fast quotient for a finite s1 (every content quotient is then finite, |q| <= amax:
-  // the fallback below is a safeguard), the IEEE one for a NaN or inf s1. Where
+  // the IEEE fallback is a safeguard), the IEEE one for a NaN or inf s1. Where
   // quantize_loaded fell back to IEEE for the whole row (its RoPE overflowed), the high
   // codes came from IEEE quotients and x here from the fast one: both are correctly rounded
   // except, at worst, for |x| below ~2^-100 (FastDivider's note), whose codes are +-0 either
   // way, so the low codes agree.
-  bool ok = isfinite(s1);
-  QuantizedLo lo = ok ? quantize(FastDivider{s1, __frcp_rn(s1)}, ok) : QuantizedLo{};
-  if (!__all_sync(0xffffffffu, ok)) lo = quantize(IeeeDivider{s1}, ok);
-  return lo;
+  return quantize_by_row_divider<QuantizedLo>(s1, quantize);
 }
 
 // Store a quantized row: content to `content_out` (512 bytes), RoPE to `rope_out` (64 bf16),
