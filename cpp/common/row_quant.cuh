@@ -46,9 +46,18 @@ __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0
 // x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
 // at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
 // of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
-// quotient (Markstein). It holds for finite results; `ok` turns false on a non-finite one
-// (overflow: the RoPE of a zero-content token), and the caller then redoes the row with the
-// IEEE division.
+// quotient (Markstein). It holds for finite results while the remainder does not underflow;
+// `ok` turns false on a non-finite one (overflow: the RoPE of a zero-content token), and the
+// caller then redoes the row with the IEEE division.
+//
+// Where it can fail: numerators below ~2^-100, whose remainder underflows (exact emulation
+// found misrounded quotients for |x| up to 2^-116, none above; a q_pe of 41 * 2^-133 in a row
+// of content amax 128 gave 0x008F7FFF, BF16 0x008F, against the IEEE 0x008F8000, BF16
+// 0x0090). operator() leaves those alone: content quotients can change a code only from
+// 2^-14 up (the low term's 16 x; E4M3's smallest tie is 2^-10), so |x| >= 2^-14 * s >=
+// 2^-46 there by the scale's 2^-32 floor. checked() is for values that are kept in full
+// (the RoPE's BF16): it also turns `ok` false for a nonzero |x| < 2^-100 and for a quotient
+// below the normal range, conservatively (session 31; test_tiny_rope_values_round_as_the_model).
 //
 // A zero numerator keeps its sign by the copysign from q0: for x = -0 the two FMAs alone give
 // +0 (q0 = -0; -0 - (-0) * s = +0; +0 * r + (-0) = +0), so a -0 input element became the code
@@ -65,15 +74,22 @@ struct FastDivider {
     ok &= isfinite(q1);
     return SNAPMLA_SIGNED_ZERO_QUOTIENT ? copysignf(q1, q0) : q1;
   }
+  __device__ __forceinline__ float checked(float x, bool& ok) const {
+    const float q = (*this)(x, ok);
+    ok &= x == 0.f || (fabsf(x) >= 0x1p-100f && fabsf(q) >= 0x1p-126f);
+    return q;
+  }
 };
 struct IeeeDivider {
   float s;
   __device__ __forceinline__ float operator()(float x, bool&) const { return __fdiv_rn(x, s); }
+  __device__ __forceinline__ float checked(float x, bool& ok) const { return (*this)(x, ok); }
 };
 
 // quantize(div, ok) for a row with scale s: with the fast divider where s and every quotient
-// are finite, else again with the IEEE division for the whole row, warp-uniformly (rare: NaN or
-// inf inputs, a RoPE quotient that overflows). Whole warp must call it.
+// are finite and every checked() quotient passed, else again with the IEEE division for the
+// whole row, warp-uniformly (rare: NaN or inf inputs, a RoPE quotient that overflows, a RoPE
+// value below 2^-100). Whole warp must call it.
 template <class Result, class Quantize>
 __device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantize& quantize) {
   bool ok = isfinite(s);
@@ -99,7 +115,9 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
   };
   q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
   q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
-  auto rope2 = [&](uint32_t a) { return pack_bf16x2(div(lo_f(a), ok), div(hi_f(a), ok)); };
+  auto rope2 = [&](uint32_t a) {
+    return pack_bf16x2(div.checked(lo_f(a), ok), div.checked(hi_f(a), ok));
+  };
   q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
   return q;
 }

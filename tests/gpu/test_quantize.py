@@ -7,6 +7,7 @@ import pytest
 from _util import (
     BF16,
     FP8,
+    download,
     nan_torch,
     random_bf16,
     synchronize,
@@ -191,3 +192,46 @@ def test_quantize_q_keeps_the_sign_of_zero(rng: np.random.Generator, precision: 
     assert np.any(want[0].view(np.uint8) == 0x80)  # the model keeps -0
     _same_bits(to_numpy(got[0], FP8), want[0], np.uint8, f"{precision} q_content")
     _same_bits(to_numpy(got[1], BF16), want[1], np.uint16, f"{precision} q_rope")
+
+
+def _tiny_rope_rows(rng: np.random.Generator, n: int) -> np.ndarray:
+    """n rows (content, RoPE) where the fast divider of cpp/common/row_quant.cuh could misround
+    a RoPE quotient: RoPE values from the BF16 subnormals up to 2^-90 in rows of content amax
+    1 .. 2^100, and, in every fourth row, RoPE values of 2^-40 .. 2^-5 in a row of content amax
+    ~2^120, whose quotients are fp32 subnormals (below 2^-126)."""
+    rows = np.empty((n, 576), np.float32)
+    amax_exp = rng.choice([0.0, 7.0, 20.0, 60.0, 100.0], n)
+    amax_exp[::4] = 120.0
+    rows[:, :512] = rng.uniform(-1.0, 1.0, (n, 512)) * np.exp2(amax_exp)[:, None]
+    bits = rng.integers(0, 1 << 16, (n, 64), dtype=np.uint32) & 0x807F  # sign, mantissa
+    exps = rng.integers(0, 44, (n, 64), dtype=np.uint32)  # biased: 0 (subnormal) .. 2^-84
+    exps[::4] = rng.integers(87, 123, exps[::4].shape, dtype=np.uint32)
+    rope16 = (bits | (exps << 7)).astype(np.uint16)
+    rows[:, 512:] = (rope16.astype(np.uint32) << 16).view(np.float32)
+    return rows.astype(BF16)
+
+
+# FastDivider's correction underflows for numerators below ~2^-100 (session 30's review found
+# q_pe = 41 * 2^-133 in a row of content amax 128 rounded to BF16 0x008F, the model's 0x0090):
+# its checked() form sends such rows to the IEEE division. Query and key paths both.
+@pytest.mark.parametrize("path", ["fp8", "fp8x2", "append"])
+def test_tiny_rope_values_round_as_the_model(rng: np.random.Generator, path: str) -> None:
+    n = 1024  # ~30 quotients the unchecked divider misrounds (exact emulation: 7-11 per 256)
+    rows = _tiny_rope_rows(rng, n)
+    rows[0, :512] = np.float32(128.0)
+    rows[0, 512] = np.uint16(41).view(BF16)  # 41 * 2^-133, the review's case
+    if path == "append":
+        cache = snapmla.KVCache(1, n // 64)
+        slots = np.arange(n, dtype=np.int64)
+        cache.append(0, to_torch(rows[:, :512]), to_torch(rows[:, 512:]), to_torch(slots))
+        got = ref.read_tokens(download(cache), n // 64, 0, slots)
+        want = ref.quantize_kv(rows[:, :512], rows[:, 512:])
+    else:
+        q = rows.reshape(n // 16, 16, 576)
+        out = snapmla.quantize_q(to_torch(q), precision=path)
+        synchronize()
+        want = ref.quantize_q2(q) if path == "fp8x2" else ref.quantize_q(q)
+        got = tuple(to_numpy(o, d) for o, d in zip(out, (FP8, BF16, np.float32, FP8, np.float32)))
+    for i, (g, w) in enumerate(zip(got, want)):
+        view = {1: np.uint8, 2: np.uint16, 4: np.uint32}[np.dtype(w.dtype).itemsize]
+        _same_bits(np.asarray(g).reshape(w.shape), w, view, f"{path} output {i}")
