@@ -1,8 +1,10 @@
 // One warp quantizes one row (a key token or a query head): 512 content values to E4M3 with a
 // per-row scale, and 64 RoPE values pre-divided by that scale, as the contract says.
 //
-// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8), and, for l < 8, RoPE
-// elements [8l, 8l + 8): every access is 16 bytes in and 8 or 16 bytes out, coalesced.
+// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) (16 bytes in, 8 out)
+// and RoPE elements 2l and 2l + 1 (4 bytes in and out): every access coalesced. (Until session 31
+// lanes 0-7 held 8 RoPE elements each, so every lane ran 8 RoPE quotients, 24 of them on zeros:
+// spread over the warp they are 2 a lane, which paid for FastDivider::checked and more.)
 #pragma once
 
 #include "common/numerics.cuh"
@@ -10,8 +12,8 @@
 namespace snapmla {
 
 constexpr int kWarpSize = 32;
-constexpr int kRopeLanes = kRopeDim / 8;  // lanes that carry RoPE: 8 values each
 static_assert(kContentDim == 2 * kWarpSize * 8, "two 8-wide chunks of content per lane");
+static_assert(kRopeDim == 2 * kWarpSize, "two RoPE values per lane");
 
 struct Bf16x8 {
   uint32_t w[4];  // 8 bf16, element 2i in the low half of w[i]
@@ -103,13 +105,13 @@ __device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantiz
 
 struct QuantizedRow {
   uint2 content[2];  // 8 E4M3 each: elements [8l, 8l+8) and [256+8l, 256+8l+8)
-  uint4 rope;        // 8 bf16 (lanes < 8 only)
+  uint32_t rope;     // 2 bf16: elements 2l, 2l + 1
   float scale;       // the row's scale (every lane)
 };
 
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
-                                                      const Bf16x8& c1, const Bf16x8& r, float s,
+                                                      const Bf16x8& c1, uint32_t r, float s,
                                                       bool& ok) {
   QuantizedRow q;
   q.scale = s;
@@ -118,17 +120,15 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
   };
   q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
   q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
-  auto rope2 = [&](uint32_t a) {
-    return pack_bf16x2(div.checked(lo_f(a), ok), div.checked(hi_f(a), ok));
-  };
-  q.rope = make_uint4(rope2(r.w[0]), rope2(r.w[1]), rope2(r.w[2]), rope2(r.w[3]));
+  q.rope = pack_bf16x2(div.checked(lo_f(r), ok), div.checked(hi_f(r), ok));
   return q;
 }
 
 // One lane's inputs of a row: content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8), and
-// RoPE elements [8l, 8l + 8) for l < 8 (zero elsewhere).
+// RoPE elements 2l, 2l + 1 (element 2l in the low half of r).
 struct RowInputs {
-  Bf16x8 c0, c1, r;
+  Bf16x8 c0, c1;
+  uint32_t r;
 };
 
 template <bool kAligned, bool kL2 = false>
@@ -137,8 +137,14 @@ __device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uin
   RowInputs in;
   in.c0 = load_bf16x8<kAligned, kL2>(content + 8 * lane);
   in.c1 = load_bf16x8<kAligned, kL2>(content + kContentDim / 2 + 8 * lane);
-  in.r = Bf16x8{};
-  if (lane < kRopeLanes) in.r = load_bf16x8<kAligned, kL2>(rope + 8 * lane);
+  const uint16_t* r = rope + 2 * lane;
+  if constexpr (kL2) {
+    in.r = __ldcg(reinterpret_cast<const unsigned int*>(r));
+  } else if constexpr (kAligned) {
+    in.r = __ldg(reinterpret_cast<const unsigned int*>(r));
+  } else {
+    in.r = static_cast<uint32_t>(__ldg(r)) | (static_cast<uint32_t>(__ldg(r + 1)) << 16);
+  }
   return in;
 }
 
@@ -208,13 +214,13 @@ __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
   return quantize_by_row_divider<QuantizedLo>(s1, quantize);
 }
 
-// Store a quantized row: content to `content_out` (512 bytes), RoPE to `rope_out` (64 bf16),
-// scale to `scale_out`. All three 8/16-byte aligned.
+// Store a quantized row: content to `content_out` (512 bytes, 8-byte aligned), RoPE to
+// `rope_out` (64 bf16, 4-byte aligned), scale to `scale_out`.
 __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* content_out,
                                           uint16_t* rope_out, float* scale_out, int lane) {
   reinterpret_cast<uint2*>(content_out)[lane] = q.content[0];
   reinterpret_cast<uint2*>(content_out + kContentDim / 2)[lane] = q.content[1];
-  if (lane < kRopeLanes) reinterpret_cast<uint4*>(rope_out)[lane] = q.rope;
+  reinterpret_cast<uint32_t*>(rope_out)[lane] = q.rope;
   if (lane == 0) *scale_out = q.scale;
 }
 

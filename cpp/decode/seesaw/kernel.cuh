@@ -440,9 +440,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           *reinterpret_cast<uint2*>(s.q_content[c] + sw128_offset(r, (byte % kChunkBytes) / 16) +
                                     byte % 16) = q.content[h];
         }
-        if (lane < kRopeLanes) {  // RoPE bytes [16 lane, + 16)
-          *reinterpret_cast<uint4*>(s.q_rope + sw128_offset(r, lane)) = q.rope;
-        }
+        // RoPE bytes [4 lane, + 4): in 16-byte chunk lane / 4
+        *reinterpret_cast<uint32_t*>(s.q_rope + sw128_offset(r, lane / 4) + 4 * (lane % 4)) =
+            q.rope;
         if (lane == 0) s.q_scale[r] = q.scale;
       };
       // One row at a time, the next rows' loads in flight: two at N = 32 and 64 (registers are
