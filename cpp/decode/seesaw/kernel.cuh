@@ -161,6 +161,16 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
 #define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
+// SNAPMLA_SEESAW_PV_PIPE (experimental, off; session 31): the whole-N PV groups software-
+// pipelined. ncu (session 31, 32x128x16384) has the PV's issue stalled on the short scoreboard
+// (32-45% of its samples): each group's PRMTs wait for its own ldmatrix, and each promotion's
+// FFMAs for its gamma loads from shared memory, which the wait's memory clobber keeps below the
+// wait. 1: group q + 1's V^T fragments are loaded right after the wait for group q - 1 (its
+// registers free then), under group q - 1's promotion; the block's gamma of the thread's rows
+// is read once, before the first wgmma (16 registers) instead of once an m-tile.
+#ifndef SNAPMLA_SEESAW_PV_PIPE
+#define SNAPMLA_SEESAW_PV_PIPE 0
+#endif
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -979,6 +989,48 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
+          if constexpr (SNAPMLA_SEESAW_PV_PIPE != 0) {
+            constexpr int kT = kMTiles - kM0;
+            constexpr bool kGammaOnce = SNAPMLA_SEESAW_PV_PIPE == 1;
+            float2 gm[kNTiles];  // gamma of query rows 8 col + 2 t, + 1
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              if constexpr (kGammaOnce) {
+                gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+              }
+            }
+            auto promote_whole = [&](int q) {
+              if constexpr (!kGammaOnce) {  // =2: read where used, as promote_cols does
+                promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
+                return;
+              }
+              float(&tq)[kNRegs] = tmpw[q % 2];
+              sm90::fence_regs(tq);
+#pragma unroll
+              for (int col = 0; col < kNTiles; ++col) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                  float& ov = o[kM0 + q][4 * col + c];
+                  ov = fmaf(ov, c & 1 ? gm[col].y : gm[col].x, tq[4 * col + c]);
+                }
+              }
+            };
+            v_fragments(i, kM0, edge_tag, aw[0]);
+#pragma unroll
+            for (int q = 0; q < kT; ++q) {
+              wgmma_fence();
+              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+              wgmma_commit();
+              if (q > 0) wgmma_wait<1>();  // group q - 1 done: its fragments and sum are free
+              if (q + 1 < kT) v_fragments(i, kM0 + q + 1, edge_tag, aw[(q + 1) % 2]);
+              if (q > 0) promote_whole(q - 1);
+            }
+            wgmma_wait<0>();
+            promote_whole(kT - 1);
+            SEESAW_TRACE(i, kTrPvEnd);
+            return;
+          }
           auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
