@@ -167,7 +167,13 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // FFMAs for its gamma loads from shared memory, which the wait's memory clobber keeps below the
 // wait. 1: group q + 1's V^T fragments are loaded right after the wait for group q - 1 (its
 // registers free then), under group q - 1's promotion; the block's gamma of the thread's rows
-// is read once, before the first wgmma (16 registers) instead of once an m-tile.
+// is read once, before the first wgmma (16 registers) instead of once an m-tile. 2: the
+// fragments ahead only. Kernel alone on the H200, A/B/A/B (bench/results/2026-12-03-s31/call7):
+// =2 level everywhere (32x128x16384 212.7 us against 212.6); =1 32x128x16384 212.6 -> 209.6,
+// 128x16x16384 q_len 4 414.7 -> 407.2, 64x128x4096 108.9 -> 107.6, but 8x128x4096 21.2 ->
+// 21.6 and 1x128x8192 10.3 -> 10.7: its 16 registers spill (92 B against 28; gamma read
+// before each wait instead spills 1 KB). The gamma loads are the stall worth removing, if
+// registers can be found for them.
 #ifndef SNAPMLA_SEESAW_PV_PIPE
 #define SNAPMLA_SEESAW_PV_PIPE 0
 #endif
