@@ -172,8 +172,11 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // =2 level everywhere (32x128x16384 212.7 us against 212.6); =1 32x128x16384 212.6 -> 209.6,
 // 128x16x16384 q_len 4 414.7 -> 407.2, 64x128x4096 108.9 -> 107.6, but 8x128x4096 21.2 ->
 // 21.6 and 1x128x8192 10.3 -> 10.7: its 16 registers spill (92 B against 28; gamma read
-// before each wait instead spills 1 KB). The gamma loads are the stall worth removing, if
-// registers can be found for them.
+// before each wait instead spills 1 KB). =3 (O^T *= gamma once a block under the first
+// group's wgmmas, then O^T += T a group; call 8): 32x128x16384 213.0 -> 208.1 us, 128x16x16384
+// q_len 4 415.1 -> 405.5, 64x128x4096 109.1 -> 107.0, but 8x128x4096 21.1 -> 21.6 and
+// 1x128x8192 10.25 -> 10.7, with the same 92 B of spills. The gamma loads are the stall worth
+// removing; the spills (in every form that changes this path) are what is left to find.
 #ifndef SNAPMLA_SEESAW_PV_PIPE
 #define SNAPMLA_SEESAW_PV_PIPE 0
 #endif
@@ -995,6 +998,46 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
+          if constexpr (SNAPMLA_SEESAW_PV_PIPE == 3) {
+            // =3: O^T *= gamma once a block, under the first group's wgmmas (gamma read once,
+            // live only there), then each group's promotion is O^T += T: no gamma loads after
+            // the waits. (Two roundings where fmaf had one: not bit-identical to the default.)
+            constexpr int kT = kMTiles - kM0;
+            v_fragments(i, kM0, edge_tag, aw[0]);
+            wgmma_fence();
+            wgmma_pv<kN, true>(tmpw[0], aw[0][0], p_desc.at(0));
+            wgmma_pv<kN, false>(tmpw[0], aw[0][1], p_desc.at(32));
+            wgmma_commit();
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int m = kM0; m < kMTiles; ++m) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+              }
+            }
+            auto add_whole = [&](int q) {
+              float(&tq)[kNRegs] = tmpw[q % 2];
+              sm90::fence_regs(tq);
+#pragma unroll
+              for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] += tq[e];
+            };
+#pragma unroll
+            for (int q = 1; q < kT; ++q) {
+              v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
+              wgmma_fence();
+              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+              wgmma_commit();
+              wgmma_wait<1>();
+              add_whole(q - 1);
+            }
+            wgmma_wait<0>();
+            add_whole(kT - 1);
+            SEESAW_TRACE(i, kTrPvEnd);
+            return;
+          }
           if constexpr (SNAPMLA_SEESAW_PV_PIPE != 0) {
             constexpr int kT = kMTiles - kM0;
             constexpr bool kGammaOnce = SNAPMLA_SEESAW_PV_PIPE == 1;
