@@ -57,7 +57,8 @@ def main() -> None:
         ex = sum(r[2] for r in part)
         share = sum(reasons.values()) or 1
         print(f"{label} [{a}, {b}): {n} samples ({100 * n / total:.1f}%), {ex} instructions")
-        print("   " + " ".join(f"{k[6:]}={100 * v / share:.0f}%" for k, v in reasons.most_common(8)))
+        top = reasons.most_common(8)
+        print("   " + " ".join(f"{k[6:]}={100 * v / share:.0f}%" for k, v in top))
 
 
 if __name__ == "__main__":
