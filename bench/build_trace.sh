@@ -63,11 +63,9 @@ builds=(
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
-  # the whole-N PV groups software-pipelined (SNAPMLA_SEESAW_PV_PIPE, session 31)
+  # the whole-N PV groups without gamma loads after the waits (SNAPMLA_SEESAW_PV_PIPE, session 31)
   "seesaw_trace_pvpipe1:-DSNAPMLA_SEESAW_PV_PIPE=1"
-  "seesaw_trace_pvpipe2:-DSNAPMLA_SEESAW_PV_PIPE=2"
   "seesaw_trace_pvpipe3:-DSNAPMLA_SEESAW_PV_PIPE=3"
-  "seesaw_timeline_pvpipe2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PIPE=2"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only

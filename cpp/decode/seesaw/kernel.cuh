@@ -167,9 +167,9 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 // FFMAs for its gamma loads from shared memory, which the wait's memory clobber keeps below the
 // wait. 1: group q + 1's V^T fragments are loaded right after the wait for group q - 1 (its
 // registers free then), under group q - 1's promotion; the block's gamma of the thread's rows
-// is read once, before the first wgmma (16 registers) instead of once an m-tile. 2: the
-// fragments ahead only. Kernel alone on the H200, A/B/A/B (bench/results/2026-12-03-s31/call7):
-// =2 level everywhere (32x128x16384 212.7 us against 212.6); =1 32x128x16384 212.6 -> 209.6,
+// is read once, before the first wgmma (16 registers) instead of once an m-tile. Kernel alone
+// on the H200, A/B/A/B (bench/results/2026-12-03-s31/call7): the fragments ahead alone (a form
+// =2, removed) level everywhere (32x128x16384 212.7 us against 212.6); =1 212.6 -> 209.6,
 // 128x16x16384 q_len 4 414.7 -> 407.2, 64x128x4096 108.9 -> 107.6, but 8x128x4096 21.2 ->
 // 21.6 and 1x128x8192 10.3 -> 10.7: its 16 registers spill (92 B against 28; gamma read
 // before each wait instead spills 1 KB). =3 (O^T *= gamma once a block under the first
@@ -180,6 +180,9 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_PV_PIPE
 #define SNAPMLA_SEESAW_PV_PIPE 0
 #endif
+static_assert(SNAPMLA_SEESAW_PV_PIPE == 0 || SNAPMLA_SEESAW_PV_PIPE == 1 ||
+                  SNAPMLA_SEESAW_PV_PIPE == 3,
+              "SNAPMLA_SEESAW_PV_PIPE: 0 (default), 1 or 3");
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -1038,21 +1041,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             SEESAW_TRACE(i, kTrPvEnd);
             return;
           }
-          if constexpr (SNAPMLA_SEESAW_PV_PIPE != 0) {
+          if constexpr (SNAPMLA_SEESAW_PV_PIPE == 1) {
             constexpr int kT = kMTiles - kM0;
-            constexpr bool kGammaOnce = SNAPMLA_SEESAW_PV_PIPE == 1;
             float2 gm[kNTiles];  // gamma of query rows 8 col + 2 t, + 1
 #pragma unroll
             for (int col = 0; col < kNTiles; ++col) {
-              if constexpr (kGammaOnce) {
-                gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-              }
+              gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
             }
             auto promote_whole = [&](int q) {
-              if constexpr (!kGammaOnce) {  // =2: read where used, as promote_cols does
-                promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
-                return;
-              }
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
 #pragma unroll
