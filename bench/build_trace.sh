@@ -66,6 +66,7 @@ builds=(
   # the whole-N PV groups without gamma loads after the waits (SNAPMLA_SEESAW_PV_PIPE, session 31)
   "seesaw_trace_pvpipe1:-DSNAPMLA_SEESAW_PV_PIPE=1"
   "seesaw_trace_pvpipe3:-DSNAPMLA_SEESAW_PV_PIPE=3"
+  "seesaw_timeline_pvpipe3:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PIPE=3"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only
