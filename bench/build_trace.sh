@@ -35,6 +35,7 @@ fi
 src=(bench/seesaw_trace.cu cpp/decode/plan.cu cpp/decode/combine.cu cpp/decode/seesaw/launch.cu
      cpp/decode/seesaw/instantiations/n16.cu cpp/decode/seesaw/instantiations/n32.cu
      cpp/decode/seesaw/instantiations/n64.cu cpp/decode/seesaw/instantiations/n64_direct.cu
+     cpp/decode/seesaw/instantiations/n64_scaled.cu
      cpp/decode/seesaw/instantiations/n64_roles.cu
      cpp/decode/seesaw/instantiations/n16_two_term.cu
      cpp/decode/seesaw/instantiations/n32_two_term.cu cpp/quantize/quantize_q.cu)
@@ -63,10 +64,11 @@ builds=(
   # the wide combine where the grouped one runs (the default before session 19)
   "seesaw_trace_widecombine:-DSNAPMLA_COMBINE_GROUPED=0"
   "seesaw_trace_pvdeep2:-DSNAPMLA_SEESAW_PV_DEEP=2"
-  # the whole-N PV groups without gamma loads after the waits (SNAPMLA_SEESAW_PV_PIPE, session 31)
-  "seesaw_trace_pvpipe1:-DSNAPMLA_SEESAW_PV_PIPE=1"
-  "seesaw_trace_pvpipe3:-DSNAPMLA_SEESAW_PV_PIPE=3"
-  "seesaw_timeline_pvpipe3:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_PIPE=3"
+  # the scaled PV (config.h's SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN, long chains since session 32)
+  # at every N = 64 call, and nowhere
+  "seesaw_trace_scaled0:-DSNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN=0"
+  "seesaw_trace_noscaled:-DSNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN=-1"
+  "seesaw_timeline_scaled0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN=0"
   # staged switches (off by default)
   # SNAPMLA_PDL: its back-to-back launches overlap in the "kernel alone" loop; compare its
   # "kernel + combine" line only

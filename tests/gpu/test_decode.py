@@ -744,9 +744,12 @@ def test_n64_pv_paths(
 ) -> None:
     """N = 64 on long single-CTA chains and wide block tables, against the model and, on the
     long chains, against float64 attention: at most 1.05x the model's own error (the
-    contract's randn limit). In a build with SNAPMLA_SEESAW_PV_DIRECT=1 (experimental,
-    cpp/decode/seesaw/config.h) the cases lie on both sides of its 256-block bound: the first
-    and third take the PV into O^T, the second and fourth the promoted one."""
+    contract's randn limit). The cases lie on both sides of the scaled PV's bound (launch.cu's
+    typical chain from the launch's shape, SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN): the first takes
+    the promoted PV's kernel, the others the scaled one's (the second with short real chains and
+    edge blocks). In a build with SNAPMLA_SEESAW_PV_DIRECT=1 (experimental,
+    cpp/decode/seesaw/config.h) they lie on both sides of its 256-block bound: the first and
+    third take the PV into O^T, the second and fourth the promoted one."""
     case = make_case(rng, seqlens, num_heads=128, q_len=1, spread=0.0, extra_columns=extra_columns)
     cache = make_cache(case)
     out, lse = run_decode(cache, case, num_sm_parts=num_sm_parts)

@@ -133,9 +133,22 @@ static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 #define SNAPMLA_SEESAW_PV_DIRECT 0
 #endif
 
+// SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN (16, the default since session 32): N = 64 calls whose
+// parts run about this many blocks or more (launch.cu's estimate from the launch's shape) take
+// the kernel whose PV scales O^T by the block's gamma once, under the first m-tile's wgmmas,
+// and then adds each m-tile's product (kScaledPv, kernel.cuh; instantiations/n64_scaled.cu).
+// Its promotion reads no gamma after a wgmma wait (ncu, session 31: the promoted PV's issue
+// stalled there), so long chains run ~2% faster; calls of one or two blocks a part ran ~0.4
+// us slower (the first block's softmax, bench/NOTES.md, session 32), hence the bound. 0: every
+// N = 64 call; -1: none (the instantiation is not built).
+#ifndef SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN
+#define SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN 16
+#endif
+
 // Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
-// kPvDirect, N = 64 only, experimental: n64_direct.cu, kernel.cuh says what it changes).
-template <int kN, bool kTwoTerm = false, bool kPvDirect = false>
+// kPvDirect, N = 64 only, experimental: n64_direct.cu; kScaledPv, N = 64 one-term only:
+// n64_scaled.cu; kernel.cuh says what each changes).
+template <int kN, bool kTwoTerm = false, bool kPvDirect = false, bool kScaledPv = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 
 // SNAPMLA_SEESAW_ROLES (experimental, off): the N = 64 one-term query on the role-split kernel

@@ -161,28 +161,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
 #define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
-// SNAPMLA_SEESAW_PV_PIPE (experimental, off; session 31): the whole-N PV groups software-
-// pipelined. ncu (session 31, 32x128x16384) has the PV's issue stalled on the short scoreboard
-// (32-45% of its samples): each group's PRMTs wait for its own ldmatrix, and each promotion's
-// FFMAs for its gamma loads from shared memory, which the wait's memory clobber keeps below the
-// wait. 1: group q + 1's V^T fragments are loaded right after the wait for group q - 1 (its
-// registers free then), under group q - 1's promotion; the block's gamma of the thread's rows
-// is read once, before the first wgmma (16 registers) instead of once an m-tile. Kernel alone
-// on the H200, A/B/A/B (bench/results/2026-12-03-s31/call7): the fragments ahead alone (a form
-// =2, removed) level everywhere (32x128x16384 212.7 us against 212.6); =1 212.6 -> 209.6,
-// 128x16x16384 q_len 4 414.7 -> 407.2, 64x128x4096 108.9 -> 107.6, but 8x128x4096 21.2 ->
-// 21.6 and 1x128x8192 10.3 -> 10.7: its 16 registers spill (92 B against 28; gamma read
-// before each wait instead spills 1 KB). =3 (O^T *= gamma once a block under the first
-// group's wgmmas, then O^T += T a group; call 8): 32x128x16384 213.0 -> 208.1 us, 128x16x16384
-// q_len 4 415.1 -> 405.5, 64x128x4096 109.1 -> 107.0, but 8x128x4096 21.1 -> 21.6 and
-// 1x128x8192 10.25 -> 10.7, with the same 92 B of spills. The gamma loads are the stall worth
-// removing; the spills (in every form that changes this path) are what is left to find.
-#ifndef SNAPMLA_SEESAW_PV_PIPE
-#define SNAPMLA_SEESAW_PV_PIPE 0
-#endif
-static_assert(SNAPMLA_SEESAW_PV_PIPE == 0 || SNAPMLA_SEESAW_PV_PIPE == 1 ||
-                  SNAPMLA_SEESAW_PV_PIPE == 3,
-              "SNAPMLA_SEESAW_PV_PIPE: 0 (default), 1 or 3");
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -299,11 +277,28 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // z = fmaf(rho, lo, hi) (rho = s2 / s1) in place, then the softmax runs on one row per thread
 // (8 query rows a warp, so every warp below kN / 8 runs it). P8, the statistics, PV and the
 // epilogue index query rows as in the one-term kernel.
-template <int kN, bool kTwoTerm, bool kPvDirect>
+// kScaledPv (a template argument; N = 64 one-term only; chosen by launch.cu at long chains,
+// SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN in config.h): the whole-N PV groups' promotion in two
+// steps, O^T *= gamma once a block, under the first m-tile's wgmmas (gamma read from shared
+// memory there, live only there), then O^T += T for each m-tile's temporary T after its wait.
+// The default's promotion (O^T = fmaf(O^T, gamma, T)) reads gamma after each wait: ncu at
+// 32x1x128x16384 (session 31) had the PV's issue stalled on those loads' short scoreboard
+// (32-45% of its samples). Two roundings where fmaf had one: not bit-identical to the
+// default, within the contract (the workload layers at 1.011x the model's error at 128 heads,
+// one CTA a context included; bench/NOTES.md, session 32). Graph replays on the H200, same
+// call (session 32): 32x1x128x16384 221.3 / 222.2 -> 217.1 us, 64x1x128x4096 114.9 / 115.8 ->
+// 112.5, 16x1x128x131072 834.7 / 828.7 -> 812.8, 64x1x64x32768 428.4 / 426.3 -> 422.1, but
+// 1x1x128x8192 18.0 / 17.9 -> 18.4 and 1x1x128x1024 12.6 / 12.6 -> 13.0 (one or two blocks a
+// part: the first block's softmax ~700 cycles later in the timeline). It spills 92 B against
+// the default's 28 (the main loop's allocation: the P8 store, its own O^T += T, the edge
+// masks).
+template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
+  static_assert(!kScaledPv || (kN == 64 && !kTwoTerm && !kPvDirect),
+                "the scaled PV: N = 64's promoted PV, one-term only");
   static_assert(!kTwoTerm || kN <= 32, "the two-term query: 8 query rows a warp, 32 a tile");
   // Query rows of a warp's S accumulator and of a thread's (rows g and g + 8 of the fragment:
   // two query rows, or one query row's high and low logits).
@@ -1001,10 +996,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
-          if constexpr (SNAPMLA_SEESAW_PV_PIPE == 3) {
-            // =3: O^T *= gamma once a block, under the first group's wgmmas (gamma read once,
-            // live only there), then each group's promotion is O^T += T: no gamma loads after
-            // the waits. (Two roundings where fmaf had one: not bit-identical to the default.)
+          if constexpr (kScaledPv) {
+            // O^T *= gamma once a block, under the first group's wgmmas (gamma read once, live
+            // only there), then each group's promotion is O^T += T: no gamma loads after the
+            // waits (kScaledPv above).
             constexpr int kT = kMTiles - kM0;
             v_fragments(i, kM0, edge_tag, aw[0]);
             wgmma_fence();
@@ -1038,41 +1033,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
             wgmma_wait<0>();
             add_whole(kT - 1);
-            SEESAW_TRACE(i, kTrPvEnd);
-            return;
-          }
-          if constexpr (SNAPMLA_SEESAW_PV_PIPE == 1) {
-            constexpr int kT = kMTiles - kM0;
-            float2 gm[kNTiles];  // gamma of query rows 8 col + 2 t, + 1
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              gm[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-            }
-            auto promote_whole = [&](int q) {
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              sm90::fence_regs(tq);
-#pragma unroll
-              for (int col = 0; col < kNTiles; ++col) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) {
-                  float& ov = o[kM0 + q][4 * col + c];
-                  ov = fmaf(ov, c & 1 ? gm[col].y : gm[col].x, tq[4 * col + c]);
-                }
-              }
-            };
-            v_fragments(i, kM0, edge_tag, aw[0]);
-#pragma unroll
-            for (int q = 0; q < kT; ++q) {
-              wgmma_fence();
-              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
-              wgmma_commit();
-              if (q > 0) wgmma_wait<1>();  // group q - 1 done: its fragments and sum are free
-              if (q + 1 < kT) v_fragments(i, kM0 + q + 1, edge_tag, aw[(q + 1) % 2]);
-              if (q > 0) promote_whole(q - 1);
-            }
-            wgmma_wait<0>();
-            promote_whole(kT - 1);
             SEESAW_TRACE(i, kTrPvEnd);
             return;
           }
@@ -1308,13 +1268,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   if constexpr (SNAPMLA_PDL >= 2) griddep_launch_dependents();
 }
 
-template <int kN, bool kTwoTerm, bool kPvDirect>
+template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
   const cudaError_t err =
-      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kScaledPv>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect>,
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kScaledPv>,
                           dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
                           kSmemBytes, stream, p, maps);
 }

@@ -119,6 +119,23 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   return cudaSuccess;
 }
 
+#if SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN >= 0
+// About how many blocks a part of the plan runs, from the launch's shape alone (no host
+// synchronization): the balanced part cost T = max(ceil(total / num_parts), min part cost) of
+// plan.cu, with total = batch x (max_pages + kFixedCost), as if every request had max_pages
+// blocks. Lengths shorter than the block table's width make the real chains shorter.
+int64_t typical_chain(const DecodeParams& p) {
+  const int64_t total = int64_t{p.batch} * (int64_t{p.max_pages} + kFixedCost);
+  const int64_t per_part = (total + p.num_parts - 1) / p.num_parts;
+  return std::min<int64_t>(std::max<int64_t>(per_part, kMinPartCost), p.max_pages);
+}
+
+// The scaled PV's kernel (config.h): chains of SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN blocks or more.
+bool use_scaled_pv(const DecodeParams& p) {
+  return typical_chain(p) >= SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN;
+}
+#endif
+
 #if SNAPMLA_SEESAW_PV_DIRECT
 // The longest chain of blocks a CTA's O^T takes under kPvDirect at SNAPMLA_SEESAW_PV_DIRECT=1
 // (config.h). On randn data the decode's error against exact attention rose over the
@@ -181,6 +198,9 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
 #if SNAPMLA_SEESAW_ROLES
   return seesaw::roles::run(p, maps, stream);
 #else
+#if SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN >= 0
+  if (use_scaled_pv(p)) return seesaw::run<64, false, false, true>(p, maps, stream);
+#endif
   return seesaw::run<64>(p, maps, stream);
 #endif
 }
