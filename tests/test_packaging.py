@@ -271,7 +271,7 @@ def test_fast_kernel_one_term_n16_is_the_spread_layout() -> None:
 
 def test_fast_kernel_n64_has_its_long_chain_kernel() -> None:
     """N = 64 ships two kernels: the promoted PV (O^T = fmaf(O^T, gamma, T) an m-tile) and, for
-    calls whose parts run 16 blocks or more (launch.cu, SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN), the
+    calls whose parts run 8 blocks or more (launch.cu, SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN), the
     scaled PV (O^T *= gamma once a block, then O^T += T): ~2% faster at long chains on the
     H200, ~0.4 us slower at one or two blocks a part (bench/NOTES.md, session 32)."""
     kernels = _sass_by_kernel()

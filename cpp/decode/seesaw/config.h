@@ -133,16 +133,17 @@ static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 #define SNAPMLA_SEESAW_PV_DIRECT 0
 #endif
 
-// SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN (16, the default since session 32): N = 64 calls whose
+// SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN (8, the default since session 32): N = 64 calls whose
 // parts run about this many blocks or more (launch.cu's estimate from the launch's shape) take
 // the kernel whose PV scales O^T by the block's gamma once, under the first m-tile's wgmmas,
 // and then adds each m-tile's product (kScaledPv, kernel.cuh; instantiations/n64_scaled.cu).
 // Its promotion reads no gamma after a wgmma wait (ncu, session 31: the promoted PV's issue
 // stalled there), so long chains run ~2% faster; calls of one or two blocks a part ran ~0.4
-// us slower (the first block's softmax, bench/NOTES.md, session 32), hence the bound. 0: every
-// N = 64 call; -1: none (the instantiation is not built).
+// us slower (the first block's softmax, bench/NOTES.md, session 32), hence the bound. Graph
+// replays, A/B/A/B in one call: 8x1x128x4096 (8 blocks a part) 29.1 / 29.1 us with the bound at
+// 16, 28.8 / 28.8 at 8. 0: every N = 64 call; -1: none (the instantiation is not built).
 #ifndef SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN
-#define SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN 16
+#define SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN 8
 #endif
 
 // Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;

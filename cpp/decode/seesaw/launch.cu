@@ -130,7 +130,7 @@ int64_t typical_chain(const DecodeParams& p) {
   return std::min<int64_t>(std::max<int64_t>(per_part, kMinPartCost), p.max_pages);
 }
 
-// The scaled PV's kernel (config.h): chains of SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN blocks or more.
+// The scaled PV (config.h): chains of SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN blocks or more.
 bool use_scaled_pv(const DecodeParams& p) {
   return typical_chain(p) >= SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN;
 }
