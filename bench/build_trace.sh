@@ -91,9 +91,9 @@ builds=(
   # the Q tile after all four first pages (the order before session 18; compare "decode call":
   # the kernel-alone lines have no Q-quant kernel to wait for)
   "seesaw_trace_pbq4:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
-  # the Q tile before the first page (every page then waits for the Q-quant kernel too)
-  "seesaw_trace_pbq0:-DSNAPMLA_SEESAW_PAGES_BEFORE_Q=0"
-  "seesaw_timeline_pbq0:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PAGES_BEFORE_Q=0"
+  # the split partials in fp32 (the format before session 32; segment.cuh's SNAPMLA_PARTIAL_F16)
+  "seesaw_trace_p32:-DSNAPMLA_PARTIAL_F16=0"
+  "seesaw_timeline_p32:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_PARTIAL_F16=0"
   "seesaw_timeline_pbq4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PAGES_BEFORE_Q=4"
   # the KV pages' loads without the L2 evict-first policy (the default since session 19;
   # compare "kernel + combine")

@@ -78,17 +78,52 @@ __device__ __forceinline__ int64_t partial_slot(int part, int first) {
   return 2 * part + (part == first ? 1 : 0);
 }
 
+// Columns [4 c, 4 c + 4) of row fr's partial in `slot`, loaded: fp32 as stored, or the FP16
+// record's four values and their group's exponent (SNAPMLA_PARTIAL_F16, segment.cuh); value()
+// gives the fp32 values (the FP16 ones times 2^-e, exactly). Load first, decode later, so that a
+// chunk's loads are all in flight at once.
+struct Partial4 {
+#if SNAPMLA_PARTIAL_F16
+  uint2 h;
+  uint32_t e2;  // the int8 exponents of columns 4 c, 4 c + 1 (low byte) and 4 c + 2, 4 c + 3
+  __device__ __forceinline__ float4 value() const {
+    // 2^-e for e in [-114, 126]
+    const float s0 = pow2i(-static_cast<int>(static_cast<int8_t>(e2 & 0xffu)));
+    const float s1 = pow2i(-static_cast<int>(static_cast<int8_t>(e2 >> 8)));
+    const float2 a = unpack_f16x2(h.x), b = unpack_f16x2(h.y);
+    return make_float4(a.x * s0, a.y * s0, b.x * s1, b.y * s1);
+  }
+#else
+  float4 x;
+  __device__ __forceinline__ float4 value() const { return x; }
+#endif
+};
+__device__ __forceinline__ Partial4 load_partial4(const DecodeParams& p, int64_t slot, int fr,
+                                                  int c) {
+#if SNAPMLA_PARTIAL_F16
+  const uint8_t* rec = partial_record(p, slot, fr);
+  // (partial_group(4 c) is even, partial_group(4 c + 2) the next: one 2-byte load)
+  return {reinterpret_cast<const uint2*>(rec)[c],
+          *reinterpret_cast<const uint16_t*>(rec + kPartialExpByte + partial_group(4 * c))};
+#else
+  return {reinterpret_cast<const float4*>(partial_record(p, slot, fr))[c]};
+#endif
+}
+
 // acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
 // returns w.
 __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot, int rows_pad,
                                              int fr, int lane, float m,
                                              float (&acc)[kColsPerLane]) {
   const float w = expf(p.partial_lse[slot * rows_pad + fr] - m);
-  const float4* src = reinterpret_cast<const float4*>(
-      p.partial_o + (slot * rows_pad + fr) * kContentDim + lane * kColsPerLane);
+  Partial4 src[kColsPerLane / 4];
 #pragma unroll
   for (int v = 0; v < kColsPerLane / 4; ++v) {
-    const float4 x = src[v];
+    src[v] = load_partial4(p, slot, fr, lane * (kColsPerLane / 4) + v);
+  }
+#pragma unroll
+  for (int v = 0; v < kColsPerLane / 4; ++v) {
+    const float4 x = src[v].value();
     acc[4 * v] += w * x.x;
     acc[4 * v + 1] += w * x.y;
     acc[4 * v + 2] += w * x.z;
@@ -293,18 +328,16 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
                                             RunningMerge& r) {
   for (int base = first + g; base <= last; base += kChunk * stride) {
     float lse[kChunk];
-    float4 x[kChunk];
+    Partial4 x[kChunk];
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {  // every load of the chunk first
       const int part = base + k * stride;
       if (part <= last) {
         const int64_t slot = partial_slot(part, first);
         lse[k] = p.partial_lse[slot * rows_pad + fr];
-        const float* row = p.partial_o + (slot * rows_pad + fr) * kContentDim;
-        x[k] = reinterpret_cast<const float4*>(row)[c];
+        x[k] = load_partial4(p, slot, fr, c);
       } else {
-        lse[k] = -INFINITY;
-        x[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+        lse[k] = -INFINITY;  // (x[k] is never read)
       }
     }
     float m_chunk = r.m;
@@ -317,7 +350,7 @@ __device__ __forceinline__ void merge_parts(const DecodeParams& p, int first, in
     r.raise_to(m_chunk);
 #pragma unroll
     for (int k = 0; k < kChunk; ++k) {
-      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k]);
+      if (base + k * stride <= last && lse[k] == lse[k]) r.add(lse[k], x[k].value());
     }
   }
 }

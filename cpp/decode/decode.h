@@ -86,7 +86,7 @@ struct WorkspaceLayout {
   int64_t q_content;    // e4m3 [b, s_q, h, 512]
   int64_t q_rope;       // bf16 [b, s_q, h, 64]
   int64_t q_scale;      // fp32 [b, s_q, h]
-  int64_t partial_o;    // fp32 [2 * num_parts, row_tiles * 64, 512]
+  int64_t partial_o;    // [2 * num_parts, row_tiles * 64] records of 2 KB (segment.cuh)
   int64_t partial_lse;  // fp32 [2 * num_parts, row_tiles * 64]
   int64_t q_lo;         // e4m3 [b, s_q, h, 512]: the two-term query's low row (two_term only)
   int64_t q_lo_scale;   // fp32 [b, s_q, h] (two_term only)

@@ -39,6 +39,57 @@ __device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, flo
   }
 }
 
+// SNAPMLA_PARTIAL_F16 (1, the default since session 32; 0: fp32): how a split request's part
+// stores its partial O / l. A row's record keeps its 2 KB workspace slot: bytes [0, 1024) are
+// the 512 values as FP16 (round to nearest even) times 2^e_G, and bytes [1024, 1088) the 64
+// exponents e_G as int8, one a group of 8 columns: G = partial_group(d), the columns one thread
+// of the seesaw epilogue holds (d0 + 64 m and d0 + 64 m + 1, m < 4, d0 = 256 wg + 16 warp + 2 g),
+// so that no exponent needs a value from another lane (with a maximum over the 8 lanes of a
+// 16-column group, the N = 64 kernel's main loop spilled 372 bytes against 32). e_G puts the
+// group's largest |value| in [2^14, 2^15) (partial_exponent); its other values keep FP16's 11
+// bits down to 2^-28 of it (2^-11 relative, far under the contract's bounds), and a tiny,
+// infinite or NaN value stays what it was. The combine multiplies 2^-e_G back (exact). Half the
+// bytes of the fp32 partials that the epilogue writes and the combine reads (8x1x128x4096:
+// 16.8 MB of each, as many as the KV cache).
+#ifndef SNAPMLA_PARTIAL_F16
+#define SNAPMLA_PARTIAL_F16 1
+#endif
+constexpr int kPartialExpByte = 2 * kContentDim;  // a record's first exponent byte
+
+// Row fr's record in partial slot `slot`.
+__device__ __forceinline__ uint8_t* partial_record(const DecodeParams& p, int64_t slot, int fr) {
+  return reinterpret_cast<uint8_t*>(p.partial_o +
+                                    (slot * p.row_tiles * kTileRows + fr) * kContentDim);
+}
+// The exponent group of latent column d (8 columns: d % 16 / 2 and d / 64 % 4 vary inside).
+__device__ __forceinline__ int partial_group(int d) {
+  return 32 * (d / 256) + 8 * (d % 64 / 16) + d % 16 / 2;
+}
+// e with amax 2^e in [2^14, 2^15) for amax = 2^E (1 + f), E >= -112; 126 below (zero, tiny, and
+// fp32 subnormal groups); -114 for an infinite or NaN amax (2^-114 keeps them what they are).
+__device__ __forceinline__ int partial_exponent(float amax) {
+  const int biased = static_cast<int>((__float_as_uint(amax) >> 23) & 0xffu);  // E + 127
+  return min(141 - biased, 126);
+}
+// 2^e for e in [-126, 127], exactly.
+__device__ __forceinline__ float pow2i(int e) {
+  return __uint_as_float(static_cast<uint32_t>(127 + e) << 23);
+}
+// Two values as FP16 (round to nearest even), lo at the lower address.
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+// And back.
+__device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
+  float lo, hi;
+  asm("{\n .reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;\n}"
+      : "=f"(lo), "=f"(hi)
+      : "r"(v));
+  return make_float2(lo, hi);
+}
+
 // Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
 // the part where the request starts.
 __device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
@@ -158,7 +209,29 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
   if (fr >= rows_total) return;
   const RowResult res = row_result(l, m, sig, bad_page, seg.split);
   const float inv_l = res.inv_l;
-  if (seg.split) {
+  if (seg.split && SNAPMLA_PARTIAL_F16) {
+    // Column col0 + 8 n + 2 t4 (+ 1) is in group partial_group(col0) + 8 (n % 8 / 2) + 4 (n % 2)
+    // + t4: this thread holds all 8 values of each of its 8 groups (n % 8 fixed, n / 8 < 4).
+    uint8_t* rec = partial_record(p, seg.slot, fr);
+    float amax[8] = {};
+#pragma unroll
+    for (int n = 0; n < kColTiles; ++n) {
+      amax[n % 8] = fmaxf(amax[n % 8], fmaxf(fabsf(o[n][2 * I]), fabsf(o[n][2 * I + 1])));
+    }
+    int e[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      e[j] = partial_exponent(amax[j] * inv_l);  // (max |O| / l: rounding is monotonic)
+      rec[kPartialExpByte + partial_group(col0 + 8 * j + 2 * t4)] =
+          static_cast<uint8_t>(static_cast<int8_t>(e[j]));
+    }
+#pragma unroll
+    for (int n = 0; n < kColTiles; ++n) {
+      const float sc = pow2i(e[n % 8]);  // (after 1 / l: inv_l 2^e may overflow)
+      *reinterpret_cast<uint32_t*>(rec + 2 * (col0 + 8 * n + 2 * t4)) =
+          pack_f16x2(o[n][2 * I] * inv_l * sc, o[n][2 * I + 1] * inv_l * sc);
+    }
+  } else if (seg.split) {
     const int rows_pad = p.row_tiles * kTileRows;
     float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
 #pragma unroll

@@ -141,31 +141,58 @@ template <bool kDryRun = false, int kMTiles, int kNRegs>
 __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float (&o)[kMTiles][kNRegs],
                                              const float* inv_l_of, int b, int tile,
                                              int rows_total, int d0, int t, const Segment& seg) {
+  // Row (nn, c1): query row 8 nn + 2 t + c1, its values o[m][4 nn + c1] and o[m][4 nn + 2 + c1]
+  // (latent d0 + 64 m and + 1). One loop per destination (a uniform branch outside them).
+  auto each_row = [&](auto&& store_row) {
 #pragma unroll
-  for (int nn = 0; nn < kNRegs / 4; ++nn) {
+    for (int nn = 0; nn < kNRegs / 4; ++nn) {
 #pragma unroll
-    for (int c1 = 0; c1 < 2; ++c1) {
-      const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
-      if (fr >= rows_total) continue;
-      const float inv_l = inv_l_of[row];
-      const bool to_partial = kDryRun ? inv_l == 12345.f : seg.split;  // (dry: never)
-      const bool to_out = !kDryRun && !seg.split;
-      if (to_partial) {
-        float* dst =
-            p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-          *reinterpret_cast<float2*>(dst + 64 * m) =
-              make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-        }
-      } else if (to_out) {
-        const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
-          store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
-        }
+      for (int c1 = 0; c1 < 2; ++c1) {
+        const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+        if (fr < rows_total) store_row(nn, c1, fr, inv_l_of[row]);
       }
     }
+  };
+  const bool to_partial = kDryRun ? inv_l_of[0] == 12345.f : seg.split;  // (dry: never)
+  if (to_partial && SNAPMLA_PARTIAL_F16) {
+    // (segment.cuh) The thread's 8 values of a row are its group partial_group(d0), all of it.
+    const int64_t slot = seg.slot;
+    const int group = kPartialExpByte + partial_group(d0);
+    each_row([&](int nn, int c1, int fr, float inv_l) {
+      // (max |O| times 1/l > 0 is max |O / l| exactly: rounding is monotonic)
+      float amax = 0.f;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        amax = fmaxf(amax, fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
+      }
+      const int e = partial_exponent(amax * inv_l);
+      const float sc = pow2i(e);  // (after 1 / l: inv_l 2^e may overflow)
+      uint8_t* rec = partial_record(p, slot, fr);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        *reinterpret_cast<uint32_t*>(rec + 2 * (d0 + 64 * m)) =
+            pack_f16x2(o[m][4 * nn + c1] * inv_l * sc, o[m][4 * nn + 2 + c1] * inv_l * sc);
+      }
+      rec[group] = static_cast<uint8_t>(static_cast<int8_t>(e));
+    });
+  } else if (to_partial) {
+    each_row([&](int nn, int c1, int fr, float inv_l) {
+      float* dst =
+          p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        *reinterpret_cast<float2*>(dst + 64 * m) =
+            make_float2(o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+      }
+    });
+  } else if (!kDryRun) {
+    each_row([&](int nn, int c1, int fr, float inv_l) {
+      const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
+        store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+      }
+    });
   }
 }
 
