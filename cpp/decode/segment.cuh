@@ -50,7 +50,11 @@ __device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, flo
 // bits down to 2^-28 of it (2^-11 relative, far under the contract's bounds), and a tiny,
 // infinite or NaN value stays what it was. The combine multiplies 2^-e_G back (exact). Half the
 // bytes of the fp32 partials that the epilogue writes and the combine reads (8x1x128x4096:
-// 16.8 MB of each, as many as the KV cache).
+// 16.8 MB of each, as many as the KV cache). Graph replays on the H200, A/B/A/B in one call
+// (bench/results/2026-12-03-s32/call3, us, fp32 -> FP16): 8x1x128x4096 29.5 / 29.6 -> 28.6 /
+// 28.6, 1x1x128x8192 18.4 / 18.4 -> 17.1 / 17.1, 1x1x128x1024 12.7 / 12.7 -> 12.3 / 12.3,
+// 32x1x128x16384 217.9 / 217.9 -> 214.6 / 214.2, 8x1x128x1024 17.9 -> 17.6; but 1x1x16x8192
+// 12.3 / 12.2 -> 12.9 / 12.9 (the N = 16 kernel alone 0.1-0.4 us slower: bench/NOTES.md).
 #ifndef SNAPMLA_PARTIAL_F16
 #define SNAPMLA_PARTIAL_F16 1
 #endif
