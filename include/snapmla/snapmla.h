@@ -126,7 +126,8 @@
  *   accumulate in fp32 (per k = 32 step the products are aligned and cut to about 13-14 bits),
  *   and a fast kernel must use it; the logit differences flip some E4M3 roundings of P.
  *   - Reference tier (SNAPMLA_DECODE_KERNEL_REFERENCE): fp32 accumulation; out within 2e-3
- *     relative L2 of the model, lse within 1e-3 (measured ~1e-5).
+ *     relative L2 of the model, lse within 1e-3 (measured ~1e-5; a split request's partial
+ *     outputs are kept as FP16 with an exponent per 8 values, 2^-11 relative, since 0.2).
  *   - Tensor-core tier (SNAPMLA_DECODE_KERNEL_FAST, and AUTO, which runs it): (1) on inputs
  *     whose logits every accumulator holds exactly (small integer codes), within 1e-3 of the
  *     model at every shape; (2) on random inputs within 2e-2 relative L2 and 5e-3 on lse;
