@@ -289,9 +289,9 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // call (session 32): 32x1x128x16384 221.3 / 222.2 -> 217.1 us, 64x1x128x4096 114.9 / 115.8 ->
 // 112.5, 16x1x128x131072 834.7 / 828.7 -> 812.8, 64x1x64x32768 428.4 / 426.3 -> 422.1, but
 // 1x1x128x8192 18.0 / 17.9 -> 18.4 and 1x1x128x1024 12.6 / 12.6 -> 13.0 (one or two blocks a
-// part: the first block's softmax ~700 cycles later in the timeline). It spills 92 B against
-// the default's 28 (the main loop's allocation: the P8 store, its own O^T += T, the edge
-// masks).
+// part: the first block's softmax ~700 cycles later in that build's timeline, ~100 earlier in
+// the next build's: code placement is the suspect). It spills 96 B against the default's 32
+// (the main loop's allocation: the P8 store, its own O^T += T, the edge masks).
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
