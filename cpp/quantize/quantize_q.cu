@@ -27,7 +27,12 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
                                         (token % p.q_len) * p.pe_stride_token +
                                         head * p.pe_stride_head
                                   : in + kContentDim;
-    if constexpr (kTwoTerm) {
+    if constexpr (kTwoTerm && SNAPMLA_QQUANT_ONE_PASS != 0) {  // (row_quant.cuh)
+      const QuantizedRow2 q = quantize_loaded_two_term(load_row<kAligned>(in, rope, lane));
+      store_row(q.hi, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r,
+                lane);
+      store_low_term(q.lo, p.q_lo + r * kContentDim, p.q_lo_scale + r, lane);
+    } else if constexpr (kTwoTerm) {
       const RowInputs x = load_row<kAligned>(in, rope, lane);
       const QuantizedRow q = quantize_loaded(x);
       store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
