@@ -148,8 +148,9 @@ __device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uin
   return in;
 }
 
-// The contract's quantization of a loaded row. Whole warp must call it.
-__device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
+// A loaded row's scale: the contract's row_scale of its content's largest |value| (NaN
+// propagating). Whole warp must call it.
+__device__ __forceinline__ float loaded_row_scale(const RowInputs& in) {
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -157,7 +158,12 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
     amax = nan_max(amax, nan_max(fabsf(lo_f(in.c1.w[i])), fabsf(hi_f(in.c1.w[i]))));
   }
   amax = warp_nan_max_nonneg(amax);  // (every lane's amax: fabsf's, or nan_max's NaN)
-  const float s = row_scale(amax);
+  return row_scale(amax);
+}
+
+// The contract's quantization of a loaded row. Whole warp must call it.
+__device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
+  const float s = loaded_row_scale(in);
 
   return quantize_by_row_divider<QuantizedRow>(s, [&](const auto& div, bool& ok) {
     return quantize_with(div, in.c0, in.c1, in.r, s, ok);
@@ -230,14 +236,7 @@ struct QuantizedRow2 {
   QuantizedLo lo;
 };
 __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInputs& in) {
-  float amax = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    amax = nan_max(amax, nan_max(fabsf(lo_f(in.c0.w[i])), fabsf(hi_f(in.c0.w[i]))));
-    amax = nan_max(amax, nan_max(fabsf(lo_f(in.c1.w[i])), fabsf(hi_f(in.c1.w[i]))));
-  }
-  amax = warp_nan_max_nonneg(amax);
-  const float s = row_scale(amax);
+  const float s = loaded_row_scale(in);
   return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
     QuantizedRow2 q;
     q.hi.scale = s;
