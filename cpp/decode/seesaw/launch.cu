@@ -119,15 +119,22 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   return cudaSuccess;
 }
 
-#if SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN >= 0
-// About how many blocks a part of the plan runs, from the launch's shape alone (no host
-// synchronization): the balanced part cost T = max(ceil(total / num_parts), min part cost) of
-// plan.cu, with total = batch x (max_pages + kFixedCost), as if every request had max_pages
-// blocks. Lengths shorter than the block table's width make the real chains shorter.
-int64_t typical_chain(const DecodeParams& p) {
+#if SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN >= 0 || SNAPMLA_SEESAW_PV_DIRECT
+// The balanced part cost T = max(ceil(total / num_parts), min part cost) of plan.cu from the
+// launch's shape alone (no host synchronization), with total = batch x (max_pages + kFixedCost),
+// its bound (every request max_pages blocks long).
+int64_t part_cost_bound(const DecodeParams& p) {
   const int64_t total = int64_t{p.batch} * (int64_t{p.max_pages} + kFixedCost);
   const int64_t per_part = (total + p.num_parts - 1) / p.num_parts;
-  return std::min<int64_t>(std::max<int64_t>(per_part, kMinPartCost), p.max_pages);
+  return std::max<int64_t>(per_part, kMinPartCost);
+}
+#endif
+
+#if SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN >= 0
+// About how many blocks a part of the plan runs: T, as if every request had max_pages blocks
+// (lengths shorter than the block table's width make the real chains shorter).
+int64_t typical_chain(const DecodeParams& p) {
+  return std::min<int64_t>(part_cost_bound(p), p.max_pages);
 }
 
 // The scaled PV (config.h): chains of SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN blocks or more.
@@ -145,17 +152,12 @@ bool use_scaled_pv(const DecodeParams& p) {
 // not make the direct PV safe (bench/NOTES.md, session 13).
 constexpr int64_t kPvDirectMaxBlocks = 256;
 
-// The longest run of one request's blocks that one part of the plan can hold, from the launch's
-// shape alone (no host synchronization): a part covers at most T = max(ceil(total / num_parts),
-// min part cost) of cost, or at most 9/8 of that on an aligned line (SNAPMLA_PLAN_ALIGN),
-// total <= batch x (max_pages + kFixedCost) (plan.cu), and a request has at most max_pages
-// blocks. A plan that does not match the launch gives NaN rows, not a longer chain
-// (plan_matches).
+// The longest run of one request's blocks that one part of the plan can hold: a part covers at
+// most T of cost (part_cost_bound), or at most 9/8 of that on an aligned line
+// (SNAPMLA_PLAN_ALIGN), and a request has at most max_pages blocks. A plan that does not match
+// the launch gives NaN rows, not a longer chain (plan_matches).
 int64_t longest_chain(const DecodeParams& p) {
-  const int64_t total = int64_t{p.batch} * (int64_t{p.max_pages} + kFixedCost);
-  const int64_t per_part = (total + p.num_parts - 1) / p.num_parts;
-  const int64_t t = std::max<int64_t>(per_part, kMinPartCost);
-  return std::min<int64_t>(t * 9 / 8 + 1, p.max_pages);
+  return std::min<int64_t>(part_cost_bound(p) * 9 / 8 + 1, p.max_pages);
 }
 
 bool use_pv_direct(const DecodeParams& p) {
