@@ -996,16 +996,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
           uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
-          if constexpr (kScaledPv) {
-            // O^T *= gamma once a block, under the first group's wgmmas (gamma read once, live
-            // only there), then each group's promotion is O^T += T: no gamma loads after the
-            // waits (kScaledPv above).
-            constexpr int kT = kMTiles - kM0;
-            v_fragments(i, kM0, edge_tag, aw[0]);
-            wgmma_fence();
-            wgmma_pv<kN, true>(tmpw[0], aw[0][0], p_desc.at(0));
-            wgmma_pv<kN, false>(tmpw[0], aw[0][1], p_desc.at(32));
-            wgmma_commit();
+          // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
+          // once, live only there), then each group's promotion is O^T += T: no gamma loads
+          // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
+          auto scale_o = [&] {
 #pragma unroll
             for (int col = 0; col < kNTiles; ++col) {
               const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
@@ -1015,28 +1009,17 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
                 for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
               }
             }
-            auto add_whole = [&](int q) {
+          };
+          auto promote_whole = [&](int q) {
+            if constexpr (kScaledPv) {
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
 #pragma unroll
               for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] += tq[e];
-            };
-#pragma unroll
-            for (int q = 1; q < kT; ++q) {
-              v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
-              wgmma_fence();
-              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
-              wgmma_commit();
-              wgmma_wait<1>();
-              add_whole(q - 1);
+            } else {
+              promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
             }
-            wgmma_wait<0>();
-            add_whole(kT - 1);
-            SEESAW_TRACE(i, kTrPvEnd);
-            return;
-          }
-          auto promote_whole = [&](int q) { promote_cols(kM0 + q, 0, tmpw[q % 2], ps); };
+          };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
             v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
@@ -1044,6 +1027,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
             wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             wgmma_commit();
+            if (kScaledPv && q == 0) scale_o();
             if (q > 0) {
               wgmma_wait<1>();
               promote_whole(q - 1);
