@@ -227,7 +227,9 @@ __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
 // quotients a lane. Same codes: the fast path's quotients are the ones quantize_low_term
 // recomputes, and where a row falls back to the IEEE division both terms take its quotients
 // (the model's). The two-term Q-quant kernel costs 1.94 us against 1.60 for one term at 16
-// rows (session 31), on the two-term query's path at 8x1x16x4096 (issue 9: 1.041x).
+// rows (session 31), on the two-term query's path at 8x1x16x4096 (issue 9: 1.041x). Its low
+// term repeats quantize_low_term's loop on the quotients it already has: if it becomes the
+// default, quantize_low_term goes (sharing the loop now reorders the default kernel's SASS).
 #ifndef SNAPMLA_QQUANT_ONE_PASS
 #define SNAPMLA_QQUANT_ONE_PASS 0
 #endif
