@@ -85,6 +85,16 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+// A record's columns d, d + 1: the values O a, O b times 1 / l, then times 2^e (in that order:
+// inv_l 2^e may overflow where the group is all zero), as FP16.
+__device__ __forceinline__ void store_partial_pair(uint8_t* rec, int d, float a, float b,
+                                                   float inv_l, float scale) {
+  *reinterpret_cast<uint32_t*>(rec + 2 * d) = pack_f16x2(a * inv_l * scale, b * inv_l * scale);
+}
+// A record's exponent of group `group`.
+__device__ __forceinline__ void store_partial_exponent(uint8_t* rec, int group, int e) {
+  rec[kPartialExpByte + group] = static_cast<uint8_t>(static_cast<int8_t>(e));
+}
 // And back.
 __device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
   float lo, hi;
@@ -226,14 +236,12 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       e[j] = partial_exponent(amax[j] * inv_l);  // (max |O| / l: rounding is monotonic)
-      rec[kPartialExpByte + partial_group(col0 + 8 * j + 2 * t4)] =
-          static_cast<uint8_t>(static_cast<int8_t>(e[j]));
+      store_partial_exponent(rec, partial_group(col0 + 8 * j + 2 * t4), e[j]);
     }
 #pragma unroll
     for (int n = 0; n < kColTiles; ++n) {
-      const float sc = pow2i(e[n % 8]);  // (after 1 / l: inv_l 2^e may overflow)
-      *reinterpret_cast<uint32_t*>(rec + 2 * (col0 + 8 * n + 2 * t4)) =
-          pack_f16x2(o[n][2 * I] * inv_l * sc, o[n][2 * I + 1] * inv_l * sc);
+      store_partial_pair(rec, col0 + 8 * n + 2 * t4, o[n][2 * I], o[n][2 * I + 1], inv_l,
+                         pow2i(e[n % 8]));
     }
   } else if (seg.split) {
     const int rows_pad = p.row_tiles * kTileRows;

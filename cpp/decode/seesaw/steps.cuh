@@ -157,7 +157,7 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
   if (to_partial && SNAPMLA_PARTIAL_F16) {
     // (segment.cuh) The thread's 8 values of a row are its group partial_group(d0), all of it.
     const int64_t slot = seg.slot;
-    const int group = kPartialExpByte + partial_group(d0);
+    const int group = partial_group(d0);
     each_row([&](int nn, int c1, int fr, float inv_l) {
       // (max |O| times 1/l > 0 is max |O / l| exactly: rounding is monotonic)
       float amax = 0.f;
@@ -166,19 +166,17 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
         amax = fmaxf(amax, fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
       }
       const int e = partial_exponent(amax * inv_l);
-      const float sc = pow2i(e);  // (after 1 / l: inv_l 2^e may overflow)
       uint8_t* rec = partial_record(p, slot, fr);
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
-        *reinterpret_cast<uint32_t*>(rec + 2 * (d0 + 64 * m)) =
-            pack_f16x2(o[m][4 * nn + c1] * inv_l * sc, o[m][4 * nn + 2 + c1] * inv_l * sc);
+        store_partial_pair(rec, d0 + 64 * m, o[m][4 * nn + c1], o[m][4 * nn + 2 + c1], inv_l,
+                           pow2i(e));
       }
-      rec[group] = static_cast<uint8_t>(static_cast<int8_t>(e));
+      store_partial_exponent(rec, group, e);
     });
   } else if (to_partial) {
     each_row([&](int nn, int c1, int fr, float inv_l) {
-      float* dst =
-          p.partial_o + (int64_t{seg.slot} * p.row_tiles * kTileRows + fr) * kContentDim + d0;
+      float* dst = reinterpret_cast<float*>(partial_record(p, seg.slot, fr)) + d0;
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
         *reinterpret_cast<float2*>(dst + 64 * m) =
