@@ -254,9 +254,10 @@ for stage in "$@"; do
         | tee "$OUT/bench-dataflow$TAG.log" | tail -15 || status=1
       python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
       ;;
-    qquant)  # issue 9: the Q-quant kernel alone, one and two terms (bench/time_qquant.py)
+    qquant)  # issue 9: the Q-quant kernel alone, one and two terms (bench/time_qquant.py;
+      # QQUANT_ROWS: its --rows)
       log "Q-quant kernel alone, one and two terms"
-      timeout 120 python3 bench/time_qquant.py --rows 1024,2048,4096 2>&1 \
+      timeout 120 python3 bench/time_qquant.py --rows "${QQUANT_ROWS:-1024,2048,4096}" 2>&1 \
         | tee "$OUT/time-qquant$TAG.txt" | tail -5 || status=1
       ;;
     bench-two-term)  # issue 9: the two-term query's time cost and error, same run as fp8
