@@ -599,7 +599,12 @@ def run_case(
         # ---- our plan, once per case.
         t0 = time.perf_counter()
         plan = snapmla.DecodePlan(
-            seqlens_t, num_heads=h, q_len=case.q_len, max_pages=max_pages, stream=stream()
+            seqlens_t,
+            num_heads=h,
+            q_len=case.q_len,
+            max_pages=max_pages,
+            num_sm_parts=args.num_sm_parts,
+            stream=stream(),
         )
         torch.cuda.synchronize()
         plan_create_ms = (time.perf_counter() - t0) * 1e3
@@ -740,6 +745,7 @@ def run_case(
                     num_heads=h,
                     q_len=case.q_len,
                     max_pages=max_pages,
+                    num_sm_parts=args.num_sm_parts,
                     q_precision="fp8x2",
                     stream=stream(),
                 )
@@ -995,6 +1001,13 @@ def _parser() -> argparse.ArgumentParser:
         help="bytes from one page of snapmla's cache to the next (KVCache's page_stride: 0 = "
         "packed, 41216; e.g. 41984 for vLLM's 64 x 656-byte slots)",
     )
+    p.add_argument(
+        "--num-sm-parts",
+        type=int,
+        default=0,
+        help="the plans' split-KV parallelism (DecodePlan's num_sm_parts; 0 = the library's "
+        "default from the SM count)",
+    )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     return p
 
@@ -1047,6 +1060,7 @@ def main(argv: list[str] | None = None) -> int:
             "flashinfer": not args.no_flashinfer,
             "two_term": args.two_term,
             "page_stride": args.page_stride,
+            "num_sm_parts": args.num_sm_parts,
         },
         "constants": {
             "bytes_per_token": {"snapmla": OUR_BYTES_PER_TOKEN, "flashinfer": BF16_BYTES_PER_TOKEN},
