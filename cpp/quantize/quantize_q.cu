@@ -5,14 +5,27 @@
 namespace snapmla {
 namespace {
 
-constexpr int kThreads = 256;
+// SNAPMLA_QQUANT_THIN (experimental, 0): one-warp blocks in at most 32 registers a thread, small
+// enough to stay resident beside a seesaw attention CTA (which leaves one warp's 32 registers
+// and one CTA's shared-memory reservation of the SM free). With PDL the attention grid
+// launches while this kernel runs; 256-thread blocks hold whole SMs that its CTAs then wait for
+// (session 33: 8x1x16x4096 one term 16.8 us at 132 parts against 15.8 at 116).
+#ifndef SNAPMLA_QQUANT_THIN
+#define SNAPMLA_QQUANT_THIN 0
+#endif
+constexpr int kThreads = SNAPMLA_QQUANT_THIN ? kWarpSize : 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
-constexpr int kBlocksPerSm = 8;
+constexpr int kBlocksPerSm = SNAPMLA_QQUANT_THIN ? 16 : 8;
+#if SNAPMLA_QQUANT_THIN
+#define SNAPMLA_QQUANT_BOUNDS __maxnreg__(32)
+#else
+#define SNAPMLA_QQUANT_BOUNDS __launch_bounds__(kThreads)
+#endif
 
 // One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
 // kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
 template <bool kAligned, bool kSplit, bool kTwoTerm = false>
-__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
+__global__ void SNAPMLA_QQUANT_BOUNDS quantize_q_kernel(const QuantizeQParams p) {
   griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
