@@ -9,7 +9,9 @@ namespace {
 // enough to stay resident beside a seesaw attention CTA (which leaves one warp's 32 registers
 // and one CTA's shared-memory reservation of the SM free). With PDL the attention grid
 // launches while this kernel runs; 256-thread blocks hold whole SMs that its CTAs then wait for
-// (session 33: 8x1x16x4096 one term 16.8 us at 132 parts against 15.8 at 116).
+// (session 33: 8x1x16x4096 one term 16.8 us at 132 parts against 15.8 at 116). Measured in
+// session 33 and not adopted: bit-exact, one term 8x1x16x4096 17.0 -> 16.5 us, but the
+// two-term form spills (128 B) and runs slower (cost 1.04 -> 1.08x), 1x1x128x1024 12.3 -> 12.9.
 #ifndef SNAPMLA_QQUANT_THIN
 #define SNAPMLA_QQUANT_THIN 0
 #endif
