@@ -220,56 +220,6 @@ __device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
   return quantize_by_row_divider<QuantizedLo>(s1, quantize);
 }
 
-// SNAPMLA_QQUANT_ONE_PASS (experimental, 0; written in session 32, not yet run on a GPU): the
-// two-term Q-quant kernel computes each content quotient x = q / s1 once, for the high code and
-// the low term both, in one pass under one divider (quantize_loaded_two_term below), instead of
-// quantize_loaded and then quantize_low_term's second divider, second reciprocal and 16 more
-// quotients a lane. Same codes: the fast path's quotients are the ones quantize_low_term
-// recomputes, and where a row falls back to the IEEE division both terms take its quotients
-// (the model's). The two-term Q-quant kernel costs 1.94 us against 1.60 for one term at 16
-// rows (session 31), on the two-term query's path at 8x1x16x4096 (issue 9: 1.041x). Its low
-// term repeats quantize_low_term's loop on the quotients it already has: if it becomes the
-// default, quantize_low_term goes (sharing the loop now reorders the default kernel's SASS).
-#ifndef SNAPMLA_QQUANT_ONE_PASS
-#define SNAPMLA_QQUANT_ONE_PASS 0
-#endif
-struct QuantizedRow2 {
-  QuantizedRow hi;
-  QuantizedLo lo;
-};
-__device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInputs& in) {
-  const float s = loaded_row_scale(in);
-  return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
-    QuantizedRow2 q;
-    q.hi.scale = s;
-    q.lo.scale = s * 0.0625f;  // exact
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const Bf16x8& c = half ? in.c1 : in.c0;
-      float x[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[2 * i] = div(lo_f(c.w[i]), ok);
-        x[2 * i + 1] = div(hi_f(c.w[i]), ok);
-      }
-      const uint32_t codes[2] = {to_e4m3x4(x[0], x[1], x[2], x[3]),
-                                 to_e4m3x4(x[4], x[5], x[6], x[7])};
-      q.hi.content[half] = make_uint2(codes[0], codes[1]);
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // 16 (x - q_hi): exact (quantize_low_term's note)
-        const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
-        v[2 * i] = 16.f * (x[2 * i] - h.x);
-        v[2 * i + 1] = 16.f * (x[2 * i + 1] - h.y);
-      }
-      q.lo.content[half] =
-          make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
-    }
-    q.hi.rope = pack_bf16x2(div.checked(lo_f(in.r), ok), div.checked(hi_f(in.r), ok));
-    return q;
-  });
-}
-
 // Store a quantized row: content to `content_out` (512 bytes, 8-byte aligned), RoPE to
 // `rope_out` (64 bf16, 4-byte aligned), scale to `scale_out`.
 __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* content_out,

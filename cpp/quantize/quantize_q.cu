@@ -5,29 +5,14 @@
 namespace snapmla {
 namespace {
 
-// SNAPMLA_QQUANT_THIN (experimental, 0): one-warp blocks in at most 32 registers a thread, small
-// enough to stay resident beside a seesaw attention CTA (which leaves one warp's 32 registers
-// and one CTA's shared-memory reservation of the SM free). With PDL the attention grid
-// launches while this kernel runs; 256-thread blocks hold whole SMs that its CTAs then wait for
-// (session 33: 8x1x16x4096 one term 16.8 us at 132 parts against 15.8 at 116). Measured in
-// session 33 and not adopted: bit-exact, one term 8x1x16x4096 17.0 -> 16.5 us, but the
-// two-term form spills (128 B) and runs slower (cost 1.04 -> 1.08x), 1x1x128x1024 12.3 -> 12.9.
-#ifndef SNAPMLA_QQUANT_THIN
-#define SNAPMLA_QQUANT_THIN 0
-#endif
-constexpr int kThreads = SNAPMLA_QQUANT_THIN ? kWarpSize : 256;
+constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
-constexpr int kBlocksPerSm = SNAPMLA_QQUANT_THIN ? 16 : 8;
-#if SNAPMLA_QQUANT_THIN
-#define SNAPMLA_QQUANT_BOUNDS __maxnreg__(32)
-#else
-#define SNAPMLA_QQUANT_BOUNDS __launch_bounds__(kThreads)
-#endif
+constexpr int kBlocksPerSm = 8;
 
 // One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
 // kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
 template <bool kAligned, bool kSplit, bool kTwoTerm = false>
-__global__ void SNAPMLA_QQUANT_BOUNDS quantize_q_kernel(const QuantizeQParams p) {
+__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
   griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
@@ -42,12 +27,7 @@ __global__ void SNAPMLA_QQUANT_BOUNDS quantize_q_kernel(const QuantizeQParams p)
                                         (token % p.q_len) * p.pe_stride_token +
                                         head * p.pe_stride_head
                                   : in + kContentDim;
-    if constexpr (kTwoTerm && SNAPMLA_QQUANT_ONE_PASS != 0) {  // (row_quant.cuh)
-      const QuantizedRow2 q = quantize_loaded_two_term(load_row<kAligned>(in, rope, lane));
-      store_row(q.hi, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r,
-                lane);
-      store_low_term(q.lo, p.q_lo + r * kContentDim, p.q_lo_scale + r, lane);
-    } else if constexpr (kTwoTerm) {
+    if constexpr (kTwoTerm) {
       const RowInputs x = load_row<kAligned>(in, rope, lane);
       const QuantizedRow q = quantize_loaded(x);
       store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
