@@ -149,25 +149,6 @@ constexpr bool seesaw_fuses_q(int n) {
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 
-// SNAPMLA_SEESAW_FUSED_Q2 (0, opt-in until measured: bench/NOTES.md, session 34): the
-// two-term layout's kernels (PV widths 16 and 32: the two-term query, and the one-term query
-// under SNAPMLA_SEESAW_SPREAD16 / SPREAD32) quantize their own Q tile from the BF16 query, as
-// the one-term kernels do under SNAPMLA_SEESAW_FUSED_Q: a call without the Q-quant kernel,
-// whose blocks delay the attention CTAs that land on their SMs (issue 9's cost at 8x1x16x4096,
-// session 33). Each consumer warp quantizes kN / 8 query rows, both terms, with the Q-quant
-// kernel's row code (bit-identical by construction).
-#ifndef SNAPMLA_SEESAW_FUSED_Q2
-#define SNAPMLA_SEESAW_FUSED_Q2 0
-#endif
-// Whether the seesaw kernel of a call with s_q x heads = rows quantizes its own Q tile
-// (two_term: the two-term query), where the rows are 16-byte-readable (the launcher's check).
-constexpr bool seesaw_call_fuses_q(int64_t rows, bool two_term) {
-  const int n = seesaw_pv_width(rows);
-  const bool two_term_layout = two_term || (SNAPMLA_SEESAW_SPREAD16 && n == 16) ||
-                               (SNAPMLA_SEESAW_SPREAD32 && n == 32);
-  return two_term_layout ? SNAPMLA_SEESAW_FUSED_Q2 != 0 && rows <= 32 : seesaw_fuses_q(n);
-}
-
 struct DecodeParams {
   // queries, quantized (workspace)
   const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]

@@ -356,10 +356,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   if constexpr (SNAPMLA_PDL < 2) griddep_launch_dependents();
   // SNAPMLA_PDL=2 (common/launch.h): where a Q-quant kernel ran before this one (the fused Q's
   // launch has none), wait only before reading its output (q_wait below), not at entry.
-  // The fused Q (decode.h): the one-term kernels where seesaw_fuses_q(kN), the two-term
-  // layout's kernels under SNAPMLA_SEESAW_FUSED_Q2; the launcher sets q_in where it fuses.
-  constexpr bool kFusesQ = kTwoTerm ? SNAPMLA_SEESAW_FUSED_Q2 != 0 : seesaw_fuses_q(kN);
-  const bool late_q_wait = SNAPMLA_PDL >= 2 && !(kFusesQ && p.q_in.q != nullptr);
+  const bool late_q_wait =
+      SNAPMLA_PDL >= 2 && (kTwoTerm || !(seesaw_fuses_q(kN) && p.q_in.q != nullptr));
   auto q_wait = [&] {
     if (late_q_wait) griddep_wait();  // (a no-op after the first)
   };
@@ -484,72 +482,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       }
       fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
     };
-    // The two-term layout's fused Q (SNAPMLA_SEESAW_FUSED_Q2): the consumer threads quantize
-    // the tile that the cp.async path below copies from the Q-quant kernel's output, with that
-    // kernel's row code (bit-identical by construction). Consumer warp cw = 4 wg + warp takes
-    // query rows cw + 8 j, j < kN / 8: its high row goes to tile row 16 j + cw and its low row
-    // (zero under the one-term query, q_lo null) to 16 j + 8 + cw with zero RoPE; q_scale[r]
-    // = s1 and q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division), 0 for the
-    // one-term query. A row past the request is zero with scales 0, as the cp.async path's.
-    constexpr bool kFusedQ2 = kTwoTerm && SNAPMLA_SEESAW_FUSED_Q2 != 0;
-    const bool fused_q2 = kFusedQ2 && p.q_in.q != nullptr;
-    auto quantize_q_tile2 = [&](int b) {
-      const QuantizeQParams& qi = p.q_in;
-      const int cw = 4 * wg + warp;
-      const bool low_term = !kSpread || p.q_lo != nullptr;  // the two-term query (uniform)
-      auto load = [&](int j) {  // query row cw + 8 j's inputs (zero past the request)
-        RowInputs in{};
-        const int r = cw + 8 * j;
-        if (j < kN / 8 && r < rows_total) {
-          const int qt = r / p.num_heads, head = r % p.num_heads;
-          const uint16_t* content =
-              qi.q + int64_t{b} * qi.stride_batch + qt * qi.stride_token + head * qi.stride_head;
-          const uint16_t* rope = qi.q_pe == nullptr
-                                     ? content + kContentDim
-                                     : qi.q_pe + int64_t{b} * qi.pe_stride_batch +
-                                           qt * qi.pe_stride_token + head * qi.pe_stride_head;
-          in = load_row<true, true>(content, rope, lane);  // through L2, as quantize_q_tile's
-        }
-        return in;
-      };
-      auto store_content = [&](int R, const uint2 (&content)[2]) {  // tile row R's 512 bytes
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // content bytes [256 h + 8 lane, + 8)
-          const int byte = 256 * h + 8 * lane, c = byte / kChunkBytes;
-          *reinterpret_cast<uint2*>(s.q_content[c] + sw128_offset(R, (byte % kChunkBytes) / 16) +
-                                    byte % 16) = content[h];
-        }
-      };
-      auto store_rope = [&](int R, uint32_t rope) {  // RoPE bytes [4 lane, + 4)
-        *reinterpret_cast<uint32_t*>(s.q_rope + sw128_offset(R, lane / 4) + 4 * (lane % 4)) = rope;
-      };
-      RowInputs ahead = load(0);
-#pragma unroll 1
-      for (int j = 0; j < kN / 8; ++j) {
-        const RowInputs cur = ahead;
-        ahead = load(j + 1);
-        const int r = cw + 8 * j;
-        QuantizedRow hi{};
-        QuantizedLo lo{};
-        float rho = 0.f;
-        if (r < rows_total) {  // warp-uniform
-          hi = quantize_loaded(cur);
-          if (low_term) {
-            lo = quantize_low_term(cur, hi);
-            rho = __fdiv_rn(lo.scale, hi.scale);
-          }
-        }
-        store_content(16 * j + cw, hi.content);
-        store_rope(16 * j + cw, hi.rope);
-        store_content(16 * j + 8 + cw, lo.content);
-        store_rope(16 * j + 8 + cw, 0u);
-        if (lane == 0) {
-          s.q_scale[r] = hi.scale;
-          s.q_scale[32 + r] = rho;
-        }
-      }
-      fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
-    };
 
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
@@ -625,11 +557,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         if (q_at == first_pages) load_q();
         SEESAW_LOADER_TRACE(b == requests.begin, kTrLoadsIssued);
       }
-      if (fused_q2) {
-        if constexpr (kFusedQ2 && !kIsProducer) {  // (not in the producer's 24 registers)
-          if (tid < kThreads) quantize_q_tile2(b);
-        }
-      } else if constexpr (kTwoTerm) {
+      if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
         // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
         // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
