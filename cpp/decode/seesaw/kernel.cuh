@@ -268,6 +268,25 @@ constexpr int kConsumerRegs = 240;
 static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
                   kLaunchRegs * (kThreads + kWgThreads),
               "the consumers' registers come from the producer's");
+// SNAPMLA_SEESAW_SHARE_SM (common/launch.h; experimental, off): the two-term layout's kernels
+// launch with kShareSmAttentionRegs registers a thread, so that a Q-quant block fits beside the
+// CTA; the consumers' setmaxnreg takes what the producer returns then (216).
+constexpr int kSharedConsumerRegs =
+    (kShareSmAttentionRegs * (kThreads + kWgThreads) - kProducerRegs * kWgThreads) / kThreads /
+    8 * 8;
+static_assert(kSharedConsumerRegs == 216, "setmaxnreg's split at the shared launch");
+template <int kN, bool kTwoTerm>
+constexpr bool kSharesSm =
+    SNAPMLA_SEESAW_SHARE_SM != 0 && kTwoTerm && kCtaThreadsAt<kN, kTwoTerm> == 384;
+// The kernel's register bound (__maxnreg__): what __launch_bounds__(threads, 1) gave, or the
+// shared launch's.
+template <int kN, bool kTwoTerm>
+constexpr int kMaxRegsAt = kSharesSm<kN, kTwoTerm>
+                               ? kShareSmAttentionRegs
+                               : std::min(255, 65536 / kCtaThreadsAt<kN, kTwoTerm> / 8 * 8);
+template <int kN, bool kTwoTerm>
+constexpr int kConsumerRegsAt =
+    kSharesSm<kN, kTwoTerm> ? kSharedConsumerRegs : kConsumerRegs;
 
 // kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
 // validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
@@ -293,7 +312,7 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // the next build's: code placement is the suspect). It spills 96 B against the default's 32
 // (the main loop's allocation: the P8 store, its own O^T += T, the edge masks).
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
-__global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
+__global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
@@ -1242,7 +1261,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       run_requests(std::true_type{});
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsAt<kN, kTwoTerm>)
+                   : "memory");
       run_requests(std::false_type{});
     }
   } else {
