@@ -198,7 +198,19 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
-constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
+// SNAPMLA_SEESAW_PAGES_BEFORE_Q2 (experimental; default SNAPMLA_SEESAW_PAGES_BEFORE_Q): the
+// same for the two-term layout's kernels (PV widths 16 and 32), whose consumers load the Q tile
+// themselves (cp.async), not the loader. 4: the loader issues every first page at once, without
+// waiting for the Q-quant kernel, so the pages do not arrive with the Q tile (session 34's
+// timeline at 8x16x4096: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later, under
+// the first pages' loads).
+#ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q2
+#define SNAPMLA_SEESAW_PAGES_BEFORE_Q2 SNAPMLA_SEESAW_PAGES_BEFORE_Q
+#endif
+constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;  // (the role-split kernel's)
+template <bool kTwoTerm>
+constexpr int kPagesBeforeQAt =
+    kTwoTerm ? SNAPMLA_SEESAW_PAGES_BEFORE_Q2 : SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
@@ -332,6 +344,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
   constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
+  constexpr int kQAfterPages = kPagesBeforeQAt<kTwoTerm>;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -554,7 +567,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQWaited);
             load_q_tile(s, maps, row0);
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQIssued);
-          } else if constexpr (kPagesBeforeQ < kStages) {
+          } else if constexpr (kQAfterPages < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
           if constexpr (kIsProducer && kEarlyStart) {  // the consumers may start (see kBarStart)
@@ -564,7 +577,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
         // The Q's place among the first pages: pages issued before it do not wait for the
         // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
         const int first_pages = min(kStages, n);
-        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
+        const int q_at = late_q_wait ? min(kQAfterPages, first_pages) : 0;
         for (int i = 0; i < first_pages; ++i) {
           if (i == q_at) load_q();
           const int32_t page = pages[i];
