@@ -117,9 +117,6 @@ builds=(
   # the role-split kernel on pairs of pages, one S warpgroup (SNAPMLA_SEESAW_ROLES_PAIR=2,
   # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  # a Q-quant block beside an attention CTA (common/launch.h's SNAPMLA_SEESAW_SHARE_SM, session
-  # 34; compare the two-term lines: SNAPMLA_TRACE_TWO_TERM=1)
-  "seesaw_trace_share:-DSNAPMLA_SEESAW_SHARE_SM=1"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).

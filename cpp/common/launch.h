@@ -56,23 +56,6 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
 #define SNAPMLA_PDL 2
 #endif
 
-// SNAPMLA_SEESAW_SHARE_SM (experimental, off; bench/NOTES.md, session 34): a Q-quant block
-// beside an attention CTA. An attention CTA of 384 threads takes a whole SM (168 registers a
-// thread, 226 KB of shared memory), so under SNAPMLA_PDL the CTAs that land on an SM still
-// running a Q-quant block wait for it to end: the two-term query's cost at 8x1x16x4096, whose
-// Q-quant block lives longer (session 33). With it on, the two-term layout's attention kernels
-// (PV widths 16 and 32: at most 32 query rows a request) launch with kShareSmAttentionRegs
-// registers a thread, and the Q-quant kernel for such requests runs blocks of
-// kShareSmQuantThreads threads under kShareSmQuantRegs registers, which fit in the rest.
-#ifndef SNAPMLA_SEESAW_SHARE_SM
-#define SNAPMLA_SEESAW_SHARE_SM 0
-#endif
-constexpr int kShareSmAttentionRegs = 152;
-constexpr int kShareSmQuantThreads = 128;
-constexpr int kShareSmQuantRegs = 56;
-static_assert(kShareSmAttentionRegs * 384 + kShareSmQuantThreads * kShareSmQuantRegs <= 65536,
-              "a Q-quant block beside an attention CTA of 384 threads");
-
 #ifdef __CUDACC__
 // Wait until the grids this one depends on programmatically have completed and their memory
 // is visible (griddepcontrol.wait).

@@ -10,16 +10,14 @@ constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 8;
 
 // One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
-// kTwoTerm: also the low term into p.q_lo and p.q_lo_scale. kBlockThreads: kThreads, or
-// kShareSmQuantThreads under kShareSmQuantRegs (SNAPMLA_SEESAW_SHARE_SM, common/launch.h).
-template <bool kAligned, bool kSplit, bool kTwoTerm, int kBlockThreads>
-__device__ __forceinline__ void quantize_q_rows(const QuantizeQParams& p) {
+// kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
+template <bool kAligned, bool kSplit, bool kTwoTerm = false>
+__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
   griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
-  const int64_t first =
-      (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kWarpSize;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kWarpSize);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = first; r < rows; r += step) {
     const int64_t token = r / p.num_heads;
     const int64_t head = r % p.num_heads;
@@ -41,18 +39,6 @@ __device__ __forceinline__ void quantize_q_rows(const QuantizeQParams& p) {
   }
 }
 
-template <bool kAligned, bool kSplit, bool kTwoTerm = false>
-__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
-  quantize_q_rows<kAligned, kSplit, kTwoTerm, kThreads>(p);
-}
-
-#if SNAPMLA_SEESAW_SHARE_SM
-template <bool kSplit, bool kTwoTerm>
-__global__ void __maxnreg__(kShareSmQuantRegs) quantize_q_beside_kernel(const QuantizeQParams p) {
-  quantize_q_rows<true, kSplit, kTwoTerm, kShareSmQuantThreads>(p);
-}
-#endif
-
 }  // namespace
 
 cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
@@ -66,23 +52,6 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   // One instantiation per (aligned, split, two-term); the one-term ones are the validated
   // kernels of before the two-term query, unchanged.
   auto launch = [&](auto kernel) { kernel<<<blocks, kThreads, 0, stream>>>(p); };
-#if SNAPMLA_SEESAW_SHARE_SM
-  if (aligned && int64_t{p.q_len} * p.num_heads <= 32) {  // (the two-term layout's requests)
-    constexpr int kT = kShareSmQuantThreads;
-    const cudaError_t e =
-        warp_per_item_blocks(rows, kT / kWarpSize, kBlocksPerSm * kThreads / kT, &blocks);
-    if (e != cudaSuccess) return e;
-    auto beside = [&](auto kernel) { kernel<<<blocks, kT, 0, stream>>>(p); };
-    if (p.q_lo != nullptr) {
-      split ? beside(quantize_q_beside_kernel<true, true>)
-            : beside(quantize_q_beside_kernel<false, true>);
-    } else {
-      split ? beside(quantize_q_beside_kernel<true, false>)
-            : beside(quantize_q_beside_kernel<false, false>);
-    }
-    return cudaGetLastError();
-  }
-#endif
   if (p.q_lo != nullptr) {
     if (aligned) {
       split ? launch(quantize_q_kernel<true, true, true>)

@@ -198,19 +198,7 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
-// SNAPMLA_SEESAW_PAGES_BEFORE_Q2 (experimental; default SNAPMLA_SEESAW_PAGES_BEFORE_Q): the
-// same for the two-term layout's kernels (PV widths 16 and 32), whose consumers load the Q tile
-// themselves (cp.async), not the loader. 4: the loader issues every first page at once, without
-// waiting for the Q-quant kernel, so the pages do not arrive with the Q tile (session 34's
-// timeline at 8x16x4096: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later, under
-// the first pages' loads).
-#ifndef SNAPMLA_SEESAW_PAGES_BEFORE_Q2
-#define SNAPMLA_SEESAW_PAGES_BEFORE_Q2 SNAPMLA_SEESAW_PAGES_BEFORE_Q
-#endif
-constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;  // (the role-split kernel's)
-template <bool kTwoTerm>
-constexpr int kPagesBeforeQAt =
-    kTwoTerm ? SNAPMLA_SEESAW_PAGES_BEFORE_Q2 : SNAPMLA_SEESAW_PAGES_BEFORE_Q;
+constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
@@ -280,25 +268,6 @@ constexpr int kConsumerRegs = 240;
 static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
                   kLaunchRegs * (kThreads + kWgThreads),
               "the consumers' registers come from the producer's");
-// SNAPMLA_SEESAW_SHARE_SM (common/launch.h; experimental, off): the two-term layout's kernels
-// launch with kShareSmAttentionRegs registers a thread, so that a Q-quant block fits beside the
-// CTA; the consumers' setmaxnreg takes what the producer returns then (216).
-constexpr int kSharedConsumerRegs =
-    (kShareSmAttentionRegs * (kThreads + kWgThreads) - kProducerRegs * kWgThreads) / kThreads /
-    8 * 8;
-static_assert(kSharedConsumerRegs == 216, "setmaxnreg's split at the shared launch");
-template <int kN, bool kTwoTerm>
-constexpr bool kSharesSm =
-    SNAPMLA_SEESAW_SHARE_SM != 0 && kTwoTerm && kCtaThreadsAt<kN, kTwoTerm> == 384;
-// The kernel's register bound (__maxnreg__): what __launch_bounds__(threads, 1) gave, or the
-// shared launch's.
-template <int kN, bool kTwoTerm>
-constexpr int kMaxRegsAt = kSharesSm<kN, kTwoTerm>
-                               ? kShareSmAttentionRegs
-                               : std::min(255, 65536 / kCtaThreadsAt<kN, kTwoTerm> / 8 * 8);
-template <int kN, bool kTwoTerm>
-constexpr int kConsumerRegsAt =
-    kSharesSm<kN, kTwoTerm> ? kSharedConsumerRegs : kConsumerRegs;
 
 // kTwoTerm (config.q_precision FP8X2, s_q x heads <= 32; opt-in through kernel FAST, not yet
 // validated on the GPU: bench/NOTES.md): the two-term query q ~ s1 q_hi + s2 q_lo. The QK tile's
@@ -324,7 +293,7 @@ constexpr int kConsumerRegsAt =
 // the next build's: code placement is the suspect). It spills 96 B against the default's 32
 // (the main loop's allocation: the P8 store, its own O^T += T, the edge masks).
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
-__global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
+__global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kPvDirect || (kN == 64 && !kTwoTerm), "PV into O^T: N = 64, one-term only");
@@ -344,7 +313,6 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
   constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
-  constexpr int kQAfterPages = kPagesBeforeQAt<kTwoTerm>;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -567,7 +535,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQWaited);
             load_q_tile(s, maps, row0);
             SEESAW_LOADER_TRACE(b == requests.begin, kTrQIssued);
-          } else if constexpr (kQAfterPages < kStages) {
+          } else if constexpr (kPagesBeforeQ < kStages) {
             q_wait();  // the later pages wait for the Q-quant kernel as the consumers' Q does
           }
           if constexpr (kIsProducer && kEarlyStart) {  // the consumers may start (see kBarStart)
@@ -577,7 +545,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
         // The Q's place among the first pages: pages issued before it do not wait for the
         // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
         const int first_pages = min(kStages, n);
-        const int q_at = late_q_wait ? min(kQAfterPages, first_pages) : 0;
+        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
         for (int i = 0; i < first_pages; ++i) {
           if (i == q_at) load_q();
           const int32_t page = pages[i];
@@ -1274,8 +1242,7 @@ __global__ void __maxnreg__((kMaxRegsAt<kN, kTwoTerm>))
       asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
       run_requests(std::true_type{});
     } else {
-      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegsAt<kN, kTwoTerm>)
-                   : "memory");
+      asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
       run_requests(std::false_type{});
     }
   } else {
