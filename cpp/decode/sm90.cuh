@@ -104,6 +104,12 @@ __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, uin
                "r"(src_bytes)
                : "memory");
 }
+// An arrival on `bar` once this thread's earlier cp.async copies are done (the barrier's
+// expected count set at init covers it: .noinc).
+__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
+               : "memory");
+}
 // This thread's cp.async copies done (their shared-memory writes visible to it).
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");

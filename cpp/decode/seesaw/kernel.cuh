@@ -199,6 +199,14 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
+// SNAPMLA_SEESAW_Q_FIRST (experimental, off; bench/NOTES.md, session 34): in the two-term
+// layout's kernels (PV widths 16 and 32, consumers loading the Q tile by cp.async), the loader
+// issues the first pages after page 0 only once the Q tile has landed (each consumer thread's
+// cp.async arrival on q_bar), so that the tile is not fetched under those pages' loads
+// (session 34's timeline: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later).
+#ifndef SNAPMLA_SEESAW_Q_FIRST
+#define SNAPMLA_SEESAW_Q_FIRST 0
+#endif
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
@@ -313,6 +321,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   constexpr int kCtaThreads = kCtaThreadsAt<kN, kTwoTerm>;
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
+  constexpr bool kQFirst = SNAPMLA_SEESAW_Q_FIRST != 0 && kTwoTerm && kProducer && kEarlyStart;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -384,7 +393,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
-    mbar_init(&s.q_bar, 1);
+    mbar_init(&s.q_bar, kQFirst ? kThreads : 1);  // (kQFirst: every consumer's cp.async)
     mbar_fence_init();
   }
   if (!late_q_wait) griddep_wait();  // SNAPMLA_PDL: the Q-quant kernel's workspace and before
@@ -527,6 +536,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // With a producer only its copy of the request loop compiles the loader: the consumers'
       // copy never runs it (as 74a7c2c's q_scale store; 400-600 instructions less, session 29).
       constexpr bool kLoaderHere = !kProducer || kIsProducer;
+      if constexpr (kQFirst && kIsProducer) {  // the producer's other threads, before the
+        // loader's block (its warp reconverges after it, past the loader's wait for the Q)
+        if (tid != kLoaderTid) named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+      }
       if (kLoaderHere && tid == kLoaderTid) {
         if constexpr (!kProducer) s.bad_page = 0;  // the loads below and the refills set it
         auto load_q = [&] {
@@ -540,6 +553,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
           if constexpr (kIsProducer && kEarlyStart) {  // the consumers may start (see kBarStart)
             named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
+          }
+          if constexpr (kQFirst && kIsProducer) {  // the later pages after the Q tile
+            mbar_wait(&s.q_bar, q_phase);
+            q_phase ^= 1;
           }
         };
         // The Q's place among the first pages: pages issued before it do not wait for the
@@ -599,6 +616,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             const bool valid = unit_of(tid + round * kThreads, dst, src);
             cp_async_cg16(dst, src, valid ? 16u : 0u);
           }
+          if constexpr (kQFirst) cp_async_mbar_arrive_noinc(&s.q_bar);  // the loader waits
         }
         // q_scale[r] = s1, q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division)
         if (tid < 32) {
@@ -628,7 +646,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       if constexpr (kIsProducer) {  // ---- block j goes into the stage block j - kStages left
         // The first loads issued (their bad_page writes): the consumers' start barrier, one way
         // (under SNAPMLA_SEESAW_EARLY_START the loader arrived once the Q's loads were issued).
-        if (!(kEarlyStart && tid == kLoaderTid)) {
+        if (!kQFirst && !(kEarlyStart && tid == kLoaderTid)) {
           named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
         }
         auto wait_empty = [&](uint32_t st) {
