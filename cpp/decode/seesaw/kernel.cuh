@@ -204,6 +204,10 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // issues the first pages after page 0 only once the Q tile has landed (each consumer thread's
 // cp.async arrival on q_bar), so that the tile is not fetched under those pages' loads
 // (session 34's timeline: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later).
+// Session 34, call 8 (graph replays, whole call; 124 decode tests passed, no sanitizer run
+// yet): both forms faster at most 16-head shapes (8x1x16x4096 one term 16.9 -> 16.4 us, two
+// terms 17.6 -> 17.1; 4x1x16x16384 22.0 -> 21.4; 64x1x16x4096 53.0 -> 52.4), 1x1x16x8192
+// 12.7-12.8 -> 13.1-13.2 us (one term); the two-term ratio unchanged.
 #ifndef SNAPMLA_SEESAW_Q_FIRST
 #define SNAPMLA_SEESAW_Q_FIRST 0
 #endif
