@@ -6,7 +6,7 @@
 #                             [demo] [bench] [bench-quick] [bench-fast] [accuracy] [diag] [ncu]
 #                             [soak] [host-c] [host-py] [ab] [bench-two-term] [accuracy-f32out]
 #                             [probe] [accuracy-layers] [bench-cases] [dump-save] [dump-compare]
-#                             [qquant] [bench-cases:<options>] [pytest-files]
+#                             [qquant] [bench-cases:<options>] [pytest-files] [two-term-decomp]
 #                             [use:<name>] [stage ...]
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels) and
@@ -53,7 +53,7 @@ publish() {
   # this call's earlier copies first: a result that sorts later must not leave one behind
   rm -f "$FINAL"/*.json "$FINAL"/*.log "$FINAL"/*.txt "$FINAL"/*.csv.gz
   for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/host-overhead-real*.json \
-      "$OUT"/qgmma-probe.log \
+      "$OUT"/qgmma-probe.log "$OUT"/two-term-decomp.log \
       "$OUT"/decode*.json "$OUT"/dataflow*.json \
       "$OUT"/accuracy*.json "$OUT"/ncu-per-block.txt "$OUT"/diag.log "$OUT"/ncu-*.txt \
       "$OUT"/ncu-sass-*.csv.gz 2>/dev/null); do
@@ -253,6 +253,22 @@ for stage in "$@"; do
       timeout 240 python3 bench/bench_dataflow.py $quick --out "$OUT/dataflow$TAG.json" 2>&1 \
         | tee "$OUT/bench-dataflow$TAG.log" | tail -15 || status=1
       python3 bench/roofline.py "$OUT/decode$TAG.json" "$OUT/roofline$TAG.png" >/dev/null 2>&1 || true
+      ;;
+    two-term-decomp)  # issue 9: where the two-term cost goes (seesaw_trace with
+      # SNAPMLA_TRACE_TWO_TERM=1: alternating one / two-term decode calls and attention-alone
+      # launches, and the mixed calls), for each .carry/bin binary in DECOMP_VARIANTS (default
+      # seesaw_trace) at DECOMP_CASES ("b h s" separated by commas)
+      log "two-term decomposition (.carry/bin: ${DECOMP_VARIANTS:-seesaw_trace})"
+      IFS=, read -r -a decomp_cases <<<"${DECOMP_CASES:-8 16 4096,4 16 16384,16 16 4096,8 32 4096,1 16 8192,64 16 4096}"
+      for c in "${decomp_cases[@]}"; do
+        for v in ${DECOMP_VARIANTS:-seesaw_trace}; do
+          [ -x ".carry/bin/$v" ] || { echo "no .carry/bin/$v (bench/build_trace.sh)"; status=1; continue; }
+          echo "### $v two-term $c" >>"$OUT/two-term-decomp.log"
+          SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
+            | grep -E "^(kernel|decode call|two-term)|error|CHECK" >>"$OUT/two-term-decomp.log" || status=1
+        done
+      done
+      grep -E "^###|alternating" "$OUT/two-term-decomp.log" | tail -24
       ;;
     qquant)  # issue 9: the Q-quant kernel alone, one and two terms (bench/time_qquant.py;
       # QQUANT_ROWS: its --rows)
