@@ -73,6 +73,22 @@ unused_name() {
   echo "$name"
 }
 
+# The two-term query's lines (SNAPMLA_TRACE_TWO_TERM=1) of bench/seesaw_trace.cu binaries:
+# two_term_trace LOG "binary ..." "b h s" ...; each case and .carry/bin binary (one not built is
+# skipped) appended to LOG under a "### <binary> two-term <case>" header.
+two_term_trace() {
+  local log=$1 variants=$2 c v
+  shift 2
+  for c in "$@"; do
+    for v in $variants; do
+      [ -x ".carry/bin/$v" ] || continue
+      echo "### $v two-term $c" >>"$log"
+      SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
+        | grep -E "^(kernel|batch|decode call|two-term)|error|CHECK|\.cu:" >>"$log" || status=1
+    done
+  done
+}
+
 status=0
 for stage in "$@"; do
   case "$stage" in
@@ -155,15 +171,11 @@ for stage in "$@"; do
         publish  # what ran comes back even if the call is cut short
       done
       # the two-term query (issue 9) against the one-term lines above, where s_q x h <= 32
+      tt=()
       for c in ${AB_TWO_TERM_CASES:-128x16x16384 1x16x8192 64x16x4096x2 32x32x32768}; do
-        c=${c//x/ }
-        for v in seesaw_trace seesaw_trace_base; do
-          [ -x ".carry/bin/$v" ] || continue
-          echo "### $v two-term $c" >>"$OUT/ab.log"
-          SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
-            | grep -E "^(kernel|batch|two-term)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
-        done
+        tt+=("${c//x/ }")
       done
+      two_term_trace "$OUT/ab.log" "seesaw_trace seesaw_trace_base" "${tt[@]}"
       timelines=()
       for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
         for v in seesaw_timeline seesaw_timeline_nostores seesaw_timeline_fusedq \
@@ -259,15 +271,13 @@ for stage in "$@"; do
       # launches, and the mixed calls), for each .carry/bin binary in DECOMP_VARIANTS (default
       # seesaw_trace) at DECOMP_CASES ("b h s" separated by commas)
       log "two-term decomposition (.carry/bin: ${DECOMP_VARIANTS:-seesaw_trace})"
-      IFS=, read -r -a decomp_cases <<<"${DECOMP_CASES:-8 16 4096,4 16 16384,16 16 4096,8 32 4096,1 16 8192,64 16 4096}"
-      for c in "${decomp_cases[@]}"; do
-        for v in ${DECOMP_VARIANTS:-seesaw_trace}; do
-          [ -x ".carry/bin/$v" ] || { echo "no .carry/bin/$v (bench/build_trace.sh)"; status=1; continue; }
-          echo "### $v two-term $c" >>"$OUT/two-term-decomp.log"
-          SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" $c 2>&1 \
-            | grep -E "^(kernel|decode call|two-term)|error|CHECK" >>"$OUT/two-term-decomp.log" || status=1
-        done
+      for v in ${DECOMP_VARIANTS:-seesaw_trace}; do
+        [ -x ".carry/bin/$v" ] || { echo "no .carry/bin/$v (bench/build_trace.sh)"; status=1; }
       done
+      IFS=, read -r -a decomp_cases \
+        <<<"${DECOMP_CASES:-8 16 4096,4 16 16384,16 16 4096,8 32 4096,1 16 8192,64 16 4096}"
+      two_term_trace "$OUT/two-term-decomp.log" "${DECOMP_VARIANTS:-seesaw_trace}" \
+        "${decomp_cases[@]}"
       grep -E "^###|alternating" "$OUT/two-term-decomp.log" | tail -24
       ;;
     qquant)  # issue 9: the Q-quant kernel alone, one and two terms (bench/time_qquant.py;
