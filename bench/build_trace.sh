@@ -118,11 +118,11 @@ builds=(
   # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  # the two-term layout's later first pages after the Q tile (SNAPMLA_SEESAW_Q_FIRST, off;
-  # session 34); gpu_session.sh's two-term-decomp stage takes DECOMP_VARIANTS="seesaw_trace
-  # seesaw_trace_qfirst"
-  "seesaw_trace_qfirst:-DSNAPMLA_SEESAW_Q_FIRST=1"
-  "seesaw_timeline_qfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=1"
+  # the two-term layout's first pages all under the Q tile (SNAPMLA_SEESAW_Q_FIRST=0, the
+  # default before session 35); gpu_session.sh's two-term-decomp stage takes
+  # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
+  "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
+  "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

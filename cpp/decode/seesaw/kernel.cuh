@@ -199,17 +199,18 @@ constexpr int kEarlyTiles32 = SNAPMLA_SEESAW_EARLY32;
 #define SNAPMLA_SEESAW_PAGES_BEFORE_Q 1
 #endif
 constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
-// SNAPMLA_SEESAW_Q_FIRST (experimental, off; bench/NOTES.md, session 34): in the two-term
-// layout's kernels (PV widths 16 and 32, consumers loading the Q tile by cp.async), the loader
-// issues the first pages after page 0 only once the Q tile has landed (each consumer thread's
-// cp.async arrival on q_bar), so that the tile is not fetched under those pages' loads
+// SNAPMLA_SEESAW_Q_FIRST (1, the default since session 35; bench/NOTES.md, sessions 34-35): in
+// the two-term layout's kernels (PV widths 16 and 32, consumers loading the Q tile by cp.async),
+// the loader issues the first pages after page 0 only once the Q tile has landed (each consumer
+// thread's cp.async arrival on q_bar), so that the tile is not fetched under those pages' loads
 // (session 34's timeline: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later).
-// Session 34, call 8 (graph replays, whole call; 124 decode tests passed, no sanitizer run
-// yet): both forms faster at most 16-head shapes (8x1x16x4096 one term 16.9 -> 16.4 us, two
-// terms 17.6 -> 17.1; 4x1x16x16384 22.0 -> 21.4; 64x1x16x4096 53.0 -> 52.4), 1x1x16x8192
-// 12.7-12.8 -> 13.1-13.2 us (one term); the two-term ratio unchanged.
+// Session 35 (compute-sanitizer memcheck, racecheck, synccheck clean; 124 decode tests; graph
+// replays A/B/A, bench/results/2026-12-04-s35/call2): one term 8x1x16x4096 17.0 -> 16.4 us,
+// 4x1x16x16384 22.2 -> 21.3, 16x1x16x4096 22.2 -> 21.9, 64x1x16x4096 52.8 -> 52.1,
+// 32x1x32x32768 175.6 -> 172.9, 1x1x32x8192 14.2 -> 13.9, 1x1x16x8192 level (12.9); two terms
+// 8x1x16x4096 17.6 -> 17.2, 16x1x16x4096 22.9 -> 22.3; long contexts within the runs' noise.
 #ifndef SNAPMLA_SEESAW_Q_FIRST
-#define SNAPMLA_SEESAW_Q_FIRST 0
+#define SNAPMLA_SEESAW_Q_FIRST 1
 #endif
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
