@@ -454,10 +454,7 @@ snapmla_status_t num_parts_of(const char* op, const snapmla_decode_config_t& c, 
   if (t_validate_only) return validated(op);
   int sms = 0;
   SNAPMLA_CUDA(op, current_device_sm_count(&sms));
-  // SNAPMLA_QQUANT_SPARE_SMS (quantize_q.h): the SMs the Q-quant kernel's blocks take are left
-  // to it (the call's rows are at most the config's).
-  const int spare = quantize_q_wide_blocks(int64_t{c.batch_size} * c.q_len * c.num_heads);
-  *parts = decode::default_num_parts(sms - spare, row_tiles_of(c));
+  *parts = decode::default_num_parts(sms, row_tiles_of(c));
   return SNAPMLA_SUCCESS;
 }
 

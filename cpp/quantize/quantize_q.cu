@@ -9,16 +9,15 @@ constexpr int kThreads = 256;
 constexpr int kWarpsPerBlock = kThreads / kWarpSize;
 constexpr int kBlocksPerSm = 8;
 
-// One warp per (token, head) row, kBlockThreads / 32 rows a block. kSplit: the RoPE part from
-// p.q_pe (q_nope | q_pe apart); kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
-template <bool kAligned, bool kSplit, bool kTwoTerm = false, int kBlockThreads = kThreads>
-__global__ void __launch_bounds__(kBlockThreads) quantize_q_kernel(const QuantizeQParams p) {
+// One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
+// kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
+template <bool kAligned, bool kSplit, bool kTwoTerm = false>
+__global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
   griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
   const int lane = threadIdx.x % kWarpSize;
   const int64_t rows = p.num_tokens * p.num_heads;
-  const int64_t first =
-      (static_cast<int64_t>(blockIdx.x) * kBlockThreads + threadIdx.x) / kWarpSize;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * (kBlockThreads / kWarpSize);
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = first; r < rows; r += step) {
     const int64_t token = r / p.num_heads;
     const int64_t head = r % p.num_heads;
@@ -45,30 +44,11 @@ __global__ void __launch_bounds__(kBlockThreads) quantize_q_kernel(const Quantiz
 cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const int64_t rows = p.num_tokens * p.num_heads;
   if (rows == 0) return cudaSuccess;
-  const bool split = p.q_pe != nullptr;
-  const bool aligned = quantize_q_vectorizable(p);
-#if SNAPMLA_QQUANT_SPARE_SMS > 0
-  // Few rows (quantize_q.h): blocks of kWideThreads on as few SMs as possible.
-  if (const int wide = quantize_q_wide_blocks(rows); wide > 0) {
-    constexpr int kWide = kQQuantWideThreads;
-    auto launch = [&](auto kernel) { kernel<<<wide, kWide, 0, stream>>>(p); };
-    if (p.q_lo != nullptr) {
-      aligned ? (split ? launch(quantize_q_kernel<true, true, true, kWide>)
-                       : launch(quantize_q_kernel<true, false, true, kWide>))
-              : (split ? launch(quantize_q_kernel<false, true, true, kWide>)
-                       : launch(quantize_q_kernel<false, false, true, kWide>));
-    } else {
-      aligned ? (split ? launch(quantize_q_kernel<true, true, false, kWide>)
-                       : launch(quantize_q_kernel<true, false, false, kWide>))
-              : (split ? launch(quantize_q_kernel<false, true, false, kWide>)
-                       : launch(quantize_q_kernel<false, false, false, kWide>));
-    }
-    return cudaGetLastError();
-  }
-#endif
   int blocks = 0;
   const cudaError_t err = warp_per_item_blocks(rows, kWarpsPerBlock, kBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
+  const bool split = p.q_pe != nullptr;
+  const bool aligned = quantize_q_vectorizable(p);
   // One instantiation per (aligned, split, two-term); the one-term ones are the validated
   // kernels of before the two-term query, unchanged.
   auto launch = [&](auto kernel) { kernel<<<blocks, kThreads, 0, stream>>>(p); };

@@ -31,24 +31,6 @@ struct QuantizeQParams {
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);
 
-// SNAPMLA_QQUANT_SPARE_SMS (0, experimental: bench/NOTES.md, session 35): where a call has at
-// most 32 x SNAPMLA_QQUANT_SPARE_SMS query rows, the Q-quant kernel runs as blocks of 1024
-// threads (a row a warp) on that many SMs at most, and the decode plan (api.cu) gives the
-// attention kernel that many fewer CTAs, so that none waits for an SM a Q-quant block holds
-// (an attention CTA takes a whole SM's registers): each CTA's prologue (plan, segment, first
-// page) then runs under the Q-quant kernel instead of after it.
-#ifndef SNAPMLA_QQUANT_SPARE_SMS
-#define SNAPMLA_QQUANT_SPARE_SMS 0
-#endif
-constexpr int kQQuantWideThreads = 1024;
-// The Q-quant kernel's blocks for `rows` rows in the wide form, or 0 for the default form.
-constexpr int quantize_q_wide_blocks(int64_t rows) {
-  constexpr int64_t kRowsPerBlock = kQQuantWideThreads / 32;
-  return rows > 0 && rows <= kRowsPerBlock * SNAPMLA_QQUANT_SPARE_SMS
-             ? static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock)
-             : 0;
-}
-
 // Every row's content and RoPE can be read with 16-byte loads (16-byte aligned bases, strides
 // in whole 8-element units): the Q-quant kernel's aligned instantiations, and the condition
 // for the seesaw kernel's own quantization (decode.h, seesaw_fuses_q).
