@@ -212,14 +212,6 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 #ifndef SNAPMLA_SEESAW_Q_FIRST
 #define SNAPMLA_SEESAW_Q_FIRST 1
 #endif
-// SNAPMLA_SEESAW_Q_FIRST_SPLIT (experimental, off; bench/NOTES.md, session 35): under Q_FIRST,
-// the consumers copy the tile's high rows and RoPE first and arrive on q_bar for them alone,
-// then the low rows (the two-term query's; zeros for the one-term query), so that the loader's
-// later first pages wait for what the one-term call's tile holds and the low rows' 8 KB a CTA
-// come under those pages' loads (issue 9's cost at 8x1x16x4096).
-#ifndef SNAPMLA_SEESAW_Q_FIRST_SPLIT
-#define SNAPMLA_SEESAW_Q_FIRST_SPLIT 0
-#endif
 // SNAPMLA_SEESAW_KV_EVICT_FIRST: steps.cuh.
 // SNAPMLA_SEESAW_PREFETCH_MAPS (1, the default since session 19): the loader thread prefetches
 // the five tensor maps at entry (prefetch.tensormap), under the plan reads, so that the first
@@ -335,7 +327,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
   constexpr bool kQFirst = SNAPMLA_SEESAW_Q_FIRST != 0 && kTwoTerm && kProducer && kEarlyStart;
-  constexpr bool kQFirstSplit = kQFirst && SNAPMLA_SEESAW_Q_FIRST_SPLIT != 0;
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -623,37 +614,14 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // outside __ldg's rule); waited for below, after the scales' loads. (Loads into
           // registers in batches, 5 round trips at N = 32, cost 3-13% of the whole call:
           // bench/results/2026-12-02-s18/.)
-          if constexpr (kQFirstSplit) {
-            // The high rows (and the RoPE) first, the loader's wait on them, then the low
-            // rows: unit v of half h is tile row 16 (v / 8 rows) + 8 h + v's row % 8.
-            constexpr int kHalfUnits = kN * kRowUnits;
-            auto copy_half = [&](int h) {
-#pragma unroll 1
-              for (int round = 0; round < (kHalfUnits + kThreads - 1) / kThreads; ++round) {
-                const int v = tid + round * kThreads;
-                if (kHalfUnits % kThreads == 0 || v < kHalfUnits) {
-                  const int vr = v / kRowUnits;
-                  uint32_t dst;
-                  const uint8_t* src;
-                  const bool valid = unit_of(
-                      (16 * (vr / 8) + 8 * h + vr % 8) * kRowUnits + v % kRowUnits, dst, src);
-                  cp_async_cg16(dst, src, valid ? 16u : 0u);
-                }
-              }
-            };
-            copy_half(0);
-            cp_async_mbar_arrive_noinc(&s.q_bar);  // the loader waits for the high rows only
-            copy_half(1);
-          } else {
 #pragma unroll 2
-            for (int round = 0; round < kRounds; ++round) {
-              uint32_t dst;
-              const uint8_t* src;
-              const bool valid = unit_of(tid + round * kThreads, dst, src);
-              cp_async_cg16(dst, src, valid ? 16u : 0u);
-            }
-            if constexpr (kQFirst) cp_async_mbar_arrive_noinc(&s.q_bar);  // the loader waits
+          for (int round = 0; round < kRounds; ++round) {
+            uint32_t dst;
+            const uint8_t* src;
+            const bool valid = unit_of(tid + round * kThreads, dst, src);
+            cp_async_cg16(dst, src, valid ? 16u : 0u);
           }
+          if constexpr (kQFirst) cp_async_mbar_arrive_noinc(&s.q_bar);  // the loader waits
         }
         // q_scale[r] = s1, q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division)
         if (tid < 32) {
