@@ -161,16 +161,6 @@ constexpr bool kPvDeep = (SNAPMLA_SEESAW_PV_DEEP >= 1 && kN == 32) ||
 #ifndef SNAPMLA_SEESAW_PV_WHOLE
 #define SNAPMLA_SEESAW_PV_WHOLE 1
 #endif
-// SNAPMLA_SEESAW_PV_STREAM (experimental, off; bench/NOTES.md, session 35): in the scaled N = 64
-// kernel, a warpgroup's two PVs of an iteration (the other's block i - 1, then its own block i)
-// as one stream of eight whole-N groups, two in flight, where each PV drained its wgmmas
-// (wait 0) before the next began. The same arithmetic in the same order: O^T *= gamma(i - 1),
-// O^T += T a group of block i - 1, O^T *= gamma(i) once those are in, O^T += T a group of block
-// i. Block i - 1's P tile and stage are handed back once its last group is in, as before. Only
-// where both blocks are whole (edge blocks keep the two calls).
-#ifndef SNAPMLA_SEESAW_PV_STREAM
-#define SNAPMLA_SEESAW_PV_STREAM 0
-#endif
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
@@ -1147,74 +1137,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
 
 
-      // SNAPMLA_SEESAW_PV_STREAM: the other's block i - 1 and the own block i in one stream.
-      constexpr bool kPvStream = SNAPMLA_SEESAW_PV_STREAM != 0 && kScaledPv && kN == 64 &&
-                                 SNAPMLA_SEESAW_PV_WHOLE != 0 && kProducer &&
-                                 kEarlyMTiles == 0 && !kPvDirect && !kPvDeep<kN>;
-      auto pv_stream = [&](int i) {
-        mbar_wait(full_of(i - 1), phase_of(i - 1));
-        mbar_wait(full_of(i), phase_of(i));
-        SEESAW_TRACE(i - 1, kTrPvStart);
-        float tmpw[2][kNRegs];
-        uint32_t aw[2][2][4];
-        auto scale_o = [&](const RowStats& ps) {
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
-            }
-          }
-        };
-        auto add_group = [&](int q) {  // O^T m-tile q % kMTiles += group q's temporary
-          float(&tq)[kNRegs] = tmpw[q % 2];
-          sm90::fence_regs(tq);
-#pragma unroll
-          for (int e = 0; e < kNRegs; ++e) o[q % kMTiles][e] += tq[e];
-        };
-#pragma unroll
-        for (int q = 0; q < 2 * kMTiles; ++q) {
-          const int blk = q >= kMTiles ? i : i - 1;
-          const SmemDesc p_desc =
-              make_desc_base(s.p8[blk % kPBuffers], Swizzle::k64B, kPRowBytes);
-          v_fragments(blk, q % kMTiles, std::false_type{}, aw[q % 2]);
-          wgmma_fence();
-          wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-          wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
-          wgmma_commit();
-          if (q == 0) scale_o(s.stats[(i - 1) % kPBuffers]);
-          if (q > 0) {
-            wgmma_wait<1>();
-            add_group(q - 1);
-          }
-          if (q == kMTiles) {  // block i - 1's groups are in O^T: its P tile and stage go back
-            SEESAW_TRACE(i - 1, kTrPvEnd);
-            if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
-            SEESAW_TRACE(i, kTrPfreeArrived);
-            release(i - 1);
-            scale_o(s.stats[i % kPBuffers]);
-            SEESAW_TRACE(i, kTrPvStart);
-          }
-        }
-        wgmma_wait<0>();
-        add_group(2 * kMTiles - 1);
-        SEESAW_TRACE(i, kTrPvEnd);
-        release(i);
-      };
-
       // The rest of a promoted-PV iteration after the softmax: the other's block i - 1, the own
       // block i, the refills.
       auto pv_seesaw_rest = [&](int i) {
         if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
         SEESAW_TRACE(i, kTrEarlyDone);
-        if constexpr (kPvStream) {
-          if (i > 0 && !is_edge(i - 1) && !is_edge(i)) {
-            pv_stream(i);
-            return;
-          }
-        }
         if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
           if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
           pv_late(i - 1);
