@@ -204,8 +204,9 @@ constexpr int kPagesBeforeQ = SNAPMLA_SEESAW_PAGES_BEFORE_Q;
 // the loader issues the first pages after page 0 only once the Q tile has landed (each consumer
 // thread's cp.async arrival on q_bar), so that the tile is not fetched under those pages' loads
 // (session 34's timeline: the two-term tile's extra 8 KB a CTA arrived ~500 cycles later).
-// Session 35 (compute-sanitizer memcheck, racecheck, synccheck clean; 124 decode tests; graph
-// replays A/B/A, bench/results/2026-12-04-s35/call2): one term 8x1x16x4096 17.0 -> 16.4 us,
+// Session 35 (compute-sanitizer memcheck, racecheck, synccheck clean; the whole GPU suite;
+// outputs bit-identical to SNAPMLA_SEESAW_Q_FIRST=0 by bench/dump_decode.py; graph replays
+// A/B/A, bench/results/2026-12-04-s35/call2): one term 8x1x16x4096 17.0 -> 16.4 us,
 // 4x1x16x16384 22.2 -> 21.3, 16x1x16x4096 22.2 -> 21.9, 64x1x16x4096 52.8 -> 52.1,
 // 32x1x32x32768 175.6 -> 172.9, 1x1x32x8192 14.2 -> 13.9, 1x1x16x8192 level (12.9); two terms
 // 8x1x16x4096 17.6 -> 17.2, 16x1x16x4096 22.9 -> 22.3; long contexts within the runs' noise.
