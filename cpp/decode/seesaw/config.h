@@ -108,9 +108,6 @@ struct alignas(1024) SharedStorage {
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
   int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
-  // SNAPMLA_SEESAW_LAZY_RESCALE (kernel.cuh), block i % kPBuffers: per warp of the owner,
-  // nonzero where some row's gamma is not 1 (O^T needs the rescale).
-  alignas(16) uint32_t rescale[kPBuffers][kRowsM / 16];
 };
 
 struct TensorMaps {

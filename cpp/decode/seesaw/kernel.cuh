@@ -306,23 +306,6 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // part: the first block's softmax ~700 cycles later in that build's timeline, ~100 earlier in
 // the next build's: code placement is the suspect). It spills 96 B against the default's 32
 // (the main loop's allocation: the P8 store, its own O^T += T, the edge masks).
-// SNAPMLA_SEESAW_LAZY_RESCALE (experimental, off; bench/NOTES.md, session 36): in the scaled
-// N = 64 kernel, O^T and l are kept in absolute units (O^T += sigma T, l += e_sum, where the
-// contract's form keeps them in units of the block's sigma: O^T = gamma O^T + T) and each row's
-// running maximum moves only when a block's exceeds it by more than kLazyRescaleLog2 (log2
-// domain). gamma = 2^(m_prev - m_new) is then exactly 1 for most blocks, and the PV skips the
-// O^T *= gamma pass (128 FMULs a thread and block) unless some row of the block moved. P8 =
-// e4m3(P' / sigma) is invariant under a common factor of P' and sigma, so it differs from the
-// contract's only where fp32 rounding of that ratio crosses an E4M3 boundary; e stays below
-// 2^(24 + kLazyRescaleLog2) (kExpShift).
-#ifndef SNAPMLA_SEESAW_LAZY_RESCALE
-#define SNAPMLA_SEESAW_LAZY_RESCALE 0
-#endif
-#ifndef SNAPMLA_LAZY_SIGV
-#define SNAPMLA_LAZY_SIGV 0
-#endif
-constexpr float kLazyRescaleLog2 = 8.f;
-
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -349,8 +332,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
   constexpr int kNTiles = kN / 8;
-  constexpr bool kLazy = kScaledPv && SNAPMLA_SEESAW_LAZY_RESCALE != 0;
-  static_assert(!kLazy || SNAPMLA_SEESAW_FAST_ROWMATH, "the lazy rescale: FAST_ROWMATH's form");
   // PV m-tiles of the other warpgroup's block issued before the softmax (registers: whole-N
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
@@ -869,11 +850,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           [[maybe_unused]] float c_loc[2] = {1.f, 1.f};  // kLocalMax's c per row
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
-            if constexpr (kLazy) {  // (m_prev -inf: any visible token moves it)
-              m_new[ri] = mx[ri] > m_prev[ri] + kLazyRescaleLog2 ? mx[ri] : m_prev[ri];
-            } else {
-              m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
-            }
+            m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
             m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
           }
           if constexpr (!kLocalMax) {
@@ -893,13 +870,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #if SNAPMLA_SEESAW_FAST_ROWMATH
             sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
             inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-            if constexpr (kLazy) {  // absolute units: gamma exactly 1 where m stayed
-              gamma[ri] = m_new[ri] == m_prev[ri] ? 1.f : ex2_ftz(m_prev[ri] - m_use[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri]);
-            } else {
-              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-            }
+            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
 #else
             sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
             gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
@@ -933,10 +905,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               ps.l[row_of(ri)] = l[ri];
               ps.gamma[row_of(ri)] = gamma[ri];
             }
-          }
-          if constexpr (kLazy) {  // does the PV rescale O^T? (every lane: a softmax warp)
-            const uint32_t moved = __any_sync(0xffffffffu, gamma[0] != 1.f || gamma[1] != 1.f);
-            if (lane == 0) s.rescale[i % kPBuffers][warp] = moved;
           }
         }
         fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
@@ -1041,52 +1009,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // group q into O = gamma O + T. (Whole m-tiles two deep would need 64 more registers.)
         constexpr int kHalfN = kN / 2;
         const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-        // kScaledPv: O^T *= gamma once a block (below); kLazy: only where some row's gamma is
-        // not 1 (the owner's flags; a warp-uniform branch).
-        auto scale_o = [&] {
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int m = kM0; m < kMTiles; ++m) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
-            }
-          }
-        };
-        [[maybe_unused]] bool rescale = true;
-        [[maybe_unused]] float2 sig2[kLazy ? kNTiles : 1];  // kLazy: sigma of rows 8 col + 2 t, + 1
-        if constexpr (kLazy) {
-          const uint4 f = *reinterpret_cast<const uint4*>(s.rescale[i % kPBuffers]);
-          rescale = __shfl_sync(0xffffffffu, (f.x | f.y | f.z | f.w) != 0u, 0);
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            if (SNAPMLA_LAZY_SIGV == 0) sig2[col] = *reinterpret_cast<const float2*>(&ps.sig[8 * col + 2 * t]);
-          }
-        }
-        auto load_sig = [&] {
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            sig2[col] = *reinterpret_cast<const float2*>(&ps.sig[8 * col + 2 * t]);
-          }
-        };
-        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2);
-        // kLazy: O^T += sigma T, after the rescale (if any) of every m-tile.
+        // O^T = gamma O^T + T for group q's half-N temporary T (m-tile kM0 + q / 2, half q % 2).
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
-          if constexpr (kLazy) {
-            sm90::fence_regs(tmp_q);
-            const int col0 = (q % 2) * kHalfN / 8;
-#pragma unroll
-            for (int nn = 0; nn < kHalfN / 8; ++nn) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                float& oe = o[kM0 + q / 2][4 * (col0 + nn) + c];
-                oe = fmaf(tmp_q[4 * nn + c], c & 1 ? sig2[col0 + nn].y : sig2[col0 + nn].x, oe);
-              }
-            }
-          } else {
-            promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
-          }
+          promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
         if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
@@ -1098,37 +1023,19 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
+          auto scale_o = [&] {
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int m = kM0; m < kMTiles; ++m) {
+#pragma unroll
+                for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+              }
+            }
+          };
           auto promote_whole = [&](int q) {
-            if constexpr (kLazy && SNAPMLA_LAZY_SIGV >= 3) {
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              sm90::fence_regs(tq);
-              constexpr int kPer = SNAPMLA_LAZY_SIGV == 3 ? 4 : 2;  // 8-column tiles a load round
-#pragma unroll
-              for (int h = 0; h < kNTiles / kPer; ++h) {
-                float2 sg[kPer];
-#pragma unroll
-                for (int j = 0; j < kPer; ++j) {
-                  sg[j] = *reinterpret_cast<const float2*>(&ps.sig[8 * (kPer * h + j) + 2 * t]);
-                }
-#pragma unroll
-                for (int j = 0; j < kPer; ++j) {
-#pragma unroll
-                  for (int c = 0; c < 4; ++c) {
-                    float& oe = o[kM0 + q][4 * (kPer * h + j) + c];
-                    oe = fmaf(tq[4 * (kPer * h + j) + c], c & 1 ? sg[j].y : sg[j].x, oe);
-                  }
-                }
-              }
-            } else if constexpr (kLazy) {
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              if (SNAPMLA_LAZY_SIGV == 1) load_sig();
-              sm90::fence_regs(tq);
-#pragma unroll
-              for (int e = 0; e < kNRegs; ++e) {
-                const float2 sg = sig2[e / 4];
-                o[kM0 + q][e] = fmaf(tq[e], e & 1 ? sg.y : sg.x, o[kM0 + q][e]);
-              }
-            } else if constexpr (kScaledPv) {
+            if constexpr (kScaledPv) {
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
 #pragma unroll
@@ -1144,14 +1051,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
             wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             wgmma_commit();
-            if (kScaledPv && q == 0 && rescale) scale_o();
+            if (kScaledPv && q == 0) scale_o();
             if (q > 0) {
-              if (kLazy && SNAPMLA_LAZY_SIGV == 2) load_sig();
               wgmma_wait<1>();
               promote_whole(q - 1);
             }
           }
-          if (kLazy && SNAPMLA_LAZY_SIGV == 2) load_sig();
           wgmma_wait<0>();
           promote_whole(kMTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
@@ -1159,8 +1064,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
         float tmp[2][kHalfN / 2];
         auto promote = [&](int q) { promote_half(q, tmp[q % 2]); };
-        if (kLazy && rescale) scale_o();
-        if (kLazy && SNAPMLA_LAZY_SIGV != 0) load_sig();
 #pragma unroll
         for (int m = kM0; m < kMTiles; ++m) {
           uint32_t a[2][4];
@@ -1333,7 +1236,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         RowStats& res_of = s.stats[(n + wg) % kPBuffers];
         const int fr = tile * kRowsM + wtid;
         if (wtid < kN && fr < rows_total) {
-          const RowResult res = row_result(fin.l[wtid], fin.m[wtid], kLazy ? 1.f : fin.sig[wtid],
+          const RowResult res = row_result(fin.l[wtid], fin.m[wtid], fin.sig[wtid],
                                            s.bad_page != 0, seg.split);
           res_of.l[wtid] = res.inv_l;
           if (wg == 0 && !kDryEpilogue) store_lse(p, b, fr, seg, res.lse);
