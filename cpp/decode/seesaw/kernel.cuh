@@ -306,6 +306,17 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // part: the first block's softmax ~700 cycles later in that build's timeline, ~100 earlier in
 // the next build's: code placement is the suspect). It spills 96 B against the default's 32
 // (the main loop's allocation: the P8 store, its own O^T += T, the edge masks).
+// SNAPMLA_SEESAW_BENCH_PV (timing builds only, wrong outputs; bench/NOTES.md, session 36): what
+// the N = 64 PV's parts cost in the kernel, in the blocks every row sees whole. 1: the PV's
+// wgmmas with both operands in shared memory (the content tile read as if it were V^T: no
+// ldmatrix, no byte permutes, the shared-memory rate), 2: the promotion dropped (each T only
+// waited for), 3: both.
+#ifndef SNAPMLA_SEESAW_BENCH_PV
+#define SNAPMLA_SEESAW_BENCH_PV 0
+#endif
+constexpr bool kBenchSsPv = (SNAPMLA_SEESAW_BENCH_PV & 1) != 0;
+constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
+
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -1035,7 +1046,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
           };
           auto promote_whole = [&](int q) {
-            if constexpr (kScaledPv) {
+            if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
+              sm90::fence_regs(tmpw[q % 2]);
+            } else if constexpr (kScaledPv) {
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
 #pragma unroll
@@ -1046,12 +1059,22 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
-            v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
-            wgmma_fence();
-            wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-            wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+            if constexpr (kBenchSsPv) {  // (timing only: the content tile read as if V^T)
+              const SmemDesc a_desc = make_desc_base(stage_of(i).content[2 * wg + (kM0 + q) / 2],
+                                                     Swizzle::k128B, kChunkBytes);
+              wgmma_fence();
+              wgmma_m64n64k32_e4m3_ss_init(tmpw[q % 2], a_desc.at(64 * ((kM0 + q) & 1)),
+                                           p_desc.at(0));
+              wgmma_m64n64k32_e4m3_ss(tmpw[q % 2], a_desc.at(64 * ((kM0 + q) & 1) + 32),
+                                      p_desc.at(32), 1);
+            } else {
+              v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
+              wgmma_fence();
+              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+            }
             wgmma_commit();
-            if (kScaledPv && q == 0) scale_o();
+            if (kScaledPv && !kBenchNoPromote && q == 0) scale_o();
             if (q > 0) {
               wgmma_wait<1>();
               promote_whole(q - 1);
