@@ -1062,11 +1062,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             if constexpr (kBenchSsPv) {  // (timing only: the content tile read as if V^T)
               const SmemDesc a_desc = make_desc_base(stage_of(i).content[2 * wg + (kM0 + q) / 2],
                                                      Swizzle::k128B, kChunkBytes);
+              float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % 2][0]);  // (N = 64)
               wgmma_fence();
-              wgmma_m64n64k32_e4m3_ss_init(tmpw[q % 2], a_desc.at(64 * ((kM0 + q) & 1)),
-                                           p_desc.at(0));
-              wgmma_m64n64k32_e4m3_ss(tmpw[q % 2], a_desc.at(64 * ((kM0 + q) & 1) + 32),
-                                      p_desc.at(32), 1);
+              wgmma_m64n64k32_e4m3_ss_init(acc, a_desc.at(64 * ((kM0 + q) & 1)), p_desc.at(0));
+              wgmma_m64n64k32_e4m3_ss(acc, a_desc.at(64 * ((kM0 + q) & 1) + 32), p_desc.at(32), 1);
             } else {
               v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
               wgmma_fence();
