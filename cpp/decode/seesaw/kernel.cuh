@@ -317,6 +317,15 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 constexpr bool kBenchSsPv = (SNAPMLA_SEESAW_BENCH_PV & 1) != 0;
 constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 
+// SNAPMLA_SEESAW_PV_HALF_DEPTH (experimental, 0 = off; bench/NOTES.md, session 36): the scaled
+// N = 64 kernel's PV in half-N groups (m-tile, half the rows), this many in flight (3 or 4), so
+// that a group's promotion and the next fragments run under more tensor work than one group.
+#ifndef SNAPMLA_SEESAW_PV_HALF_DEPTH
+#define SNAPMLA_SEESAW_PV_HALF_DEPTH 0
+#endif
+constexpr int kHalfDepth = SNAPMLA_SEESAW_PV_HALF_DEPTH;
+static_assert(kHalfDepth == 0 || (kHalfDepth >= 2 && kHalfDepth <= 4), "2 to 4 groups in flight");
+
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -1024,7 +1033,52 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
-        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
+        auto scale_o = [&] {  // kScaledPv: O^T *= gamma once a block
+#pragma unroll
+          for (int col = 0; col < kNTiles; ++col) {
+            const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int m = kM0; m < kMTiles; ++m) {
+#pragma unroll
+              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+            }
+          }
+        };
+        if constexpr (kHalfDepth > 0 && kScaledPv && !decltype(edge_tag)::value) {
+          // SNAPMLA_SEESAW_PV_HALF_DEPTH (experimental): half-N groups, kHalfDepth in flight.
+          constexpr int kGroups = 2 * (kMTiles - kM0);
+          float tmp[kHalfDepth][kHalfN / 2];
+          uint32_t a3[3][2][4];  // the V^T fragments of the m-tiles in flight
+          auto promote_q = [&](int q) {
+            float(&tq)[kHalfN / 2] = tmp[q % kHalfDepth];
+            sm90::fence_regs(tq);
+            const int col0 = (q % 2) * kHalfN / 8;
+#pragma unroll
+            for (int e = 0; e < kHalfN / 2; ++e) o[kM0 + q / 2][4 * col0 + e] += tq[e];
+          };
+#pragma unroll
+          for (int q = 0; q < kGroups; ++q) {
+            const int m = q / 2, h = q % 2;
+            if (h == 0) v_fragments(i, kM0 + m, edge_tag, a3[m % 3]);
+            const uint32_t rows = h * kHalfN * kPRowBytes;
+            wgmma_fence();
+            wgmma_pv<kHalfN, true>(tmp[q % kHalfDepth], a3[m % 3][0], p_desc.at(rows));
+            wgmma_pv<kHalfN, false>(tmp[q % kHalfDepth], a3[m % 3][1], p_desc.at(rows + 32));
+            wgmma_commit();
+            if (q == 0) scale_o();
+            if (q >= kHalfDepth - 1) {
+              wgmma_wait<kHalfDepth - 1>();
+              promote_q(q - (kHalfDepth - 1));
+            }
+          }
+#pragma unroll
+          for (int q = kGroups - (kHalfDepth - 1); q < kGroups; ++q) {
+            wgmma_wait_upto3(kGroups - 1 - q);
+            promote_q(q);
+          }
+          SEESAW_TRACE(i, kTrPvEnd);
+          return;
+        } else if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
@@ -1034,17 +1088,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
-          auto scale_o = [&] {
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-              for (int m = kM0; m < kMTiles; ++m) {
-#pragma unroll
-                for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
-              }
-            }
-          };
           auto promote_whole = [&](int q) {
             if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
               sm90::fence_regs(tmpw[q % 2]);
