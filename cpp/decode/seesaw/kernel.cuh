@@ -310,12 +310,14 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // the N = 64 PV's parts cost in the kernel, in the blocks every row sees whole. 1: the PV's
 // wgmmas with both operands in shared memory (the content tile read as if it were V^T: no
 // ldmatrix, no byte permutes, the shared-memory rate), 2: the promotion dropped (each T only
-// waited for), 3: both.
+// waited for), 3: both; in the scaled kernel 4: its O^T *= gamma dropped, 8: its O^T += T.
 #ifndef SNAPMLA_SEESAW_BENCH_PV
 #define SNAPMLA_SEESAW_BENCH_PV 0
 #endif
 constexpr bool kBenchSsPv = (SNAPMLA_SEESAW_BENCH_PV & 1) != 0;
 constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
+constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
+constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 
 // SNAPMLA_SEESAW_PV_HALF_DEPTH (experimental, 0 = off; bench/NOTES.md, session 36): the scaled
 // N = 64 kernel's PV in half-N groups (m-tile, half the rows), this many in flight (3 or 4), so
@@ -1094,8 +1096,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             } else if constexpr (kScaledPv) {
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
+              if constexpr (!kBenchNoAdd) {
 #pragma unroll
-              for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] += tq[e];
+                for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] += tq[e];
+              }
             } else {
               promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
             }
@@ -1116,7 +1120,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             }
             wgmma_commit();
-            if (kScaledPv && !kBenchNoPromote && q == 0) scale_o();
+            if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) scale_o();
             if (q > 0) {
               wgmma_wait<1>();
               promote_whole(q - 1);
