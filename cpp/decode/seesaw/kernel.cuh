@@ -319,15 +319,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 
-// SNAPMLA_SEESAW_PV_HALF_DEPTH (experimental, 0 = off; bench/NOTES.md, session 36): the scaled
-// N = 64 kernel's PV in half-N groups (m-tile, half the rows), this many in flight (3 or 4), so
-// that a group's promotion and the next fragments run under more tensor work than one group.
-#ifndef SNAPMLA_SEESAW_PV_HALF_DEPTH
-#define SNAPMLA_SEESAW_PV_HALF_DEPTH 0
-#endif
-constexpr int kHalfDepth = SNAPMLA_SEESAW_PV_HALF_DEPTH;
-static_assert(kHalfDepth == 0 || (kHalfDepth >= 2 && kHalfDepth <= 4), "2 to 4 groups in flight");
-
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -1046,41 +1037,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
           }
         };
-        if constexpr (kHalfDepth > 0 && kScaledPv && !decltype(edge_tag)::value) {
-          // SNAPMLA_SEESAW_PV_HALF_DEPTH (experimental): half-N groups, kHalfDepth in flight.
-          constexpr int kGroups = 2 * (kMTiles - kM0);
-          float tmp[kHalfDepth][kHalfN / 2];
-          uint32_t a3[3][2][4];  // the V^T fragments of the m-tiles in flight
-          auto promote_q = [&](int q) {
-            float(&tq)[kHalfN / 2] = tmp[q % kHalfDepth];
-            sm90::fence_regs(tq);
-            const int col0 = (q % 2) * kHalfN / 8;
-#pragma unroll
-            for (int e = 0; e < kHalfN / 2; ++e) o[kM0 + q / 2][4 * col0 + e] += tq[e];
-          };
-#pragma unroll
-          for (int q = 0; q < kGroups; ++q) {
-            const int m = q / 2, h = q % 2;
-            if (h == 0) v_fragments(i, kM0 + m, edge_tag, a3[m % 3]);
-            const uint32_t rows = h * kHalfN * kPRowBytes;
-            wgmma_fence();
-            wgmma_pv<kHalfN, true>(tmp[q % kHalfDepth], a3[m % 3][0], p_desc.at(rows));
-            wgmma_pv<kHalfN, false>(tmp[q % kHalfDepth], a3[m % 3][1], p_desc.at(rows + 32));
-            wgmma_commit();
-            if (q == 0) scale_o();
-            if (q >= kHalfDepth - 1) {
-              wgmma_wait<kHalfDepth - 1>();
-              promote_q(q - (kHalfDepth - 1));
-            }
-          }
-#pragma unroll
-          for (int q = kGroups - (kHalfDepth - 1); q < kGroups; ++q) {
-            wgmma_wait_upto3(kGroups - 1 - q);
-            promote_q(q);
-          }
-          SEESAW_TRACE(i, kTrPvEnd);
-          return;
-        } else if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
+        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
