@@ -319,16 +319,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 
-// SNAPMLA_SEESAW_PROMOTE_FORM (experimental, 0 = the default; bench/NOTES.md, session 36): the
-// scaled N = 64 kernel's promotion in its blocks every row sees whole. 0: O^T *= gamma under
-// the first group's wgmmas and O^T += T after each wait (ptxas fuses them into one FFMA after
-// each wait), 1: both after each wait, the products first (T read ~32 instructions later),
-// 2: as 0 but not fused (__fmul_rn, __fadd_rn).
-#ifndef SNAPMLA_SEESAW_PROMOTE_FORM
-#define SNAPMLA_SEESAW_PROMOTE_FORM 0
-#endif
-constexpr int kPromoteForm = SNAPMLA_SEESAW_PROMOTE_FORM;
-
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -1043,13 +1033,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #pragma unroll
             for (int m = kM0; m < kMTiles; ++m) {
 #pragma unroll
-              for (int c = 0; c < 4; ++c) {
-                if constexpr (kPromoteForm == 2) {
-                  o[m][4 * col + c] = __fmul_rn(o[m][4 * col + c], c & 1 ? g.y : g.x);
-                } else {
-                  o[m][4 * col + c] *= c & 1 ? g.y : g.x;
-                }
-              }
+              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
             }
           }
         };
@@ -1063,33 +1047,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
-          [[maybe_unused]] float2 g2[kPromoteForm == 1 ? kNTiles : 1];  // form 1: gamma
-          if constexpr (kPromoteForm == 1 && kScaledPv) {
-#pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              g2[col] = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-            }
-          }
           auto promote_whole = [&](int q) {
             if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
               sm90::fence_regs(tmpw[q % 2]);
-            } else if constexpr (kScaledPv && kPromoteForm == 1) {
-              // O^T *= gamma, then O^T += T, an m-tile after its wait (not fused: T is read
-              // after the 32 products of O^T)
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              sm90::fence_regs(tq);
-              sm90::fence_regs(o[kM0 + q]);  // (keeps the products after the wait)
-#pragma unroll
-              for (int e = 0; e < kNRegs; ++e) {
-                o[kM0 + q][e] = __fmul_rn(o[kM0 + q][e], e & 1 ? g2[e / 4].y : g2[e / 4].x);
-              }
-#pragma unroll
-              for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] = __fadd_rn(o[kM0 + q][e], tq[e]);
-            } else if constexpr (kScaledPv && kPromoteForm == 2) {  // the default, not fused
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              sm90::fence_regs(tq);
-#pragma unroll
-              for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] = __fadd_rn(o[kM0 + q][e], tq[e]);
             } else if constexpr (kScaledPv) {
               float(&tq)[kNRegs] = tmpw[q % 2];
               sm90::fence_regs(tq);
@@ -1117,9 +1077,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             }
             wgmma_commit();
-            if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && kPromoteForm != 1 && q == 0) {
-              scale_o();
-            }
+            if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) scale_o();
             if (q > 0) {
               wgmma_wait<1>();
               promote_whole(q - 1);
