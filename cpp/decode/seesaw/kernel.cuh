@@ -310,7 +310,8 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // the N = 64 PV's parts cost in the kernel, in the blocks every row sees whole. 1: the PV's
 // wgmmas with both operands in shared memory (the content tile read as if it were V^T: no
 // ldmatrix, no byte permutes, the shared-memory rate), 2: the promotion dropped (each T only
-// waited for), 3: both; in the scaled kernel 4: its O^T *= gamma dropped, 8: its O^T += T.
+// waited for), 3: both; in the scaled kernel 4: its O^T *= gamma dropped, 8: its O^T += T,
+// 16 (with 1: 17): two blocks' PV in one sweep with one promotion per m-tile (pv_pair_sweep).
 #ifndef SNAPMLA_SEESAW_BENCH_PV
 #define SNAPMLA_SEESAW_BENCH_PV 0
 #endif
@@ -318,6 +319,7 @@ constexpr bool kBenchSsPv = (SNAPMLA_SEESAW_BENCH_PV & 1) != 0;
 constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
+constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -1166,9 +1168,62 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 
       // The rest of a promoted-PV iteration after the softmax: the other's block i - 1, the own
       // block i, the refills.
+      // kBenchPairSweep (timing only, with kBenchSsPv): blocks i - 1 and i in one sweep, each
+      // m-tile's four k-steps (two a block) into one temporary and one promotion, as a P block
+      // of two pages would allow; the gamma between the two blocks is ignored (wrong outputs).
+      auto pv_pair_sweep = [&](int j, int i) {
+        mbar_wait(full_of(j), phase_of(j));
+        mbar_wait(full_of(i), phase_of(i));
+        const SmemDesc pj = make_desc_base(s.p8[j % kPBuffers], Swizzle::k64B, kPRowBytes);
+        const SmemDesc pi = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+        const RowStats& ps = s.stats[i % kPBuffers];
+        float tmp2[2][32];
+#pragma unroll
+        for (int q = 0; q < kMTiles; ++q) {
+          const int c = 2 * wg + q / 2, off = 64 * (q & 1);
+          const SmemDesc aj = make_desc_base(stage_of(j).content[c], Swizzle::k128B, kChunkBytes);
+          const SmemDesc ai = make_desc_base(stage_of(i).content[c], Swizzle::k128B, kChunkBytes);
+          wgmma_fence();
+          wgmma_m64n64k32_e4m3_ss_init(tmp2[q % 2], aj.at(off), pj.at(0));
+          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], aj.at(off + 32), pj.at(32), 1);
+          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off), pi.at(0), 1);
+          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off + 32), pi.at(32), 1);
+          wgmma_commit();
+          if (q == 0) {
+#pragma unroll
+            for (int col = 0; col < kNTiles; ++col) {
+              const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[m][4 * col + e] *= e & 1 ? g.y : g.x;
+              }
+            }
+          }
+          if (q > 0) {
+            wgmma_wait<1>();
+            sm90::fence_regs(tmp2[(q - 1) % 2]);
+#pragma unroll
+            for (int e = 0; e < 32; ++e) o[q - 1][e] += tmp2[(q - 1) % 2][e];
+          }
+        }
+        wgmma_wait<0>();
+        sm90::fence_regs(tmp2[(kMTiles - 1) % 2]);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) o[kMTiles - 1][e] += tmp2[(kMTiles - 1) % 2][e];
+      };
       auto pv_seesaw_rest = [&](int i) {
         if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
         SEESAW_TRACE(i, kTrEarlyDone);
+        if constexpr (kBenchPairSweep && kScaledPv && kProducer) {
+          if (i > 0 && !is_edge(i - 1) && !is_edge(i)) {
+            pv_pair_sweep(i - 1, i);
+            if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
+            release(i - 1);
+            release(i);
+            return;
+          }
+        }
         if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
           if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
           pv_late(i - 1);
