@@ -297,9 +297,10 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 // memory there, live only there), then O^T += T for each m-tile's temporary T after its wait.
 // The default's promotion (O^T = fmaf(O^T, gamma, T)) reads gamma after each wait: ncu at
 // 32x1x128x16384 (session 31) had the PV's issue stalled on those loads' short scoreboard
-// (32-45% of its samples). Two roundings where fmaf had one: not bit-identical to the
-// default, within the contract (the workload layers at 1.011x the model's error at 128 heads,
-// one CTA a context included; bench/NOTES.md, session 32). Graph replays on the H200, same
+// (32-45% of its samples). In the SASS, ptxas fuses the two steps back into one FFMA per
+// element after each wait (gamma held in registers from the first group on), so the outputs are
+// bit-identical to the unscaled kernel's (bench/dump_decode.py against a build without this
+// kernel, session 36); what changed is where gamma is loaded. Graph replays on the H200, same
 // call (session 32): 32x1x128x16384 221.3 / 222.2 -> 217.1 us, 64x1x128x4096 114.9 / 115.8 ->
 // 112.5, 16x1x128x131072 834.7 / 828.7 -> 812.8, 64x1x64x32768 428.4 / 426.3 -> 422.1, but
 // 1x1x128x8192 18.0 / 17.9 -> 18.4 and 1x1x128x1024 12.6 / 12.6 -> 13.0 (one or two blocks a
