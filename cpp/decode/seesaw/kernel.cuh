@@ -1173,45 +1173,47 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // m-tile's four k-steps (two a block) into one temporary and one promotion, as a P block
       // of two pages would allow; the gamma between the two blocks is ignored (wrong outputs).
       auto pv_pair_sweep = [&](int j, int i) {
-        mbar_wait(full_of(j), phase_of(j));
-        mbar_wait(full_of(i), phase_of(i));
-        const SmemDesc pj = make_desc_base(s.p8[j % kPBuffers], Swizzle::k64B, kPRowBytes);
-        const SmemDesc pi = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
-        const RowStats& ps = s.stats[i % kPBuffers];
-        float tmp2[2][32];
+        if constexpr (kBenchPairSweep && kScaledPv) {  // (N = 64's O^T and stages only)
+          mbar_wait(full_of(j), phase_of(j));
+          mbar_wait(full_of(i), phase_of(i));
+          const SmemDesc pj = make_desc_base(s.p8[j % kPBuffers], Swizzle::k64B, kPRowBytes);
+          const SmemDesc pi = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
+          const RowStats& ps = s.stats[i % kPBuffers];
+          float tmp2[2][32];
 #pragma unroll
-        for (int q = 0; q < kMTiles; ++q) {
-          const int c = 2 * wg + q / 2, off = 64 * (q & 1);
-          const SmemDesc aj = make_desc_base(stage_of(j).content[c], Swizzle::k128B, kChunkBytes);
-          const SmemDesc ai = make_desc_base(stage_of(i).content[c], Swizzle::k128B, kChunkBytes);
-          wgmma_fence();
-          wgmma_m64n64k32_e4m3_ss_init(tmp2[q % 2], aj.at(off), pj.at(0));
-          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], aj.at(off + 32), pj.at(32), 1);
-          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off), pi.at(0), 1);
-          wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off + 32), pi.at(32), 1);
-          wgmma_commit();
-          if (q == 0) {
+          for (int q = 0; q < kMTiles; ++q) {
+            const int c = 2 * wg + q / 2, off = 64 * (q & 1);
+            const SmemDesc aj = make_desc_base(stage_of(j).content[c], Swizzle::k128B, kChunkBytes);
+            const SmemDesc ai = make_desc_base(stage_of(i).content[c], Swizzle::k128B, kChunkBytes);
+            wgmma_fence();
+            wgmma_m64n64k32_e4m3_ss_init(tmp2[q % 2], aj.at(off), pj.at(0));
+            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], aj.at(off + 32), pj.at(32), 1);
+            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off), pi.at(0), 1);
+            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off + 32), pi.at(32), 1);
+            wgmma_commit();
+            if (q == 0) {
 #pragma unroll
-            for (int col = 0; col < kNTiles; ++col) {
-              const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+              for (int col = 0; col < kNTiles; ++col) {
+                const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
-              for (int m = 0; m < kMTiles; ++m) {
+                for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) o[m][4 * col + e] *= e & 1 ? g.y : g.x;
+                  for (int e = 0; e < 4; ++e) o[m][4 * col + e] *= e & 1 ? g.y : g.x;
+                }
               }
             }
-          }
-          if (q > 0) {
-            wgmma_wait<1>();
-            sm90::fence_regs(tmp2[(q - 1) % 2]);
+            if (q > 0) {
+              wgmma_wait<1>();
+              sm90::fence_regs(tmp2[(q - 1) % 2]);
 #pragma unroll
-            for (int e = 0; e < 32; ++e) o[q - 1][e] += tmp2[(q - 1) % 2][e];
+              for (int e = 0; e < 32; ++e) o[q - 1][e] += tmp2[(q - 1) % 2][e];
+            }
           }
+          wgmma_wait<0>();
+          sm90::fence_regs(tmp2[(kMTiles - 1) % 2]);
+#pragma unroll
+          for (int e = 0; e < 32; ++e) o[kMTiles - 1][e] += tmp2[(kMTiles - 1) % 2][e];
         }
-        wgmma_wait<0>();
-        sm90::fence_regs(tmp2[(kMTiles - 1) % 2]);
-#pragma unroll
-        for (int e = 0; e < 32; ++e) o[kMTiles - 1][e] += tmp2[(kMTiles - 1) % 2][e];
       };
       auto pv_seesaw_rest = [&](int i) {
         if constexpr (kEarlyMTiles > 0) wgmma_wait<0>();
