@@ -312,7 +312,7 @@ int main(int argc, char** argv) {
                          "published", "wg_synced", "early_done", "pfree_arrived", "refill", "pv_start", "pv_end",
                          "entry", "q_arrived", "epilogue_start", "epilogue_done",
                          "plan_checked", "segment", "loads_issued", "page_read", "q_waited",
-                         "q_issued"};
+                         "q_issued", "load_issue", "load_done"};
   static_assert(sizeof(names) / sizeof(names[0]) == seesaw::kTrEvents, "a name per event");
   std::printf("CTA (0,0) timeline, cycles from its first event (wg: block: event=cycle ...)\n");
   for (int b = 0; b < 24 && b < seesaw::kTraceBlocks; ++b) {

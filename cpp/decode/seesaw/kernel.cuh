@@ -73,7 +73,11 @@ enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kT
                   // wait for the Q-quant kernel returned, the Q's TMA issued (the loader thread
                   // stamps the last four, in warpgroup 0's row)
                   kTrPlanChecked, kTrSegment, kTrLoadsIssued, kTrPageRead, kTrQWaited,
-                  kTrQIssued, kTrEvents };
+                  kTrQIssued,
+                  // the refills of the first request (blocks kStages on, warpgroup 0's row): the
+                  // producer's loads of the block issued (its stage just released), and the
+                  // stage full (an idle producer warp watching the barrier)
+                  kTrLoadIssue, kTrLoadDone, kTrEvents };
 #if defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES) && !defined(SNAPMLA_SEESAW_TRACE)
 #error "SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES is for timing builds (SNAPMLA_SEESAW_TRACE) only"
 #endif
@@ -89,7 +93,16 @@ constexpr int kTraceBlocks = 64;
   do {                                                                    \
     if (blockIdx.x == 0 && blockIdx.y == 0 && (first)) p.trace[(event)] = clock64(); \
   } while (0)
+// The producer's refill events of block j (first request of CTA (0, 0), warpgroup 0's row).
+#define SEESAW_REFILL_TRACE(first, j, event)                                                  \
+  do {                                                                                        \
+    if (blockIdx.x == 0 && blockIdx.y == 0 && (first) && (j) < kTraceBlocks)                  \
+      p.trace[(j) * kTrEvents + (event)] = clock64();                                         \
+  } while (0)
 #else
+#define SEESAW_REFILL_TRACE(first, j, event) \
+  do {                                       \
+  } while (0)
 #define SEESAW_TRACE(block, event) \
   do {                             \
   } while (0)
@@ -687,8 +700,29 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             load_content_half(j, 0, page);
             load_content_half(j, 1, page);
             load_rope_scale(j, page);
+            SEESAW_REFILL_TRACE(b == requests.begin, j, kTrLoadIssue);
           }
         }
+#ifdef SNAPMLA_SEESAW_TRACE
+        // (trace builds) warp 1 of the producer, idle otherwise, stamps when each refilled stage
+        // of the first request fills; a bounded wait (a missed phase gives a late stamp, never a
+        // hang).
+        if (wtid == 32 && blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin) {
+          for (int j = kStages; j < n && j < kTraceBlocks; ++j) {
+            const uint32_t bar = smem_u32(&s.full_bar[(it0 + j) % kStages]);
+            const uint32_t ph = ((it0 + j) / kStages) & 1u;
+            uint32_t done = 0;
+            for (int spin = 0; spin < (1 << 22) && !done; ++spin) {
+              asm volatile(
+                  "{\n.reg .pred q;\n"
+                  "mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n"
+                  "selp.u32 %0, 1, 0, q;\n}\n"
+                  : "=r"(done) : "r"(bar), "r"(ph) : "memory");
+            }
+            SEESAW_REFILL_TRACE(true, j, kTrLoadDone);
+          }
+        }
+#endif
         it += n;
         named_barrier_unaligned(kBarCta, kCtaThreads);  // the consumers' end of the request
         continue;
