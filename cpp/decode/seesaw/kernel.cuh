@@ -704,11 +704,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
         }
 #ifdef SNAPMLA_SEESAW_TRACE
-        // (trace builds) warp 1 of the producer, idle otherwise, stamps when each refilled stage
-        // of the first request fills; a bounded wait (a missed phase gives a late stamp, never a
-        // hang).
+        // (trace builds) warp 1 of the producer, idle otherwise, stamps when each stage of the
+        // first request fills, every block in order (a parity names the current or the previous
+        // phase, so block j may only be asked for once block j - kStages has been seen); a
+        // bounded wait (a missed phase gives a wrong stamp, never a hang).
         if (wtid == 32 && blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin) {
-          for (int j = kStages; j < n && j < kTraceBlocks; ++j) {
+          for (int j = 0; j < n && j < kTraceBlocks; ++j) {
             const uint32_t bar = smem_u32(&s.full_bar[(it0 + j) % kStages]);
             const uint32_t ph = ((it0 + j) / kStages) & 1u;
             uint32_t done = 0;
