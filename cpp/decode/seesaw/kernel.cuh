@@ -74,9 +74,9 @@ enum TraceEvent { kTrQkIssue, kTrQkReady, kTrQkDone, kTrStats, kTrExp, kTrP8, kT
                   // stamps the last four, in warpgroup 0's row)
                   kTrPlanChecked, kTrSegment, kTrLoadsIssued, kTrPageRead, kTrQWaited,
                   kTrQIssued,
-                  // the refills of the first request (blocks kStages on, warpgroup 0's row): the
-                  // producer's loads of the block issued (its stage just released), and the
-                  // stage full (an idle producer warp watching the barrier)
+                  // the stages of the first request (warpgroup 0's row): the producer's loads of
+                  // block j issued (from block kStages on, its stage just released), and block
+                  // j's stage full (every block; an idle producer warp watching the barrier)
                   kTrLoadIssue, kTrLoadDone, kTrEvents };
 #if defined(SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES) && !defined(SNAPMLA_SEESAW_TRACE)
 #error "SNAPMLA_SEESAW_TRACE_NO_EPILOGUE_STORES is for timing builds (SNAPMLA_SEESAW_TRACE) only"
@@ -1001,6 +1001,33 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
 
       // ---- PV of m-tiles [kM0, kMTiles) of block i (all of them for the own block)
+      // O^T m-tiles [kM0, kMTiles) *= the block's gamma (the scaled PV, once a block).
+      auto scale_o_tiles = [&](const RowStats& ps, auto m0_tag) {
+        constexpr int kM0 = decltype(m0_tag)::value;
+#pragma unroll
+        for (int col = 0; col < kNTiles; ++col) {
+          const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
+#pragma unroll
+          for (int m = kM0; m < kMTiles; ++m) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+          }
+        }
+      };
+      // (SNAPMLA_SEESAW_BENCH_PV's timing builds) m-tile m's two k-steps of block i as SS wgmmas,
+      // the content tile read as if it were V^T (wrong values, the shared-memory rate), into acc
+      // (zeroed first under kInit).
+      auto ss_pv_bench = [&](float (&acc)[32], int i, int m, const SmemDesc& p_desc,
+                             auto init_tag) {
+        const SmemDesc a_desc =
+            make_desc_base(stage_of(i).content[2 * wg + m / 2], Swizzle::k128B, kChunkBytes);
+        if constexpr (decltype(init_tag)::value) {
+          wgmma_m64n64k32_e4m3_ss_init(acc, a_desc.at(64 * (m & 1)), p_desc.at(0));
+        } else {
+          wgmma_m64n64k32_e4m3_ss(acc, a_desc.at(64 * (m & 1)), p_desc.at(0), 1);
+        }
+        wgmma_m64n64k32_e4m3_ss(acc, a_desc.at(64 * (m & 1) + 32), p_desc.at(32), 1);
+      };
       auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
         mbar_wait(full_of(i), phase_of(i));
@@ -1064,17 +1091,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
-        auto scale_o = [&] {  // kScaledPv: O^T *= gamma once a block
-#pragma unroll
-          for (int col = 0; col < kNTiles; ++col) {
-            const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int m = kM0; m < kMTiles; ++m) {
-#pragma unroll
-              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
-            }
-          }
-        };
         if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
@@ -1101,13 +1117,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
-            if constexpr (kBenchSsPv) {  // (timing only: the content tile read as if V^T)
-              const SmemDesc a_desc = make_desc_base(stage_of(i).content[2 * wg + (kM0 + q) / 2],
-                                                     Swizzle::k128B, kChunkBytes);
+            if constexpr (kBenchSsPv) {  // (timing only)
               float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % 2][0]);  // (N = 64)
               wgmma_fence();
-              wgmma_m64n64k32_e4m3_ss_init(acc, a_desc.at(64 * ((kM0 + q) & 1)), p_desc.at(0));
-              wgmma_m64n64k32_e4m3_ss(acc, a_desc.at(64 * ((kM0 + q) & 1) + 32), p_desc.at(32), 1);
+              ss_pv_bench(acc, i, kM0 + q, p_desc, std::true_type{});
             } else {
               v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
               wgmma_fence();
@@ -1115,7 +1128,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             }
             wgmma_commit();
-            if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) scale_o();
+            if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) {
+              scale_o_tiles(ps, m0_tag);
+            }
             if (q > 0) {
               wgmma_wait<1>();
               promote_whole(q - 1);
@@ -1217,26 +1232,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           float tmp2[2][32];
 #pragma unroll
           for (int q = 0; q < kMTiles; ++q) {
-            const int c = 2 * wg + q / 2, off = 64 * (q & 1);
-            const SmemDesc aj = make_desc_base(stage_of(j).content[c], Swizzle::k128B, kChunkBytes);
-            const SmemDesc ai = make_desc_base(stage_of(i).content[c], Swizzle::k128B, kChunkBytes);
             wgmma_fence();
-            wgmma_m64n64k32_e4m3_ss_init(tmp2[q % 2], aj.at(off), pj.at(0));
-            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], aj.at(off + 32), pj.at(32), 1);
-            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off), pi.at(0), 1);
-            wgmma_m64n64k32_e4m3_ss(tmp2[q % 2], ai.at(off + 32), pi.at(32), 1);
+            ss_pv_bench(tmp2[q % 2], j, q, pj, std::true_type{});
+            ss_pv_bench(tmp2[q % 2], i, q, pi, std::false_type{});
             wgmma_commit();
-            if (q == 0) {
-#pragma unroll
-              for (int col = 0; col < kNTiles; ++col) {
-                const float2 g = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
-#pragma unroll
-                for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-                  for (int e = 0; e < 4; ++e) o[m][4 * col + e] *= e & 1 ? g.y : g.x;
-                }
-              }
-            }
+            if (q == 0) scale_o_tiles(ps, std::integral_constant<int, 0>{});
             if (q > 0) {
               wgmma_wait<1>();
               sm90::fence_regs(tmp2[(q - 1) % 2]);
