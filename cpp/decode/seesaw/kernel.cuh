@@ -337,25 +337,27 @@ constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pa
 
 // SNAPMLA_SEESAW_PHASE (experimental, off; bench/NOTES.md, sessions 36-37): the N = 64
 // one-term kernels in phase-locked pairs of blocks. Both consumer warpgroups run their softmaxes
-// at once (phase A: warpgroup w on block 2 j + w, while the tensor cores run both warpgroups'
-// QKs of the next pair, issued before or during the softmax into a second accumulator), then
-// both PV sweeps at once (phase B: each warpgroup blocks 2 j and 2 j + 1 on its latent half,
-// the tensor cores running nothing else). Today's seesaw puts each warpgroup's QK wait, softmax
-// and two PVs in one serial chain; here no QK wait is left on it. The running maximum needs
-// one exchange a pair: warpgroup 0 publishes block 2 j's row maximum m before its exponentials
-// and warpgroup 1 waits for it before its own (block 2 j + 1's m is max(m_2j, its row maxima)),
-// then for block 2 j's sigma and l before its gamma and l: P8 and the statistics are the
-// contract's, the same as the seesaw's. The QK in one fp32 accumulator (S of the next pair:
-// 32 more registers; SNAPMLA_SEESAW_QK_ONE_ACC's numerics, session 21). 1: the PV in half-N
-// groups (the next S live across the sweep leaves no room for whole-N temporaries); 2: whole-N
-// groups as the default (to see the spills). SNAPMLA_SEESAW_PHASE_QK_LATE, bit w: warpgroup w
-// issues its next QK after its exponentials instead of before its softmax (the ring's second
-// refill of a pair lands ~800 cycles into phase A: session 36's call 9).
+// at once (phase A: warpgroup w on block 2 j + w), then both PV sweeps at once (phase B: each
+// warpgroup blocks 2 j and 2 j + 1 on its latent half), with the next pair's QKs issued into a
+// second accumulator so that no QK wait is left on the chain. Today's seesaw instead puts each
+// warpgroup's QK wait, softmax and two PVs in one serial chain and interleaves the two chains.
+// The running maximum needs one exchange a pair: warpgroup 0 publishes block 2 j's row maximum
+// m before its exponentials and warpgroup 1 waits for it before its own (block 2 j + 1's m is
+// max(m_2j, its row maxima)), then for block 2 j's sigma and l before its gamma and l: P8 and
+// the statistics are the contract's, the same as the seesaw's. The QK in one fp32 accumulator
+// (SNAPMLA_SEESAW_QK_ONE_ACC's numerics, session 21). 1: the PV in half-N groups (the next S
+// live across the sweep leaves no room for whole-N temporaries); 2: whole-N groups as the
+// default (spills). SNAPMLA_SEESAW_PHASE_QK, where the next pair's QK is issued: 0 before the
+// softmax, 1 warpgroup 1 after its exponentials (the ring's second refill of a pair lands ~800
+// cycles into phase A: session 36's call 9), 2 (the default) at the start of the PV sweep,
+// ahead of the PVs in the tensor pipe. Compile-only (session 37): 0 spills 608 B (the next S,
+// O^T, z and the softmax's values pass 240 registers; 328 B at 255 without the producer), 1
+// is serialized by ptxas (C7515), 2 spills 60 B.
 #ifndef SNAPMLA_SEESAW_PHASE
 #define SNAPMLA_SEESAW_PHASE 0
 #endif
-#ifndef SNAPMLA_SEESAW_PHASE_QK_LATE
-#define SNAPMLA_SEESAW_PHASE_QK_LATE 2
+#ifndef SNAPMLA_SEESAW_PHASE_QK
+#define SNAPMLA_SEESAW_PHASE_QK 2
 #endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
@@ -816,28 +818,25 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         wgmma_commit();
       };
       auto issue_qk = [&](int i) { issue_qk_into(i, sa, sb); };
-      // The phase-locked pairs: the next pair's S (issued in this pair's phase A), and whether
-      // this warpgroup issues it after its exponentials (SNAPMLA_SEESAW_PHASE_QK_LATE).
-      [[maybe_unused]] float s_next[32];
-      [[maybe_unused]] const bool qk_late = kPhase && ((SNAPMLA_SEESAW_PHASE_QK_LATE >> wg) & 1) != 0;
+      // The phase-locked pairs: where this warpgroup issues the next pair's QK
+      // (SNAPMLA_SEESAW_PHASE_QK): before its softmax, after its exponentials
+      // (softmax_publish's after_exp) or at the start of the PV sweep.
+      constexpr int kPhaseQk = SNAPMLA_SEESAW_PHASE_QK;
+      static_assert(kPhaseQk >= 0 && kPhaseQk <= 2, "SNAPMLA_SEESAW_PHASE_QK: 0, 1 or 2");
+      [[maybe_unused]] const bool qk_before = kPhaseQk == 0 || (kPhaseQk == 1 && wg == 0);
+      [[maybe_unused]] const bool qk_late = kPhaseQk == 1 && wg == 1;
       [[maybe_unused]] constexpr int kBarPhaseM = kBarPready;          // warpgroup 0's m of 2 j
       [[maybe_unused]] constexpr int kBarPhaseStats = kBarPready + 1;  // ... its sigma and l
 
       // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
       // statistics published for both warpgroups' PV.
-      auto softmax_publish = [&](int i) {
+      // S in s_cur (+ sb, two accumulators); after_exp: called once the exponentials are issued
+      // (the phase-locked pairs' late QK).
+      auto softmax_publish = [&](int i, float(&s_cur)[32], auto&& after_exp) {
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
-        // (Phase-locked: the next QK, or an empty group, unless this warpgroup issues it late.)
-        if constexpr (kPhase) {
-          if (qk_late) {
-            wgmma_wait<0>();
-          } else {
-            wgmma_wait<1>();
-          }
-        } else {
-          wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
-        }
-        fence_regs(sa);
+        // (Phase-locked: S is in registers already, the next pair's QK in flight.)
+        if constexpr (!kPhase) wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
+        fence_regs(s_cur);
         if constexpr (!kOneAcc) fence_regs(sb);
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
@@ -850,7 +849,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
         // row maximum of z is max(u) rf, exactly.
-        float (&z)[32] = sa;
+        // (Phase-locked: z in registers of its own; written in place, in the accumulator of a
+        // QK, with the next QK in flight, ptxas serialized every wgmma: C7515.)
+        [[maybe_unused]] float z_own[32];
+        float (&z)[32] = kPhase && kPhaseQk != 2 ? z_own : s_cur;
         constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
         float row_factor[2];
@@ -875,8 +877,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               }
             }
             auto s_of = [&](int x) {
-              if constexpr (kOneAcc) return sa[x];
-              else return sa[x] + sb[x];
+              if constexpr (kOneAcc) return s_cur[x];
+              else return s_cur[x] + sb[x];
             };
             seesaw::scaled_logits<kElems, kFull>(
                 z, [&](int e) { return kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e); },
@@ -971,9 +973,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             const float bias[2] = {kExpShift - m_use[0], kTwoTerm ? 0.f : kExpShift - m_use[1]};
             p_prime(bias);
           }
-          if constexpr (kPhase) {
-            if (qk_late && i + 2 < n) issue_qk_into(i + 2, s_next, s_next);
-          }
+          after_exp();
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
             if constexpr (kLocalMax) {
@@ -1372,33 +1372,53 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // ---- the phase-locked pairs (SNAPMLA_SEESAW_PHASE): WG w owns blocks w, w + 2, ...;
       // phase A both softmaxes of pair j (blocks 2 j, 2 j + 1) with the next pair's QKs in
       // flight, phase B both PV sweeps over the pair. A lone last block (n odd) is warpgroup 0's.
+      // ptxas's constraints (each measured in compile-only builds, session 37): no wgmma in
+      // flight at the loop's top (the pair's S in sa, a plain copy of the previous iteration's
+      // s_next); the softmax's z in registers of its own (written in place into a QK's
+      // accumulator, with the next QK in flight, ptxas serialized every wgmma: C7515); s_next
+      // written on every path (with a path that left it unwritten the compiler kept the old
+      // value live across the sweep: 928 B of spills); one accumulator copied rather than two
+      // in turn (the two pinned ranges left O^T too few registers: 2.9 KB of spills).
       if constexpr (kPhase) {
-        if (wg < n) issue_qk(wg);
+        if (wg < n) {
+          issue_qk(wg);
+          wgmma_wait<0>();  // (the first softmax waits for it anyway)
+        }
         for (int j0 = 0; j0 < n; j0 += 2) {
           const int i = j0 + wg;
+          // The next pair's QK; where there is none, a discarded one of the pair's last block
+          // (its stage is full and held until the sweep).
+          const int qk_next = min(i + 2, n - 1);
+          float s_next[32];
           if (i < n) {
-            if (!qk_late) {
-              if (i + 2 < n) {
-                issue_qk_into(i + 2, s_next, s_next);
-              } else {
-                wgmma_commit();  // empty: the softmax waits for all but one group
-              }
-            }
-            softmax_publish(i);
+            if (qk_before) issue_qk_into(qk_next, s_next, s_next);
+            softmax_publish(i, sa, [&] {
+              if (qk_late) issue_qk_into(qk_next, s_next, s_next);
+            });
+            if constexpr (!kProducer) refill_rope_scale(i);  // its QK and softmax ran
+          } else if (kPhaseQk != 2) {
+            issue_qk_into(qk_next, s_next, s_next);
           }
           named_barrier(kBarConsumers, kThreads);  // both blocks' P8 and statistics
+          if (kPhaseQk == 2) issue_qk_into(qk_next, s_next, s_next);  // ahead of the sweep
+          // this warpgroup is done with block b's stage (its content half, without a producer)
+          auto done_with = [&](int b) {
+            if constexpr (kProducer) {
+              release(b);
+            } else {
+              refill_content(b);
+            }
+          };
           pv(j0);
-          release(j0);
+          done_with(j0);
           if (j0 + 1 < n) {
             pv(j0 + 1);
-            release(j0 + 1);
+            done_with(j0 + 1);
           }
-          if (i + 2 < n) {  // the next pair's S (every group waited for by the PV)
-            wgmma_wait<0>();
-            fence_regs(s_next);
+          wgmma_wait<0>();  // (every group waited for by the PV already)
+          fence_regs(s_next);
 #pragma unroll
-            for (int e = 0; e < 32; ++e) sa[e] = s_next[e];
-          }
+          for (int e = 0; e < 32; ++e) sa[e] = s_next[e];
         }
       }
       // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
@@ -1431,7 +1451,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
           }
         }
-        softmax_publish(i);
+        softmax_publish(i, sa, [] {});
         pv_seesaw_rest(i);
       }
       if (!kPhase && n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other's
