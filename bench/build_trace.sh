@@ -117,9 +117,6 @@ builds=(
   # the role-split kernel on pairs of pages, one S warpgroup (SNAPMLA_SEESAW_ROLES_PAIR=2,
   # session 27)
   "seesaw_trace_pair2:-DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
-  # the phase-locked pairs (SNAPMLA_SEESAW_PHASE=1, session 37: the next QK at the sweep's
-  # start)
-  "seesaw_timeline_phase:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PHASE=1"
   "seesaw_timeline_pair2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_ROLES=1 -DSNAPMLA_SEESAW_ROLES_PAIR=2"
   # the two-term layout's first pages all under the Q tile (SNAPMLA_SEESAW_Q_FIRST=0, the
   # default before session 35); gpu_session.sh's two-term-decomp stage takes

@@ -335,31 +335,6 @@ constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T +=
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
 
-// SNAPMLA_SEESAW_PHASE (experimental, off; bench/NOTES.md, sessions 36-37): the N = 64
-// one-term kernels in phase-locked pairs of blocks. Both consumer warpgroups run their softmaxes
-// at once (phase A: warpgroup w on block 2 j + w), then both PV sweeps at once (phase B: each
-// warpgroup blocks 2 j and 2 j + 1 on its latent half), with the next pair's QKs issued into a
-// second accumulator so that no QK wait is left on the chain. Today's seesaw instead puts each
-// warpgroup's QK wait, softmax and two PVs in one serial chain and interleaves the two chains.
-// The running maximum needs one exchange a pair: warpgroup 0 publishes block 2 j's row maximum
-// m before its exponentials and warpgroup 1 waits for it before its own (block 2 j + 1's m is
-// max(m_2j, its row maxima)), then for block 2 j's sigma and l before its gamma and l: P8 and
-// the statistics are the contract's, the same as the seesaw's. The QK in one fp32 accumulator
-// (SNAPMLA_SEESAW_QK_ONE_ACC's numerics, session 21). 1: the PV in half-N groups (the next S
-// live across the sweep leaves no room for whole-N temporaries); 2: whole-N groups as the
-// default (spills). SNAPMLA_SEESAW_PHASE_QK, where the next pair's QK is issued: 0 before the
-// softmax, 1 warpgroup 1 after its exponentials (the ring's second refill of a pair lands ~800
-// cycles into phase A: session 36's call 9), 2 (the default) at the start of the PV sweep,
-// ahead of the PVs in the tensor pipe. Compile-only (session 37): 0 spills 608 B (the next S,
-// O^T, z and the softmax's values pass 240 registers; 328 B at 255 without the producer), 1
-// is serialized by ptxas (C7515), 2 spills 60 B.
-#ifndef SNAPMLA_SEESAW_PHASE
-#define SNAPMLA_SEESAW_PHASE 0
-#endif
-#ifndef SNAPMLA_SEESAW_PHASE_QK
-#define SNAPMLA_SEESAW_PHASE_QK 2
-#endif
-
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -382,9 +357,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   constexpr int kLoaderTid = kProducer ? kThreads : 0;  // the thread that issues the loads
   constexpr bool kEarlyStart = SNAPMLA_SEESAW_EARLY_START != 0;
   constexpr bool kQFirst = SNAPMLA_SEESAW_Q_FIRST != 0 && kTwoTerm && kProducer && kEarlyStart;
-  constexpr bool kPhase = SNAPMLA_SEESAW_PHASE != 0 && kN == 64 && !kTwoTerm && !kPvDirect;
-  static_assert(!kPhase || (SNAPMLA_SEESAW_FAST_ROWMATH && !SNAPMLA_SEESAW_LOCAL_MAX),
-                "the phase-locked pairs: the fast row math, the running maximum's exponentials");
   constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   constexpr int kPTiles = kPBuffers;  // the Pfree barriers count P8 tiles
   static_assert(kPTiles >= 2 && kPTiles % 2 == 0, "a P tile's blocks have one owner");
@@ -780,11 +752,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // BF16 steps, in one fp32 accumulator (sa), for a schedule whose owners cannot hold two
       // (bench/NOTES.md, session 21); here to measure what the longer FP8 chain costs in
       // accuracy. sb is then never written or read.
-      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0 || kPhase;
+      constexpr bool kOneAcc = SNAPMLA_SEESAW_QK_ONE_ACC != 0;
       float sa[32], sb[32];
-      // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group. (The
-      // phase-locked pairs issue the next pair's QK into another accumulator: issue_qk_into.)
-      auto issue_qk_into = [&](int i, float(&qa)[32], float(&qb)[32]) {
+      // Content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb: one commit group.
+      auto issue_qk = [&](int i) {
         SharedStorage::Stage& st = stage_of(i);
         SEESAW_TRACE(i, kTrQkIssue);
         mbar_wait(full_of(i), phase_of(i));
@@ -799,7 +770,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           for (int k = 0; k < kQkChunkSteps; ++k) {
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-            float (&acc)[32] = kOneAcc || c < 2 ? qa : qb;
+            float (&acc)[32] = kOneAcc || c < 2 ? sa : sb;
             if (c % (kOneAcc ? kChunks : 2) == 0 && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
             } else {
@@ -810,33 +781,20 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
           if constexpr (kOneAcc) {
-            wgmma_m64n64k16_bf16_ss(qa, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+            wgmma_m64n64k16_bf16_ss(sa, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
           } else {
-            wgmma_m64n64k16_bf16_ss(qb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+            wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
           }
         }
         wgmma_commit();
       };
-      auto issue_qk = [&](int i) { issue_qk_into(i, sa, sb); };
-      // The phase-locked pairs: where this warpgroup issues the next pair's QK
-      // (SNAPMLA_SEESAW_PHASE_QK): before its softmax, after its exponentials
-      // (softmax_publish's after_exp) or at the start of the PV sweep.
-      constexpr int kPhaseQk = SNAPMLA_SEESAW_PHASE_QK;
-      static_assert(kPhaseQk >= 0 && kPhaseQk <= 2, "SNAPMLA_SEESAW_PHASE_QK: 0, 1 or 2");
-      [[maybe_unused]] const bool qk_before = kPhaseQk == 0 || (kPhaseQk == 1 && wg == 0);
-      [[maybe_unused]] const bool qk_late = kPhaseQk == 1 && wg == 1;
-      [[maybe_unused]] constexpr int kBarPhaseM = kBarPready;          // warpgroup 0's m of 2 j
-      [[maybe_unused]] constexpr int kBarPhaseStats = kBarPready + 1;  // ... its sigma and l
 
       // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
       // statistics published for both warpgroups' PV.
-      // S in s_cur (+ sb, two accumulators); after_exp: called once the exponentials are issued
-      // (the phase-locked pairs' late QK).
-      auto softmax_publish = [&](int i, float(&s_cur)[32], auto&& after_exp) {
+      auto softmax_publish = [&](int i) {
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
-        // (Phase-locked: S is in registers already, the next pair's QK in flight.)
-        if constexpr (!kPhase) wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
-        fence_regs(s_cur);
+        wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
+        fence_regs(sa);
         if constexpr (!kOneAcc) fence_regs(sb);
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
@@ -849,10 +807,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // c < 2 only, the logit fmaf(rho, S[4 n + c + 2], S[4 n + c])). The row
         // factor s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the
         // row maximum of z is max(u) rf, exactly.
-        // (Phase-locked: z in registers of its own; written in place, in the accumulator of a
-        // QK, with the next QK in flight, ptxas serialized every wgmma: C7515.)
-        [[maybe_unused]] float z_own[32];
-        float (&z)[32] = kPhase && kPhaseQk != 2 ? z_own : s_cur;
+        float (&z)[32] = sa;
         constexpr int kElems = 2 * kRowsPerThread;  // fragment elements per 8 tokens: c < kElems
         float mx[2] = {-INFINITY, -INFINITY};
         float row_factor[2];
@@ -877,8 +832,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
               }
             }
             auto s_of = [&](int x) {
-              if constexpr (kOneAcc) return s_cur[x];
-              else return s_cur[x] + sb[x];
+              if constexpr (kOneAcc) return sa[x];
+              else return sa[x] + sb[x];
             };
             seesaw::scaled_logits<kElems, kFull>(
                 z, [&](int e) { return kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e); },
@@ -928,25 +883,16 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
         // The previous block's statistics (its owner is the other warpgroup).
         float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
-        // (Phase-locked: warpgroup 1 reads block 2 j's m once warpgroup 0 published it, and its
-        // sigma and l below, after its own P8.)
-        const bool stats_later = kPhase && wg == 1;
         if (i > 0) {
-          if constexpr (kPhase) {
-            if (stats_later) named_barrier(kBarPhaseM, kThreads);
-          } else if constexpr (kEarlyMTiles == 0) {
-            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          }
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
           SEESAW_TRACE(i, kTrStats);
           if (softmax_warp) {
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
 #pragma unroll
             for (int ri = 0; ri < kRowsPerThread; ++ri) {
               m_prev[ri] = ps.m[row_of(ri)];
-              if (!stats_later) {
-                sig_prev[ri] = ps.sig[row_of(ri)];
-                l_prev[ri] = ps.l[row_of(ri)];
-              }
+              sig_prev[ri] = ps.sig[row_of(ri)];
+              l_prev[ri] = ps.l[row_of(ri)];
             }
           }
         }
@@ -958,22 +904,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
             m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
           }
-          if constexpr (kPhase) {  // (N = 64: every warp is a softmax warp)
-            if (wg == 0) {  // block 2 j's m for warpgroup 1's block 2 j + 1
-              if (t == 0) {
-#pragma unroll
-                for (int ri = 0; ri < kRowsPerThread; ++ri) {
-                  s.stats[i % kPBuffers].m[row_of(ri)] = m_new[ri];
-                }
-              }
-              if (i + 1 < n) named_barrier_arrive(kBarPhaseM, kThreads);
-            }
-          }
           if constexpr (!kLocalMax) {
             const float bias[2] = {kExpShift - m_use[0], kTwoTerm ? 0.f : kExpShift - m_use[1]};
             p_prime(bias);
           }
-          after_exp();
 #pragma unroll
           for (int ri = 0; ri < kRowsPerThread; ++ri) {
             if constexpr (kLocalMax) {
@@ -987,10 +921,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #if SNAPMLA_SEESAW_FAST_ROWMATH
             sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
             inv_sig[ri] = rcp_approx_ftz(sig[ri]);
-            if (!stats_later) {
-              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-            }
+            gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+            l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
 #else
             sig[ri] = fmaxf(__fdiv_rn(p_max[ri], kFp8Max), kMinProbScale);
             gamma[ri] = exp2f(m_prev[ri] - m_use[ri]) * __fdiv_rn(sig_prev[ri], sig[ri]);
@@ -1008,22 +940,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             inv_sig[1] *= c_loc[1];
           }
           p8_words<kRowsPerThread>(z, inv_sig, w);
-          if (stats_later) {  // block 2 j's sigma and l, published by warpgroup 0
-            named_barrier(kBarPhaseStats, kThreads);
-            const RowStats& ps = s.stats[(i - 1) % kPBuffers];
-#pragma unroll
-            for (int ri = 0; ri < kRowsPerThread; ++ri) {
-              sig_prev[ri] = ps.sig[row_of(ri)];
-              l_prev[ri] = ps.l[row_of(ri)];
-              gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
-              l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
-            }
-          }
         }
         SEESAW_TRACE(i, kTrP8);
-        // PV(i - kPTiles) by the other warpgroup read this P tile (phase-locked: every PV of
-        // pair j - 2 ran before the pair barrier of pair j - 1)
-        if (!kPhase && i >= kPTiles) named_barrier(kBarPfree + i % kPTiles, kThreads);
+        // PV(i - kPTiles) by the other warpgroup read this P tile
+        if (i >= kPTiles) named_barrier(kBarPfree + i % kPTiles, kThreads);
         SEESAW_TRACE(i, kTrPfree);
         if (softmax_warp) {
           store_p8<kRowsPerThread>(smem_u32(p_tile(i)) + stsm_off, w);
@@ -1039,11 +959,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
         }
         fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
-        if constexpr (kPhase) {  // the pair barrier follows (the main loop)
-          if (wg == 0 && i + 1 < n) named_barrier_arrive(kBarPhaseStats, kThreads);
-          SEESAW_TRACE(i, kTrPublished);
-          return;
-        }
         named_barrier_arrive(kBarPready + (i & 1), kThreads);
         SEESAW_TRACE(i, kTrPublished);
         named_barrier(kBarWg + wg, kWgThreads);  // own P8 and statistics; the scales are read
@@ -1176,8 +1091,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         auto promote_half = [&](int q, float (&tmp_q)[kHalfN / 2]) {
           promote_cols(kM0 + q / 2, (q % 2) * kHalfN / 8, tmp_q, ps);
         };
-        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value &&
-                      (!kPhase || SNAPMLA_SEESAW_PHASE == 2)) {
+        if constexpr (SNAPMLA_SEESAW_PV_WHOLE != 0 && kN == 64 && !decltype(edge_tag)::value) {
           // Whole-N groups (an m-tile's two m64n64k32 into one temporary), two in flight: 4
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
@@ -1369,62 +1283,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
       };
 
-      // ---- the phase-locked pairs (SNAPMLA_SEESAW_PHASE): WG w owns blocks w, w + 2, ...;
-      // phase A both softmaxes of pair j (blocks 2 j, 2 j + 1) with the next pair's QKs in
-      // flight, phase B both PV sweeps over the pair. A lone last block (n odd) is warpgroup 0's.
-      // ptxas's constraints (each measured in compile-only builds, session 37): no wgmma in
-      // flight at the loop's top (the pair's S in sa, a plain copy of the previous iteration's
-      // s_next); the softmax's z in registers of its own (written in place into a QK's
-      // accumulator, with the next QK in flight, ptxas serialized every wgmma: C7515); s_next
-      // written on every path (with a path that left it unwritten the compiler kept the old
-      // value live across the sweep: 928 B of spills); one accumulator copied rather than two
-      // in turn (the two pinned ranges left O^T too few registers: 2.9 KB of spills).
-      if constexpr (kPhase) {
-        if (wg < n) {
-          issue_qk(wg);
-          wgmma_wait<0>();  // (the first softmax waits for it anyway)
-        }
-        for (int j0 = 0; j0 < n; j0 += 2) {
-          const int i = j0 + wg;
-          // The next pair's QK; where there is none, a discarded one of the pair's last block
-          // (its stage is full and held until the sweep).
-          const int qk_next = min(i + 2, n - 1);
-          float s_next[32];
-          if (i < n) {
-            if (qk_before) issue_qk_into(qk_next, s_next, s_next);
-            softmax_publish(i, sa, [&] {
-              if (qk_late) issue_qk_into(qk_next, s_next, s_next);
-            });
-            if constexpr (!kProducer) refill_rope_scale(i);  // its QK and softmax ran
-          } else if (kPhaseQk != 2) {
-            issue_qk_into(qk_next, s_next, s_next);
-          }
-          named_barrier(kBarConsumers, kThreads);  // both blocks' P8 and statistics
-          if (kPhaseQk == 2) issue_qk_into(qk_next, s_next, s_next);  // ahead of the sweep
-          // this warpgroup is done with block b's stage (its content half, without a producer)
-          auto done_with = [&](int b) {
-            if constexpr (kProducer) {
-              release(b);
-            } else {
-              refill_content(b);
-            }
-          };
-          pv(j0);
-          done_with(j0);
-          if (j0 + 1 < n) {
-            pv(j0 + 1);
-            done_with(j0 + 1);
-          }
-          wgmma_wait<0>();  // (every group waited for by the PV already)
-          fence_regs(s_next);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) sa[e] = s_next[e];
-        }
-      }
       // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
-      for (int i = wg; !kPhase && i < n; i += 2) {
+      for (int i = wg; i < n; i += 2) {
         issue_qk(i);
         if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
@@ -1451,10 +1313,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             if (kEarlyMTiles == kMTiles && i > 0) refill_content(i - 1);
           }
         }
-        softmax_publish(i, sa, [] {});
+        softmax_publish(i);
         pv_seesaw_rest(i);
       }
-      if (!kPhase && n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other's
+      if (n > 0 && ((n - 1) & 1) != wg) {  // the last block is the other warpgroup's
         named_barrier(kBarPready + ((n - 1) & 1), kThreads);
         pv(n - 1);
       }
