@@ -48,15 +48,16 @@ case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 # (every stage writes under $OUT; publish picks), and one archive of every log and result,
 # refreshed after each stage so that a call cut short by the device-time budget still returns
 # them.
+# The names publish copies (globs relative to a folder). A call script's own files in $FINAL
+# that match none of them (a summary of its own, say) are left alone.
+PUBLISHED=(ab.log 'host-c*.log' 'host-overhead-real*.json' qgmma-probe.log two-term-decomp.log
+           'decode*.json' 'dataflow*.json' 'accuracy*.json' ncu-per-block.txt diag.log
+           'ncu-*.txt' 'ncu-sass-*.csv.gz')
 publish() {
-  local f n=0
+  local f g n=0
   # this call's earlier copies first: a result that sorts later must not leave one behind
-  rm -f "$FINAL"/*.json "$FINAL"/*.log "$FINAL"/*.txt "$FINAL"/*.csv.gz
-  for f in $(ls "$OUT"/ab.log "$OUT"/host-c*.log "$OUT"/host-overhead-real*.json \
-      "$OUT"/qgmma-probe.log "$OUT"/two-term-decomp.log \
-      "$OUT"/decode*.json "$OUT"/dataflow*.json \
-      "$OUT"/accuracy*.json "$OUT"/ncu-per-block.txt "$OUT"/diag.log "$OUT"/ncu-*.txt \
-      "$OUT"/ncu-sass-*.csv.gz 2>/dev/null); do
+  for g in "${PUBLISHED[@]}"; do rm -f "$FINAL"/$g; done
+  for f in $(for g in "${PUBLISHED[@]}"; do ls "$OUT"/$g 2>/dev/null; done | sort); do
     [ "$n" -lt 7 ] || break
     cp "$f" "$FINAL/" && n=$((n + 1))
   done
