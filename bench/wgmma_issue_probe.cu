@@ -163,7 +163,7 @@ int main() {
   cudaMalloc(&d_out, sizeof(long long) * kReps * 4);
   cudaMalloc(&d_sink, sizeof(float) * 256);
   std::printf("wgmma issue probe: one CTA, FP8 m64n64k32 (64 x 64 x 32: ~32 tensor cycles at"
-              " the dense FP8 rate), medians of %d launches' reps\n", kReps - 2);
+              " the dense FP8 rate), medians of %d repetitions in one launch\n", kReps - 2);
   run_all<1>(d_out, d_sink);
   run_all<2>(d_out, d_sink);
   run_all<4>(d_out, d_sink);

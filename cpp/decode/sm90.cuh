@@ -38,6 +38,19 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
+// One try: whether the phase of parity `phase` has completed (a bounded wait's step).
+__device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred q;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(phase)
+      : "memory");
+  return done != 0;
+}
+
 // The same wait, suspending the thread between tries until the phase completes or about
 // `suspend_ns` have passed (try_wait's time hint), for a waiter that is usually early (the
 // producer warpgroup's thread, waiting for a stage to empty) and would otherwise spin.

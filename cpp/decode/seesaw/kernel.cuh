@@ -710,15 +710,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // bounded wait (a missed phase gives a wrong stamp, never a hang).
         if (wtid == 32 && blockIdx.x == 0 && blockIdx.y == 0 && b == requests.begin) {
           for (int j = 0; j < n && j < kTraceBlocks; ++j) {
-            const uint32_t bar = smem_u32(&s.full_bar[(it0 + j) % kStages]);
-            const uint32_t ph = ((it0 + j) / kStages) & 1u;
-            uint32_t done = 0;
+            bool done = false;
             for (int spin = 0; spin < (1 << 22) && !done; ++spin) {
-              asm volatile(
-                  "{\n.reg .pred q;\n"
-                  "mbarrier.try_wait.parity.shared::cta.b64 q, [%1], %2;\n"
-                  "selp.u32 %0, 1, 0, q;\n}\n"
-                  : "=r"(done) : "r"(bar), "r"(ph) : "memory");
+              done = mbar_try_wait(full_of(j), phase_of(j));
             }
             SEESAW_REFILL_TRACE(true, j, kTrLoadDone);
           }
@@ -1014,6 +1008,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
         }
       };
+      // O^T m-tile m += T, a whole-N temporary just waited for (the scaled PV's promotion).
+      auto add_to_o = [&](int m, float (&tq)[kNRegs]) {
+        sm90::fence_regs(tq);
+#pragma unroll
+        for (int e = 0; e < kNRegs; ++e) o[m][e] += tq[e];
+      };
       // (SNAPMLA_SEESAW_BENCH_PV's timing builds) m-tile m's two k-steps of block i as SS wgmmas,
       // the content tile read as if it were V^T (wrong values, the shared-memory rate), into acc
       // (zeroed first under kInit).
@@ -1097,20 +1097,18 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
           // 1 KB (session 15), without them ptxas spills what the default does.
           float tmpw[2][kNRegs];
-          uint32_t aw[2][2][4];  // the V^T fragments of the groups in flight
+          [[maybe_unused]] uint32_t aw[2][2][4];  // V^T fragments of the groups in flight (unused
+                                                  // by SNAPMLA_SEESAW_BENCH_PV=1's SS operands)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
           auto promote_whole = [&](int q) {
             if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
               sm90::fence_regs(tmpw[q % 2]);
+            } else if constexpr (kScaledPv && kBenchNoAdd) {  // (timing only: T dropped)
+              sm90::fence_regs(tmpw[q % 2]);
             } else if constexpr (kScaledPv) {
-              float(&tq)[kNRegs] = tmpw[q % 2];
-              sm90::fence_regs(tq);
-              if constexpr (!kBenchNoAdd) {
-#pragma unroll
-                for (int e = 0; e < kNRegs; ++e) o[kM0 + q][e] += tq[e];
-              }
+              add_to_o(kM0 + q, tmpw[q % 2]);
             } else {
               promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
             }
@@ -1229,7 +1227,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           const SmemDesc pj = make_desc_base(s.p8[j % kPBuffers], Swizzle::k64B, kPRowBytes);
           const SmemDesc pi = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
           const RowStats& ps = s.stats[i % kPBuffers];
-          float tmp2[2][32];
+          float tmp2[2][kNRegs];
 #pragma unroll
           for (int q = 0; q < kMTiles; ++q) {
             wgmma_fence();
@@ -1239,15 +1237,11 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             if (q == 0) scale_o_tiles(ps, std::integral_constant<int, 0>{});
             if (q > 0) {
               wgmma_wait<1>();
-              sm90::fence_regs(tmp2[(q - 1) % 2]);
-#pragma unroll
-              for (int e = 0; e < 32; ++e) o[q - 1][e] += tmp2[(q - 1) % 2][e];
+              add_to_o(q - 1, tmp2[(q - 1) % 2]);
             }
           }
           wgmma_wait<0>();
-          sm90::fence_regs(tmp2[(kMTiles - 1) % 2]);
-#pragma unroll
-          for (int e = 0; e < 32; ++e) o[kMTiles - 1][e] += tmp2[(kMTiles - 1) % 2][e];
+          add_to_o(kMTiles - 1, tmp2[(kMTiles - 1) % 2]);
         }
       };
       auto pv_seesaw_rest = [&](int i) {
