@@ -334,6 +334,17 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
+// SNAPMLA_SEESAW_BENCH_HALF_O (timing builds only, wrong outputs; bench/NOTES.md, session 38):
+// what a warpgroup's chain costs when it holds half of today's O^T, as a consumer of a two-CTA
+// cluster that splits the latent between its CTAs would (each CTA runs the QK and softmax of
+// every other block and the PV of every block on its latent half, so a CTA's iteration has
+// today's tensor work). N = 64 only: O^T m-tiles 2 and 3 are added into 0 and 1 (the peer
+// block's PV into the same O^T), and the value - 1 is the number of early PV m-tiles (the
+// other's block issued before the softmax and left in flight under it), which today's registers
+// do not allow.
+#ifndef SNAPMLA_SEESAW_BENCH_HALF_O
+#define SNAPMLA_SEESAW_BENCH_HALF_O 0
+#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -365,9 +376,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
+  constexpr bool kHalfO = SNAPMLA_SEESAW_BENCH_HALF_O > 0 && kN == 64 && !kTwoTerm;
+  constexpr int kOTiles = kHalfO ? kMTiles / 2 : kMTiles;  // O^T m-tiles held (m % kOTiles)
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
+                               : kHalfO    ? SNAPMLA_SEESAW_BENCH_HALF_O - 1
                                            : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
@@ -732,9 +746,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
-      float o[kMTiles][kNRegs];  // O^T of latent half wg
+      float o[kOTiles][kNRegs];  // O^T of latent half wg
 #pragma unroll
-      for (int m = 0; m < kMTiles; ++m) {
+      for (int m = 0; m < kOTiles; ++m) {
 #pragma unroll
         for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
       }
@@ -986,7 +1000,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // of O^T (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read
       // from the block's statistics where it is used.
       auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps) {
-        seesaw::promote_cols(o[m], col0, tmp, ps.gamma, t);
+        seesaw::promote_cols(o[m % kOTiles], col0, tmp, ps.gamma, t);
       };
       auto pv_promote_early = [&](int i) {
         const RowStats& ps = s.stats[i % kPBuffers];
@@ -1004,7 +1018,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #pragma unroll
           for (int m = kM0; m < kMTiles; ++m) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+            for (int c = 0; c < 4; ++c) o[m % kOTiles][4 * col + c] *= c & 1 ? g.y : g.x;
           }
         }
       };
@@ -1012,7 +1026,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto add_to_o = [&](int m, float (&tq)[kNRegs]) {
         sm90::fence_regs(tq);
 #pragma unroll
-        for (int e = 0; e < kNRegs; ++e) o[m][e] += tq[e];
+        for (int e = 0; e < kNRegs; ++e) o[m % kOTiles][e] += tq[e];
       };
       // (SNAPMLA_SEESAW_BENCH_PV's timing builds) m-tile m's two k-steps of block i as SS wgmmas,
       // the content tile read as if it were V^T (wrong values, the shared-memory rate), into acc
@@ -1042,7 +1056,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             for (int col = 0; col < kNTiles; ++col) {
               const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm.y : gm.x;
+              for (int c = 0; c < 4; ++c) o[m % kOTiles][4 * col + c] *= c & 1 ? gm.y : gm.x;
             }
           }
           uint32_t a[kTiles][2][4];
@@ -1050,13 +1064,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           for (int q = 0; q < kTiles; ++q) {
             v_fragments(i, kM0 + q, edge_tag, a[q]);
             wgmma_fence();
-            wgmma_pv<kN, false>(o[kM0 + q], a[q][0], p_desc.at(0));
-            wgmma_pv<kN, false>(o[kM0 + q], a[q][1], p_desc.at(32));
+            wgmma_pv<kN, false>(o[(kM0 + q) % kOTiles], a[q][0], p_desc.at(0));
+            wgmma_pv<kN, false>(o[(kM0 + q) % kOTiles], a[q][1], p_desc.at(32));
             wgmma_commit();
           }
           wgmma_wait<0>();
 #pragma unroll
-          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m]);
+          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m % kOTiles]);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
@@ -1282,7 +1296,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
       for (int i = wg; i < n; i += 2) {
         issue_qk(i);
-        if constexpr (kEarlyMTiles > 0) {
+        if constexpr (kHalfO && kEarlyMTiles > 0) {
+          // (timing only) one path: block 0 stands in for block -1, every block as if whole
+          if (i > 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+          pv_issue_early(i > 0 ? i - 1 : 0, std::false_type{});
+          wgmma_commit();
+        } else if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
             named_barrier(kBarPready + ((i - 1) & 1), kThreads);
             if (is_edge(i - 1)) {
@@ -1357,8 +1376,19 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-      store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
-                                 kHalfDim * wg + 16 * warp + 2 * g, t, seg);
+      if constexpr (kHalfO) {  // (timing only) m-tiles 2 and 3 repeat 0 and 1
+        float o_all[kMTiles][kNRegs];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+          for (int e = 0; e < kNRegs; ++e) o_all[m][e] = o[m % kOTiles][e];
+        }
+        store_o_rows<kDryEpilogue>(p, o_all, inv_l_of, b, tile, rows_total,
+                                   kHalfDim * wg + 16 * warp + 2 * g, t, seg);
+      } else {
+        store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
+                                   kHalfDim * wg + 16 * warp + 2 * g, t, seg);
+      }
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
