@@ -345,6 +345,12 @@ constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pa
 #ifndef SNAPMLA_SEESAW_BENCH_HALF_O
 #define SNAPMLA_SEESAW_BENCH_HALF_O 0
 #endif
+// SNAPMLA_SEESAW_BENCH_HALF_O_DEEP (with it): 1, every m-tile of a block's PV in flight at once, as
+// kPvDeep does at N = 32 (whose O^T is the same 64 registers a thread); 2-4, the whole-N groups
+// that many in flight (today 2).
+#ifndef SNAPMLA_SEESAW_BENCH_HALF_O_DEEP
+#define SNAPMLA_SEESAW_BENCH_HALF_O_DEEP 0
+#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -1074,7 +1080,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
-        if constexpr (kPvDeep<kN>) {
+        if constexpr (kPvDeep<kN> || (kHalfO && SNAPMLA_SEESAW_BENCH_HALF_O_DEEP == 1)) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
@@ -1110,46 +1116,52 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
           // 1 KB (session 15), without them ptxas spills what the default does.
-          float tmpw[2][kNRegs];
-          [[maybe_unused]] uint32_t aw[2][2][4];  // V^T fragments of the groups in flight (unused
+          // kD groups in flight: 2, or SNAPMLA_SEESAW_BENCH_HALF_O_DEEP >= 2 under kHalfO (timing).
+          constexpr int kD =
+              kHalfO && SNAPMLA_SEESAW_BENCH_HALF_O_DEEP >= 2 ? SNAPMLA_SEESAW_BENCH_HALF_O_DEEP : 2;
+          float tmpw[kD][kNRegs];
+          [[maybe_unused]] uint32_t aw[kD][2][4];  // V^T fragments of the groups in flight (unused
                                                   // by SNAPMLA_SEESAW_BENCH_PV=1's SS operands)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
           auto promote_whole = [&](int q) {
             if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
-              sm90::fence_regs(tmpw[q % 2]);
+              sm90::fence_regs(tmpw[q % kD]);
             } else if constexpr (kScaledPv && kBenchNoAdd) {  // (timing only: T dropped)
-              sm90::fence_regs(tmpw[q % 2]);
+              sm90::fence_regs(tmpw[q % kD]);
             } else if constexpr (kScaledPv) {
-              add_to_o(kM0 + q, tmpw[q % 2]);
+              add_to_o(kM0 + q, tmpw[q % kD]);
             } else {
-              promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
+              promote_cols(kM0 + q, 0, tmpw[q % kD], ps);
             }
           };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
             if constexpr (kBenchSsPv) {  // (timing only)
-              float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % 2][0]);  // (N = 64)
+              float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % kD][0]);  // (N = 64)
               wgmma_fence();
               ss_pv_bench(acc, i, kM0 + q, p_desc, std::true_type{});
             } else {
-              v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
+              v_fragments(i, kM0 + q, edge_tag, aw[q % kD]);
               wgmma_fence();
-              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
-              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
+              wgmma_pv<kN, true>(tmpw[q % kD], aw[q % kD][0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmpw[q % kD], aw[q % kD][1], p_desc.at(32));
             }
             wgmma_commit();
             if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) {
               scale_o_tiles(ps, m0_tag);
             }
-            if (q > 0) {
-              wgmma_wait<1>();
-              promote_whole(q - 1);
+            if (q >= kD - 1) {
+              wgmma_wait<kD - 1>();
+              promote_whole(q - (kD - 1));
             }
           }
-          wgmma_wait<0>();
-          promote_whole(kMTiles - kM0 - 1);
+#pragma unroll
+          for (int q = std::max(0, kMTiles - kM0 - (kD - 1)); q < kMTiles - kM0; ++q) {
+            wgmma_wait_upto3(kMTiles - kM0 - 1 - q);
+            promote_whole(q);
+          }
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
@@ -1180,7 +1192,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       using AllTiles = std::integral_constant<int, 0>;
       using LateTiles = std::integral_constant<int, kEarlyMTiles>;
       auto pv = [&](int i) {  // the own block: every m-tile
-        if (is_edge(i)) {
+        if (!kHalfO && is_edge(i)) {  // (kHalfO, timing only: every block as if whole)
           pv_block(i, std::true_type{}, AllTiles{});
         } else {
           pv_block(i, std::false_type{}, AllTiles{});
@@ -1188,7 +1200,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
       auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
         if constexpr (kEarlyMTiles < kMTiles) {
-          if (is_edge(i)) {
+          if (!kHalfO && is_edge(i)) {
             pv_block(i, std::true_type{}, LateTiles{});
           } else {
             pv_block(i, std::false_type{}, LateTiles{});
