@@ -345,6 +345,20 @@ constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pa
 #ifndef SNAPMLA_SEESAW_BENCH_HALF_O
 #define SNAPMLA_SEESAW_BENCH_HALF_O 0
 #endif
+// SNAPMLA_SEESAW_BENCH_VT_REWRITE (timing builds only, wrong outputs; session 38): what a V^T
+// built in shared memory by the producer warpgroup would cost the N = 64 kernel, the price of
+// the O = P V orientation (session 30: its PV ~1,070 cycles a warpgroup iteration cheaper, with
+// V^T as a K-major B operand). Once the owner's QK of a block is done (qk_done_bar, one arrival
+// a warp), the producer's four warps rewrite the stage's content in place, 4 KB at a time (a
+// chunk's 32 tokens x 128 latent, which a [128 latent][32 tokens] layout would hold in the same
+// bytes): per thread two ldmatrix.trans x4 and their byte permutes, a producer barrier, two
+// stmatrix x4; then the proxy fence and vt_bar, which every PV waits for. The PV still reads
+// the tile as K (the instruction mix of today's PV on scrambled bytes), and the producer's
+// thread 0 issues the refills between the rewrites. 2: the barriers and the refills' order
+// alone, no rewrite.
+#ifndef SNAPMLA_SEESAW_BENCH_VT_REWRITE
+#define SNAPMLA_SEESAW_BENCH_VT_REWRITE 0
+#endif
 // SNAPMLA_SEESAW_BENCH_HALF_O_DEEP (with it): 1, every m-tile of a block's PV in flight at once, as
 // kPvDeep does at N = 32 (whose O^T is the same 64 registers a thread); 2-4, the whole-N groups
 // that many in flight (today 2).
@@ -383,6 +397,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
   constexpr bool kHalfO = SNAPMLA_SEESAW_BENCH_HALF_O > 0 && kN == 64 && !kTwoTerm;
+  constexpr bool kVtRewrite = SNAPMLA_SEESAW_BENCH_VT_REWRITE != 0 && kN == 64 && !kTwoTerm;
   constexpr int kOTiles = kHalfO ? kMTiles / 2 : kMTiles;  // O^T m-tiles held (m % kOTiles)
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
@@ -446,6 +461,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
+      if constexpr (kVtRewrite) {
+        for (int i = 0; i < kStages; ++i) {
+          mbar_init(&s.qk_done_bar[i], 4);
+          mbar_init(&s.vt_bar[i], kWgThreads);
+        }
+      }
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, kQFirst ? kThreads : 1);  // (kQFirst: every consumer's cp.async)
@@ -713,7 +734,35 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
           empty_parity ^= 1u << st;
         };
-        if (wtid == 0) {
+        if constexpr (kVtRewrite) {
+          static_assert(kProducer, "the rewrite is the producer's");
+          // (timing only) the rewrite of block i, then the refill of block i - 1's stage
+          for (int i = 0; i < n; ++i) {
+            mbar_wait_suspend(&s.qk_done_bar[(it0 + i) % kStages], phase_of(i), 100000);
+            constexpr int kHalfChunks = SNAPMLA_SEESAW_BENCH_VT_REWRITE == 2 ? 0 : 2 * kChunks;
+#pragma unroll 1
+            for (int h = 0; h < kHalfChunks; ++h) {  // chunk h / 2, tokens 32 (h % 2) + [0, 32)
+              const uint32_t base = smem_u32(stage_of(i).content[h / 2]) + (h % 2) * 4096;
+              uint32_t a[2][4];
+              vt_fragment(base + vt_lane_offset(lane, warp), a[0]);
+              vt_fragment(base + vt_lane_offset(lane, warp + 4), a[1]);
+              named_barrier(kBarProducerWg, kWgThreads);  // every read of these 4 KB done
+              const uint32_t dst = base + 512 * warp + 16 * lane;
+              stsm_x4(dst, a[0][0], a[0][1], a[0][2], a[0][3]);
+              stsm_x4(dst + 2048, a[1][0], a[1][1], a[1][2], a[1][3]);
+            }
+            fence_proxy_async();  // (read next by the consumers' ldmatrix; as V^T by wgmma)
+            mbar_arrive(&s.vt_bar[(it0 + i) % kStages]);
+            const int j = i - 1 + kStages;
+            if (wtid == 0 && i >= 1 && j < n) {
+              wait_empty((it0 + j) % kStages);
+              const int32_t page = pages[j];
+              load_content_half(j, 0, page);
+              load_content_half(j, 1, page);
+              load_rope_scale(j, page);
+            }
+          }
+        } else if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
             wait_empty((it0 + j) % kStages);
             const int32_t page = pages[j];
@@ -810,6 +859,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
         if constexpr (!kOneAcc) fence_regs(sb);
+        if constexpr (kVtRewrite) {  // (timing only) this warp's part of QK(i) is done
+          if (lane == 0) mbar_arrive(&s.qk_done_bar[(it0 + i) % kStages]);
+        }
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -1051,6 +1103,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
         mbar_wait(full_of(i), phase_of(i));
+        if constexpr (kVtRewrite) mbar_wait(&s.vt_bar[(it0 + i) % kStages], phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
