@@ -123,11 +123,6 @@ builds=(
   # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
   "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
   "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
-  # timing only (wrong outputs): a warpgroup holding half of today's O^T, as in a two-CTA cluster
-  # that splits the latent, with 0, 2 or 3 early PV m-tiles (SNAPMLA_SEESAW_BENCH_HALF_O, session 38)
-  "seesaw_timeline_halfo1:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_BENCH_HALF_O=1"
-  "seesaw_timeline_halfo3:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_BENCH_HALF_O=3"
-  "seesaw_timeline_halfo4:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_ONE_ACC=1 -DSNAPMLA_SEESAW_BENCH_HALF_O=4"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -77,10 +77,8 @@ enum Barrier : int {
   kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics
   kBarPfree = 3,   // + (i % kPBuffers): the other warpgroup finished its PV of block i
   kBarWg = kBarPfree + kPBuffers,  // + wg: one warpgroup, its own P8 and statistics written
-  kBarProducerWg = kBarWg + 5,     // the producer warpgroup alone (kernel.cuh's kBarWg + 2..4
-                                   // are the consumers, the CTA and the start)
 };
-static_assert(kBarProducerWg < 16, "16 named barriers per CTA");
+static_assert(kBarWg + 2 <= 16, "16 named barriers per CTA");
 static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
 static_assert(kPBuffers >= 4, "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
                               "from the last block's (n - 1) % kPBuffers");
@@ -109,10 +107,6 @@ struct alignas(1024) SharedStorage {
   uint64_t full_bar[kStages];
   uint64_t q_bar;
   uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
-  // (SNAPMLA_SEESAW_BENCH_VT_REWRITE's timing builds, kernel.cuh) the owner's QK of a stage
-  // done; the producer's rewrite of its content done
-  uint64_t qk_done_bar[kStages];
-  uint64_t vt_bar[kStages];
   int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
 };
 

@@ -334,37 +334,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
-// SNAPMLA_SEESAW_BENCH_HALF_O (timing builds only, wrong outputs; bench/NOTES.md, session 38):
-// what a warpgroup's chain costs when it holds half of today's O^T, as a consumer of a two-CTA
-// cluster that splits the latent between its CTAs would (each CTA runs the QK and softmax of
-// every other block and the PV of every block on its latent half, so a CTA's iteration has
-// today's tensor work). N = 64 only: O^T m-tiles 2 and 3 are added into 0 and 1 (the peer
-// block's PV into the same O^T), and the value - 1 is the number of early PV m-tiles (the
-// other's block issued before the softmax and left in flight under it), which today's registers
-// do not allow.
-#ifndef SNAPMLA_SEESAW_BENCH_HALF_O
-#define SNAPMLA_SEESAW_BENCH_HALF_O 0
-#endif
-// SNAPMLA_SEESAW_BENCH_VT_REWRITE (timing builds only, wrong outputs; session 38): what a V^T
-// built in shared memory by the producer warpgroup would cost the N = 64 kernel, the price of
-// the O = P V orientation (session 30: its PV ~1,070 cycles a warpgroup iteration cheaper, with
-// V^T as a K-major B operand). Once the owner's QK of a block is done (qk_done_bar, one arrival
-// a warp), the producer's four warps rewrite the stage's content in place, 4 KB at a time (a
-// chunk's 32 tokens x 128 latent, which a [128 latent][32 tokens] layout would hold in the same
-// bytes): per thread two ldmatrix.trans x4 and their byte permutes, a producer barrier, two
-// stmatrix x4; then the proxy fence and vt_bar, which every PV waits for. The PV still reads
-// the tile as K (the instruction mix of today's PV on scrambled bytes), and the producer's
-// thread 0 issues the refills between the rewrites. 2: the barriers and the refills' order
-// alone, no rewrite.
-#ifndef SNAPMLA_SEESAW_BENCH_VT_REWRITE
-#define SNAPMLA_SEESAW_BENCH_VT_REWRITE 0
-#endif
-// SNAPMLA_SEESAW_BENCH_HALF_O_DEEP (with it): 1, every m-tile of a block's PV in flight at once, as
-// kPvDeep does at N = 32 (whose O^T is the same 64 registers a thread); 2-4, the whole-N groups
-// that many in flight (today 2).
-#ifndef SNAPMLA_SEESAW_BENCH_HALF_O_DEEP
-#define SNAPMLA_SEESAW_BENCH_HALF_O_DEEP 0
-#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -396,13 +365,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
-  constexpr bool kHalfO = SNAPMLA_SEESAW_BENCH_HALF_O > 0 && kN == 64 && !kTwoTerm;
-  constexpr bool kVtRewrite = SNAPMLA_SEESAW_BENCH_VT_REWRITE != 0 && kN == 64 && !kTwoTerm;
-  constexpr int kOTiles = kHalfO ? kMTiles / 2 : kMTiles;  // O^T m-tiles held (m % kOTiles)
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
-                               : kHalfO    ? SNAPMLA_SEESAW_BENCH_HALF_O - 1
                                            : 0;
   // With the whole early PV, a warp that runs no softmax (16 warp >= kN) issues the refills
   // while the softmax runs, off the path of the warpgroup's next wgmma: the content half of
@@ -461,12 +426,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     for (int i = 0; i < kStages; ++i) mbar_init(&s.full_bar[i], kFullArrivals);
     if constexpr (kProducer) {
       for (int i = 0; i < kStages; ++i) mbar_init(&s.empty_bar[i], 2);
-      if constexpr (kVtRewrite) {
-        for (int i = 0; i < kStages; ++i) {
-          mbar_init(&s.qk_done_bar[i], 4);
-          mbar_init(&s.vt_bar[i], kWgThreads);
-        }
-      }
       s.bad_page = 0;  // with a producer, the consumers reset it after each request's epilogue
     }
     mbar_init(&s.q_bar, kQFirst ? kThreads : 1);  // (kQFirst: every consumer's cp.async)
@@ -734,35 +693,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           }
           empty_parity ^= 1u << st;
         };
-        if constexpr (kVtRewrite) {
-          static_assert(kProducer, "the rewrite is the producer's");
-          // (timing only) the rewrite of block i, then the refill of block i - 1's stage
-          for (int i = 0; i < n; ++i) {
-            mbar_wait_suspend(&s.qk_done_bar[(it0 + i) % kStages], phase_of(i), 100000);
-            constexpr int kHalfChunks = SNAPMLA_SEESAW_BENCH_VT_REWRITE == 2 ? 0 : 2 * kChunks;
-#pragma unroll 1
-            for (int h = 0; h < kHalfChunks; ++h) {  // chunk h / 2, tokens 32 (h % 2) + [0, 32)
-              const uint32_t base = smem_u32(stage_of(i).content[h / 2]) + (h % 2) * 4096;
-              uint32_t a[2][4];
-              vt_fragment(base + vt_lane_offset(lane, warp), a[0]);
-              vt_fragment(base + vt_lane_offset(lane, warp + 4), a[1]);
-              named_barrier(kBarProducerWg, kWgThreads);  // every read of these 4 KB done
-              const uint32_t dst = base + 512 * warp + 16 * lane;
-              stsm_x4(dst, a[0][0], a[0][1], a[0][2], a[0][3]);
-              stsm_x4(dst + 2048, a[1][0], a[1][1], a[1][2], a[1][3]);
-            }
-            fence_proxy_async();  // (read next by the consumers' ldmatrix; as V^T by wgmma)
-            mbar_arrive(&s.vt_bar[(it0 + i) % kStages]);
-            const int j = i - 1 + kStages;
-            if (wtid == 0 && i >= 1 && j < n) {
-              wait_empty((it0 + j) % kStages);
-              const int32_t page = pages[j];
-              load_content_half(j, 0, page);
-              load_content_half(j, 1, page);
-              load_rope_scale(j, page);
-            }
-          }
-        } else if (wtid == 0) {
+        if (wtid == 0) {
           for (int j = kStages; j < n; ++j) {
             wait_empty((it0 + j) % kStages);
             const int32_t page = pages[j];
@@ -801,9 +732,9 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
-      float o[kOTiles][kNRegs];  // O^T of latent half wg
+      float o[kMTiles][kNRegs];  // O^T of latent half wg
 #pragma unroll
-      for (int m = 0; m < kOTiles; ++m) {
+      for (int m = 0; m < kMTiles; ++m) {
 #pragma unroll
         for (int e = 0; e < kNRegs; ++e) o[m][e] = 0.f;
       }
@@ -859,9 +790,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
         if constexpr (!kOneAcc) fence_regs(sb);
-        if constexpr (kVtRewrite) {  // (timing only) this warp's part of QK(i) is done
-          if (lane == 0) mbar_arrive(&s.qk_done_bar[(it0 + i) % kStages]);
-        }
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
         const int tok0 = (seg.blk_lo + i) * kBlockN;
@@ -1058,7 +986,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // of O^T (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read
       // from the block's statistics where it is used.
       auto promote_cols = [&](int m, int col0, auto& tmp, const RowStats& ps) {
-        seesaw::promote_cols(o[m % kOTiles], col0, tmp, ps.gamma, t);
+        seesaw::promote_cols(o[m], col0, tmp, ps.gamma, t);
       };
       auto pv_promote_early = [&](int i) {
         const RowStats& ps = s.stats[i % kPBuffers];
@@ -1076,7 +1004,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
 #pragma unroll
           for (int m = kM0; m < kMTiles; ++m) {
 #pragma unroll
-            for (int c = 0; c < 4; ++c) o[m % kOTiles][4 * col + c] *= c & 1 ? g.y : g.x;
+            for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
           }
         }
       };
@@ -1084,7 +1012,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto add_to_o = [&](int m, float (&tq)[kNRegs]) {
         sm90::fence_regs(tq);
 #pragma unroll
-        for (int e = 0; e < kNRegs; ++e) o[m % kOTiles][e] += tq[e];
+        for (int e = 0; e < kNRegs; ++e) o[m][e] += tq[e];
       };
       // (SNAPMLA_SEESAW_BENCH_PV's timing builds) m-tile m's two k-steps of block i as SS wgmmas,
       // the content tile read as if it were V^T (wrong values, the shared-memory rate), into acc
@@ -1103,7 +1031,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       auto pv_block = [&](int i, auto edge_tag, auto m0_tag) {
         constexpr int kM0 = decltype(m0_tag)::value;
         mbar_wait(full_of(i), phase_of(i));
-        if constexpr (kVtRewrite) mbar_wait(&s.vt_bar[(it0 + i) % kStages], phase_of(i));
         SEESAW_TRACE(i, kTrPvStart);
         const RowStats& ps = s.stats[i % kPBuffers];
         if constexpr (kPvDirect) {  // into O^T itself, every m-tile in flight
@@ -1115,7 +1042,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             for (int col = 0; col < kNTiles; ++col) {
               const float2 gm = *reinterpret_cast<const float2*>(&ps.gamma[8 * col + 2 * t]);
 #pragma unroll
-              for (int c = 0; c < 4; ++c) o[m % kOTiles][4 * col + c] *= c & 1 ? gm.y : gm.x;
+              for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? gm.y : gm.x;
             }
           }
           uint32_t a[kTiles][2][4];
@@ -1123,17 +1050,17 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           for (int q = 0; q < kTiles; ++q) {
             v_fragments(i, kM0 + q, edge_tag, a[q]);
             wgmma_fence();
-            wgmma_pv<kN, false>(o[(kM0 + q) % kOTiles], a[q][0], p_desc.at(0));
-            wgmma_pv<kN, false>(o[(kM0 + q) % kOTiles], a[q][1], p_desc.at(32));
+            wgmma_pv<kN, false>(o[kM0 + q], a[q][0], p_desc.at(0));
+            wgmma_pv<kN, false>(o[kM0 + q], a[q][1], p_desc.at(32));
             wgmma_commit();
           }
           wgmma_wait<0>();
 #pragma unroll
-          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m % kOTiles]);
+          for (int m = kM0; m < kMTiles; ++m) fence_regs(o[m]);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
-        if constexpr (kPvDeep<kN> || (kHalfO && SNAPMLA_SEESAW_BENCH_HALF_O_DEEP == 1)) {
+        if constexpr (kPvDeep<kN>) {
           // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
           constexpr int kTiles = kMTiles - kM0;
           const SmemDesc p_desc = make_desc_base(s.p8[i % kPBuffers], Swizzle::k64B, kPRowBytes);
@@ -1169,52 +1096,46 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
           // waits and promotion rounds a block instead of 8. Blocks that some row does not see
           // whole keep the half-N groups below: their masks beside whole-N temporaries spilled
           // 1 KB (session 15), without them ptxas spills what the default does.
-          // kD groups in flight: 2, or SNAPMLA_SEESAW_BENCH_HALF_O_DEEP >= 2 under kHalfO (timing).
-          constexpr int kD =
-              kHalfO && SNAPMLA_SEESAW_BENCH_HALF_O_DEEP >= 2 ? SNAPMLA_SEESAW_BENCH_HALF_O_DEEP : 2;
-          float tmpw[kD][kNRegs];
-          [[maybe_unused]] uint32_t aw[kD][2][4];  // V^T fragments of the groups in flight (unused
+          float tmpw[2][kNRegs];
+          [[maybe_unused]] uint32_t aw[2][2][4];  // V^T fragments of the groups in flight (unused
                                                   // by SNAPMLA_SEESAW_BENCH_PV=1's SS operands)
           // kScaledPv: O^T *= gamma once a block, under the first group's wgmmas (gamma read
           // once, live only there), then each group's promotion is O^T += T: no gamma loads
           // after the waits (kScaledPv above). Otherwise O^T = gamma O^T + T a group.
           auto promote_whole = [&](int q) {
             if constexpr (kBenchNoPromote) {  // (timing only: T dropped)
-              sm90::fence_regs(tmpw[q % kD]);
+              sm90::fence_regs(tmpw[q % 2]);
             } else if constexpr (kScaledPv && kBenchNoAdd) {  // (timing only: T dropped)
-              sm90::fence_regs(tmpw[q % kD]);
+              sm90::fence_regs(tmpw[q % 2]);
             } else if constexpr (kScaledPv) {
-              add_to_o(kM0 + q, tmpw[q % kD]);
+              add_to_o(kM0 + q, tmpw[q % 2]);
             } else {
-              promote_cols(kM0 + q, 0, tmpw[q % kD], ps);
+              promote_cols(kM0 + q, 0, tmpw[q % 2], ps);
             }
           };
 #pragma unroll
           for (int q = 0; q < kMTiles - kM0; ++q) {
             if constexpr (kBenchSsPv) {  // (timing only)
-              float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % kD][0]);  // (N = 64)
+              float(&acc)[32] = *reinterpret_cast<float(*)[32]>(&tmpw[q % 2][0]);  // (N = 64)
               wgmma_fence();
               ss_pv_bench(acc, i, kM0 + q, p_desc, std::true_type{});
             } else {
-              v_fragments(i, kM0 + q, edge_tag, aw[q % kD]);
+              v_fragments(i, kM0 + q, edge_tag, aw[q % 2]);
               wgmma_fence();
-              wgmma_pv<kN, true>(tmpw[q % kD], aw[q % kD][0], p_desc.at(0));
-              wgmma_pv<kN, false>(tmpw[q % kD], aw[q % kD][1], p_desc.at(32));
+              wgmma_pv<kN, true>(tmpw[q % 2], aw[q % 2][0], p_desc.at(0));
+              wgmma_pv<kN, false>(tmpw[q % 2], aw[q % 2][1], p_desc.at(32));
             }
             wgmma_commit();
             if (kScaledPv && !kBenchNoPromote && !kBenchNoScale && q == 0) {
               scale_o_tiles(ps, m0_tag);
             }
-            if (q >= kD - 1) {
-              wgmma_wait<kD - 1>();
-              promote_whole(q - (kD - 1));
+            if (q > 0) {
+              wgmma_wait<1>();
+              promote_whole(q - 1);
             }
           }
-#pragma unroll
-          for (int q = std::max(0, kMTiles - kM0 - (kD - 1)); q < kMTiles - kM0; ++q) {
-            wgmma_wait_upto3(kMTiles - kM0 - 1 - q);
-            promote_whole(q);
-          }
+          wgmma_wait<0>();
+          promote_whole(kMTiles - kM0 - 1);
           SEESAW_TRACE(i, kTrPvEnd);
           return;
         }
@@ -1245,7 +1166,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       using AllTiles = std::integral_constant<int, 0>;
       using LateTiles = std::integral_constant<int, kEarlyMTiles>;
       auto pv = [&](int i) {  // the own block: every m-tile
-        if (!kHalfO && is_edge(i)) {  // (kHalfO, timing only: every block as if whole)
+        if (is_edge(i)) {
           pv_block(i, std::true_type{}, AllTiles{});
         } else {
           pv_block(i, std::false_type{}, AllTiles{});
@@ -1253,7 +1174,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       };
       auto pv_late = [&](int i) {  // the other's block, past the early m-tiles
         if constexpr (kEarlyMTiles < kMTiles) {
-          if (!kHalfO && is_edge(i)) {
+          if (is_edge(i)) {
             pv_block(i, std::true_type{}, LateTiles{});
           } else {
             pv_block(i, std::false_type{}, LateTiles{});
@@ -1361,12 +1282,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
       for (int i = wg; i < n; i += 2) {
         issue_qk(i);
-        if constexpr (kHalfO && kEarlyMTiles > 0) {
-          // (timing only) one path: block 0 stands in for block -1, every block as if whole
-          if (i > 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          pv_issue_early(i > 0 ? i - 1 : 0, std::false_type{});
-          wgmma_commit();
-        } else if constexpr (kEarlyMTiles > 0) {
+        if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
             named_barrier(kBarPready + ((i - 1) & 1), kThreads);
             if (is_edge(i - 1)) {
@@ -1441,19 +1357,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         named_barrier_unaligned(kBarWg + wg, kWgThreads);
       }
       const float* inv_l_of = s.stats[(n + wg) % kPBuffers].l;
-      if constexpr (kHalfO) {  // (timing only) m-tiles 2 and 3 repeat 0 and 1
-        float o_all[kMTiles][kNRegs];
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m) {
-#pragma unroll
-          for (int e = 0; e < kNRegs; ++e) o_all[m][e] = o[m % kOTiles][e];
-        }
-        store_o_rows<kDryEpilogue>(p, o_all, inv_l_of, b, tile, rows_total,
-                                   kHalfDim * wg + 16 * warp + 2 * g, t, seg);
-      } else {
-        store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
-                                   kHalfDim * wg + 16 * warp + 2 * g, t, seg);
-      }
+      store_o_rows<kDryEpilogue>(p, o, inv_l_of, b, tile, rows_total,
+                                 kHalfDim * wg + 16 * warp + 2 * g, t, seg);
       if (b == requests.begin) SEESAW_TRACE(0, kTrEpilogueDone);
       it += n;
       // Q, the ring, P8 and the statistics are reused by the next request.
