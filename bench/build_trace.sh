@@ -123,8 +123,6 @@ builds=(
   # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
   "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
   "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
-  # N = 64's iteration with the other's PV first (SNAPMLA_SEESAW_PV_FIRST, session 38)
-  "seesaw_timeline_pvfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_PV_FIRST=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

@@ -334,14 +334,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
-// SNAPMLA_SEESAW_PV_FIRST (experimental, off; session 38): N = 64's iteration as PV(i - 1) (the
-// other's block), QK(i), softmax(i), PV(i) instead of QK(i), softmax(i), PV(i - 1), PV(i): the
-// same order of work on O^T, but a warpgroup's tensor work then comes as PV(i), PV(i + 1),
-// QK(i + 2) in one run, and its softmax leaves the pipe to the other's run (session 38's
-// timeline: today one warpgroup's PVs wait behind the other's QK in the in-order pipe).
-#ifndef SNAPMLA_SEESAW_PV_FIRST
-#define SNAPMLA_SEESAW_PV_FIRST 0
-#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -373,7 +365,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
-  constexpr bool kPvFirst = SNAPMLA_SEESAW_PV_FIRST != 0 && kN == 64 && !kTwoTerm;
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
@@ -887,9 +878,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // The previous block's statistics (its owner is the other warpgroup).
         float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
         if (i > 0) {
-          if constexpr (kEarlyMTiles == 0 && !kPvFirst) {  // (kPvFirst: waited before its PV)
-            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          }
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
           SEESAW_TRACE(i, kTrStats);
           if (softmax_warp) {
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
@@ -1267,7 +1256,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             return;
           }
         }
-        if (!kPvFirst && i > 0) {  // the other's block i - 1 (published before block i's softmax)
+        if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
           if constexpr (kEarlyMTiles > 0) pv_promote_early(i - 1);
           pv_late(i - 1);
           if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
@@ -1292,14 +1281,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
       for (int i = wg; i < n; i += 2) {
-        if constexpr (kPvFirst) {
-          if (i > 0) {  // the other's block i - 1 first (its P8 and statistics published)
-            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-            pv_late(i - 1);
-            if (i - 1 + kPTiles < n) named_barrier_arrive(kBarPfree + (i - 1) % kPTiles, kThreads);
-            release(i - 1);
-          }
-        }
         issue_qk(i);
         if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
