@@ -1,0 +1,303 @@
+// What slows the N = 64 softmax beside the other warpgroup's work (session 38, issue 7).
+//
+// Session 38's timelines put one warpgroup's softmax of a block (QK done to P8 and statistics
+// published) at ~2,200-2,290 cycles in the default seesaw kernel, where it runs beside the
+// other warpgroup's PV, and at ~1,430 in a build where it overlapped little, every part of it
+// 20-45% slower in the default. This probe runs the kernel's softmax code (steps.cuh's
+// scaled_logits and exp_scaled, the row sums, the fast row math, P8 words and their stmatrix
+// store, the statistics, the proxy fence and the warpgroup barrier) in warpgroup 0 of every
+// CTA of a full grid, block after block on the same stage scales, while warpgroup 1 runs one
+// kind of the other warpgroup's work until warpgroup 0 is done:
+//
+//   0 idle           nothing
+//   1 ffma           the promotion's arithmetic alone: 128 FFMA a round into 128 registers
+//   2 vt-frags       the V^T fragments alone: 8 ldmatrix.trans x4 and 32 byte permutes a round
+//   3 wgmma-rs       the PV's 8 FP8 m64n64k32 with A in registers, one wait a round
+//   4 pv-promoted    the kernel's PV of a block: 4 whole-N groups two deep, each promoted
+//   5 softmax        a second softmax (both warpgroups at once)
+//   6 qk-ss          a QK's 16 FP8 m64n64k32 with both operands in shared memory, one wait
+//
+// CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches).
+// Values are synthetic (only time counts); the softmax's data stay finite.
+//
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr \
+//        -Icpp -Iinclude -Ibench bench/softmax_probe.cu -o softmax_probe && ./softmax_probe
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+#include "cuda_check.h"
+#include "decode/seesaw/steps.cuh"
+#include "decode/wgmma_ops.cuh"
+
+using namespace snapmla;
+using namespace snapmla::decode::seesaw;
+
+#define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
+
+constexpr int kVariants = 7;
+const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags", "wgmma-rs",
+                                       "pv-promoted", "softmax", "qk-ss"};
+
+struct Smem {
+  alignas(1024) uint8_t content[2][64 * 128];  // two content chunks, 128B swizzle (V^T source)
+  alignas(1024) uint8_t p8[2][64 * 64];        // [rows][64 B], 64B swizzle, by block parity
+  alignas(1024) uint8_t p8_other[64 * 64];     // warpgroup 1's (variant 5)
+  float scale[64];
+  float q_scale[64];
+  float gamma[64];
+  RowStats stats[2][2];  // [warpgroup][block parity]
+  int done;
+};
+
+// One block's softmax of warpgroup wg, as the kernel's softmax_publish runs it for a block every
+// row sees whole (N = 64, one term, fast row math), on S in sa (in place).
+__device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&sa)[32],
+                                              uint8_t* p8, int warp, int lane) {
+  const int g = lane / 4, t = lane % 4, r0 = 16 * warp + g;
+  constexpr float kScaleLog2 = 0.1041220f;  // 192^-0.5 log2(e)
+  sm90::fence_regs(sa);
+  float(&z)[32] = sa;
+  float row_factor[2] = {s.q_scale[r0] * kScaleLog2, s.q_scale[r0 + 8] * kScaleLog2};
+  float mx[2] = {-INFINITY, -INFINITY};
+  const int limit[2] = {0, 0};
+  scaled_logits<4, true>(z, [&](int e) { return sa[e]; }, s.scale, t, 0, limit, mx);
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]) * row_factor[ri];
+  const RowStats& prev = s.stats[wg][(it + 1) & 1];
+  float m_prev[2], sig_prev[2], l_prev[2], m_use[2], m_new[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    m_prev[ri] = prev.m[r0 + 8 * ri];
+    sig_prev[ri] = prev.sig[r0 + 8 * ri];
+    l_prev[ri] = prev.l[r0 + 8 * ri];
+    m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+    m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];
+  }
+  float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+  const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
+  exp_scaled<4>(true, z, row_factor, bias, s.scale, t, e_sum, p_max);
+  float sig[2], inv_sig[2], gamma[2], l[2];
+#pragma unroll
+  for (int ri = 0; ri < 2; ++ri) {
+    e_sum[ri] = quad_sum(e_sum[ri] * kExpUnshift);
+    p_max[ri] = quad_max(p_max[ri]);
+    sig[ri] = fmaxf(p_max[ri] * (1.f / 448.f), kMinProbScale);
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(inv_sig[ri]) : "f"(sig[ri]));  // the kernel's
+    gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+    l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+  }
+  uint32_t w[2][4];
+  p8_words<2>(z, inv_sig, w);
+  store_p8<2>(sm90::smem_u32(p8) + p8_lane_offset(lane, warp), w);
+  if (t == 0) {
+    RowStats& cur = s.stats[wg][it & 1];
+#pragma unroll
+    for (int ri = 0; ri < 2; ++ri) {
+      cur.m[r0 + 8 * ri] = m_new[ri] - 1.f;  // (drifts down: the exponentials stay finite)
+      cur.sig[r0 + 8 * ri] = sig[ri];
+      cur.l[r0 + 8 * ri] = l[ri] * 1e-3f;
+      cur.gamma[r0 + 8 * ri] = gamma[ri];
+    }
+  }
+  sm90::fence_proxy_async();
+  sm90::named_barrier(1 + wg, 128);
+}
+
+template <int kVariant>
+__global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
+                                                               long long* cycles) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  Smem& s = *reinterpret_cast<Smem*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
+  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+  const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
+  for (int i = tid; i < int(sizeof(s.content)); i += 256) {
+    reinterpret_cast<uint8_t*>(s.content)[i] = uint8_t((i * 2654435761u >> 13) & 0xbf);
+  }
+  for (int i = tid; i < int(sizeof(s.p8)); i += 256) {
+    reinterpret_cast<uint8_t*>(s.p8)[i] = uint8_t((i * 40503u >> 7) & 0x3f);
+  }
+  if (tid < 64) {
+    s.scale[tid] = 0.01f + 0.001f * (tid % 7);
+    s.q_scale[tid] = 0.02f + 0.001f * (tid % 5);
+    s.gamma[tid] = 0.999f;
+    for (int w = 0; w < 2; ++w) {
+      for (int b = 0; b < 2; ++b) {
+        s.stats[w][b].m[tid] = 0.f;
+        s.stats[w][b].sig[tid] = 1.f;
+        s.stats[w][b].l[tid] = 1.f;
+        s.stats[w][b].gamma[tid] = 1.f;
+      }
+    }
+  }
+  if (tid == 0) s.done = 0;
+  sm90::fence_proxy_async();
+  __syncthreads();
+
+  float acc = 0.f;
+  if (wg == 0) {
+    float sa[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) sa[e] = 0.5f * float((tid * 32 + e) % 13) - 3.f;
+    const long long t0 = clock64();
+#pragma unroll 1
+    for (int it = 0; it < reps; ++it) softmax_block(s, 0, it, sa, s.p8[it & 1], warp, lane);
+    const long long t1 = clock64();
+    if (blockIdx.x == 0 && tid == 0) *cycles = t1 - t0;
+    if (tid == 0) atomicExch(&s.done, 1);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc += sa[e];
+  } else if constexpr (kVariant != 0) {
+    auto done = [&] { return *reinterpret_cast<volatile int*>(&s.done) != 0; };
+    const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+    auto frags = [&](int m, uint32_t (&a)[2][4]) {
+      const uint32_t chunk = sm90::smem_u32(s.content[m / 2]) + ldsm_off[m & 1];
+      vt_fragment(chunk, a[0]);
+      vt_fragment(chunk + 32 * 128, a[1]);
+    };
+    const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8[0], sm90::Swizzle::k64B, 64);
+    float o[4][32];
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
+    }
+    int it = 0;
+#pragma unroll 1
+    while (!done()) {
+      if constexpr (kVariant == 1) {  // 128 FFMA: O = gamma O + T, T unknown to the compiler
+        float tmp[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) tmp[e] = 1e-3f * float(e);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          sm90::fence_regs(tmp);
+#pragma unroll
+          for (int col = 0; col < 8; ++col) {
+            const float2 gm = *reinterpret_cast<const float2*>(&s.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * col + c]);
+            }
+          }
+        }
+      } else if constexpr (kVariant == 2) {  // the fragments of 4 m-tiles
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          uint32_t a[2][4];
+          frags(m, a);
+          asm volatile("" ::"r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]),
+                       "r"(a[1][1]), "r"(a[1][2]), "r"(a[1][3]));
+        }
+      } else if constexpr (kVariant == 3) {  // the 8 wgmmas, fragments loaded once
+        uint32_t a[2][4];
+        frags(it & 3, a);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          sm90::wgmma_m64n64k32_e4m3_rs(o[m], a[0], p8_desc.at(0), 1);
+          sm90::wgmma_m64n64k32_e4m3_rs(o[m], a[1], p8_desc.at(32), 1);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+#pragma unroll
+        for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
+      } else if constexpr (kVariant == 4) {  // the kernel's promoted PV of a block
+        float tmp[2][32];
+        uint32_t a[2][2][4];
+        auto promote = [&](int m) {
+          sm90::fence_regs(tmp[m % 2]);
+#pragma unroll
+          for (int col = 0; col < 8; ++col) {
+            const float2 gm = *reinterpret_cast<const float2*>(&s.gamma[8 * col + 2 * t]);
+#pragma unroll
+            for (int c = 0; c < 4; ++c) {
+              o[m][4 * col + c] =
+                  fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[m % 2][4 * col + c]);
+            }
+          }
+        };
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+          frags(m, a[m % 2]);
+          sm90::wgmma_fence();
+          sm90::wgmma_m64n64k32_e4m3_rs_init(tmp[m % 2], a[m % 2][0], p8_desc.at(0));
+          sm90::wgmma_m64n64k32_e4m3_rs(tmp[m % 2], a[m % 2][1], p8_desc.at(32), 1);
+          sm90::wgmma_commit();
+          if (m > 0) {
+            sm90::wgmma_wait<1>();
+            promote(m - 1);
+          }
+        }
+        sm90::wgmma_wait<0>();
+        promote(3);
+      } else if constexpr (kVariant == 6) {  // a QK: 16 SS wgmmas over the two chunks
+        const sm90::SmemDesc k_desc =
+            sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          const uint64_t d = k_desc.at((k / 4 % 2) * 64 * 128 + 32 * (k % 4));
+          sm90::wgmma_m64n64k32_e4m3_ss(o[0], d, d, 1);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(o[0]);
+      } else if constexpr (kVariant == 5) {  // a second softmax
+        float sb[32];
+#pragma unroll
+        for (int e = 0; e < 32; ++e) sb[e] = 0.25f * float((tid * 32 + e) % 11) - 2.f;
+        softmax_block(s, 1, it, sb, s.p8_other, warp, lane);
+#pragma unroll
+        for (int e = 0; e < 32; ++e) acc += sb[e];
+      }
+      ++it;
+    }
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc += o[m][e];
+    }
+  }
+  if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
+}
+
+template <int kVariant>
+void run(int reps, int sms, float* sink, long long* d_cycles) {
+  const size_t smem = sizeof(Smem) + 1024;
+  CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  long long c[3];
+  for (int k = 0; k < 3; ++k) {
+    softmax_probe_kernel<kVariant><<<sms, 256, smem>>>(reps, sink, d_cycles);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(&c[k], d_cycles, sizeof(long long), cudaMemcpyDeviceToHost));
+  }
+  std::sort(c, c + 3);
+  std::printf("%-12s  %6.0f cycles per softmax block (warpgroup 0, CTA 0; runs %.0f / %.0f / %.0f)\n",
+              kNames[kVariant], double(c[1]) / reps, double(c[0]) / reps, double(c[1]) / reps,
+              double(c[2]) / reps);
+}
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
+  int sms = 0;
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  float* sink;
+  long long* d_cycles;
+  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
+  CHECK(cudaMalloc(&d_cycles, sizeof(long long)));
+  std::printf("the N = 64 softmax of one block (64 rows x 64 tokens, warpgroup 0), %d blocks, "
+              "%d CTAs, beside warpgroup 1's work\n", reps, sms);
+  run<0>(reps, sms, sink, d_cycles);
+  run<1>(reps, sms, sink, d_cycles);
+  run<2>(reps, sms, sink, d_cycles);
+  run<3>(reps, sms, sink, d_cycles);
+  run<4>(reps, sms, sink, d_cycles);
+  run<5>(reps, sms, sink, d_cycles);
+  run<6>(reps, sms, sink, d_cycles);
+  return 0;
+}
