@@ -16,6 +16,8 @@
 //   4 pv-promoted    the kernel's PV of a block: 4 whole-N groups two deep, each promoted
 //   5 softmax        a second softmax (both warpgroups at once)
 //   6 qk-ss          a QK's 16 FP8 m64n64k32 with both operands in shared memory, one wait
+//   7 ffma-paced     variant 1's 128 FFMA, then ~1,000 ns asleep (the kernel's promotions come
+//                    in bursts: 2 x 128 a warp in a two-block period of ~3,200 ns)
 //
 // CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches).
 // Values are synthetic (only time counts); the softmax's data stay finite.
@@ -37,9 +39,9 @@ using namespace snapmla::decode::seesaw;
 
 #define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
 
-constexpr int kVariants = 7;
+constexpr int kVariants = 8;
 const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags", "wgmma-rs",
-                                       "pv-promoted", "softmax", "qk-ss"};
+                                       "pv-promoted", "softmax", "qk-ss",    "ffma-paced"};
 
 struct Smem {
   alignas(1024) uint8_t content[2][64 * 128];  // two content chunks, 128B swizzle (V^T source)
@@ -150,7 +152,18 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
 #pragma unroll
     for (int e = 0; e < 32; ++e) acc += sa[e];
   } else if constexpr (kVariant != 0) {
-    auto done = [&] { return *reinterpret_cast<volatile int*>(&s.done) != 0; };
+    // Whether warpgroup 0 is done, the same answer in every warp of this warpgroup (its
+    // wgmmas must be issued by all four warps or none): an OR over the warpgroup's threads.
+    auto done = [&] {
+      const uint32_t mine = *reinterpret_cast<volatile int*>(&s.done) != 0;
+      uint32_t any;
+      asm volatile(
+          "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, 3, 128, p;\n"
+          "selp.u32 %0, 1, 0, q;\n}\n"
+          : "=r"(any)
+          : "r"(mine));
+      return any != 0;
+    };
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
     auto frags = [&](int m, uint32_t (&a)[2][4]) {
       const uint32_t chunk = sm90::smem_u32(s.content[m / 2]) + ldsm_off[m & 1];
@@ -167,7 +180,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     int it = 0;
 #pragma unroll 1
     while (!done()) {
-      if constexpr (kVariant == 1) {  // 128 FFMA: O = gamma O + T, T unknown to the compiler
+      if constexpr (kVariant == 1 || kVariant == 7) {  // 128 FFMA: O = gamma O + T
         float tmp[32];
 #pragma unroll
         for (int e = 0; e < 32; ++e) tmp[e] = 1e-3f * float(e);
@@ -183,6 +196,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
             }
           }
         }
+        if constexpr (kVariant == 7) __nanosleep(1000);
       } else if constexpr (kVariant == 2) {  // the fragments of 4 m-tiles
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
@@ -299,5 +313,6 @@ int main(int argc, char** argv) {
   run<4>(reps, sms, sink, d_cycles);
   run<5>(reps, sms, sink, d_cycles);
   run<6>(reps, sms, sink, d_cycles);
+  run<7>(reps, sms, sink, d_cycles);
   return 0;
 }
