@@ -19,7 +19,10 @@
 //   7 ffma-paced     variant 1's 128 FFMA, then ~1,000 ns asleep (the kernel's promotions come
 //                    in bursts: 2 x 128 a warp in a two-block period of ~3,200 ns)
 //
-// CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches).
+// CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches),
+// with the stage's token scales read from shared memory in both passes as the kernel does, and
+// for variants 0 and 4-6 again with them held in registers (loaded once; the kernel could load
+// them while it waits for its QK).
 // Values are synthetic (only time counts); the softmax's data stay finite.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr \
@@ -56,8 +59,10 @@ struct Smem {
 
 // One block's softmax of warpgroup wg, as the kernel's softmax_publish runs it for a block every
 // row sees whole (N = 64, one term, fast row math), on S in sa (in place).
+template <bool kScaleRegs = false>
 __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&sa)[32],
-                                              uint8_t* p8, int warp, int lane) {
+                                              uint8_t* p8, int warp, int lane,
+                                              const float2 (&k2)[8] = {}) {
   const int g = lane / 4, t = lane % 4, r0 = 16 * warp + g;
   constexpr float kScaleLog2 = 0.1041220f;  // 192^-0.5 log2(e)
   sm90::fence_regs(sa);
@@ -65,7 +70,18 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   float row_factor[2] = {s.q_scale[r0] * kScaleLog2, s.q_scale[r0 + 8] * kScaleLog2};
   float mx[2] = {-INFINITY, -INFINITY};
   const int limit[2] = {0, 0};
-  scaled_logits<4, true>(z, [&](int e) { return sa[e]; }, s.scale, t, 0, limit, mx);
+  if constexpr (kScaleRegs) {  // the stage's token scales from registers (loaded earlier)
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        z[4 * nn + c] = sa[4 * nn + c] * (c & 1 ? k2[nn].y : k2[nn].x);
+        mx[c / 2] = fmaxf(mx[c / 2], z[4 * nn + c]);
+      }
+    }
+  } else {
+    scaled_logits<4, true>(z, [&](int e) { return sa[e]; }, s.scale, t, 0, limit, mx);
+  }
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) mx[ri] = quad_max(mx[ri]) * row_factor[ri];
   const RowStats& prev = s.stats[wg][(it + 1) & 1];
@@ -80,7 +96,22 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   }
   float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
   const float bias[2] = {kExpShift - m_use[0], kExpShift - m_use[1]};
-  exp_scaled<4>(true, z, row_factor, bias, s.scale, t, e_sum, p_max);
+  if constexpr (kScaleRegs) {
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+      const float ks[2] = {k2[nn].x * kExpUnshift, k2[nn].y * kExpUnshift};
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int e = 4 * nn + c, ri = c / 2;
+        const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+        e_sum[ri] += ex;
+        z[e] = ex * ks[c & 1];
+        p_max[ri] = fmaxf(p_max[ri], z[e]);
+      }
+    }
+  } else {
+    exp_scaled<4>(true, z, row_factor, bias, s.scale, t, e_sum, p_max);
+  }
   float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
   for (int ri = 0; ri < 2; ++ri) {
@@ -108,7 +139,7 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   sm90::named_barrier(1 + wg, 128);
 }
 
-template <int kVariant>
+template <int kVariant, bool kScaleRegs = false>
 __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
                                                                long long* cycles) {
   extern __shared__ __align__(1024) uint8_t raw[];
@@ -143,9 +174,20 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     float sa[32];
 #pragma unroll
     for (int e = 0; e < 32; ++e) sa[e] = 0.5f * float((tid * 32 + e) % 13) - 3.f;
+    float2 k2[8];  // (kScaleRegs) this thread's token scales, loaded once
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) k2[nn] = *reinterpret_cast<const float2*>(&s.scale[8 * nn + 2 * t]);
     const long long t0 = clock64();
 #pragma unroll 1
-    for (int it = 0; it < reps; ++it) softmax_block(s, 0, it, sa, s.p8[it & 1], warp, lane);
+    for (int it = 0; it < reps; ++it) {
+      if constexpr (kScaleRegs) {
+#pragma unroll
+        for (int nn = 0; nn < 8; ++nn) {
+          asm volatile("" : "+f"(k2[nn].x), "+f"(k2[nn].y));  // (as if reloaded each block)
+        }
+      }
+      softmax_block<kScaleRegs>(s, 0, it, sa, s.p8[it & 1], warp, lane, k2);
+    }
     const long long t1 = clock64();
     if (blockIdx.x == 0 && tid == 0) *cycles = t1 - t0;
     if (tid == 0) atomicExch(&s.done, 1);
@@ -278,22 +320,23 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
   if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
 }
 
-template <int kVariant>
+template <int kVariant, bool kScaleRegs = false>
 void run(int reps, int sms, float* sink, long long* d_cycles) {
   const size_t smem = sizeof(Smem) + 1024;
-  CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant>,
+  CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant, kScaleRegs>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   long long c[3];
   for (int k = 0; k < 3; ++k) {
-    softmax_probe_kernel<kVariant><<<sms, 256, smem>>>(reps, sink, d_cycles);
+    softmax_probe_kernel<kVariant, kScaleRegs><<<sms, 256, smem>>>(reps, sink, d_cycles);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(&c[k], d_cycles, sizeof(long long), cudaMemcpyDeviceToHost));
   }
   std::sort(c, c + 3);
-  std::printf("%-12s  %6.0f cycles per softmax block (warpgroup 0, CTA 0; runs %.0f / %.0f / %.0f)\n",
-              kNames[kVariant], double(c[1]) / reps, double(c[0]) / reps, double(c[1]) / reps,
-              double(c[2]) / reps);
+  std::printf("%-12s %s %6.0f cycles per softmax block (warpgroup 0, CTA 0; runs %.0f / %.0f / "
+              "%.0f)\n",
+              kNames[kVariant], kScaleRegs ? "scales in registers" : "scales from smem    ",
+              double(c[1]) / reps, double(c[0]) / reps, double(c[1]) / reps, double(c[2]) / reps);
 }
 
 int main(int argc, char** argv) {
@@ -314,5 +357,9 @@ int main(int argc, char** argv) {
   run<5>(reps, sms, sink, d_cycles);
   run<6>(reps, sms, sink, d_cycles);
   run<7>(reps, sms, sink, d_cycles);
+  run<0, true>(reps, sms, sink, d_cycles);
+  run<4, true>(reps, sms, sink, d_cycles);
+  run<5, true>(reps, sms, sink, d_cycles);
+  run<6, true>(reps, sms, sink, d_cycles);
   return 0;
 }

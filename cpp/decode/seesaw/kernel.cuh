@@ -329,16 +329,6 @@ static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <=
 #ifndef SNAPMLA_SEESAW_BENCH_PV
 #define SNAPMLA_SEESAW_BENCH_PV 0
 #endif
-// SNAPMLA_SEESAW_SCALE_REGS (session 38): the softmax's token scales (16 registers a thread)
-// read from the stage while the owner waits for its QK, instead of from shared memory in each
-// of the softmax's two passes. bench/softmax_probe.cu (bench/results/2026-12-04-s38/call6/): the
-// softmax of a block alone 911 -> 808 cycles, and beside the other warpgroup's QK (SS wgmmas,
-// which fill the shared-memory pipe) 2,139 -> 1,558: its loads wait behind the tensor cores'
-// operand reads.
-#ifndef SNAPMLA_SEESAW_SCALE_REGS
-#define SNAPMLA_SEESAW_SCALE_REGS 0
-#endif
-constexpr bool kScaleRegs = SNAPMLA_SEESAW_SCALE_REGS != 0;
 constexpr bool kBenchSsPv = (SNAPMLA_SEESAW_BENCH_PV & 1) != 0;
 constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
@@ -796,24 +786,12 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // ---- softmax of block i (the owner): the contract's block step on S, P8 and the row
       // statistics published for both warpgroups' PV.
       auto softmax_publish = [&](int i) {
-        // kScaleRegs: the thread's 16 token scales of block i read now, while QK(i) runs, not in
-        // the softmax's passes (their shared-memory loads wait there behind the other
-        // warpgroup's wgmmas: SNAPMLA_SEESAW_SCALE_REGS above).
-        [[maybe_unused]] TokenScales ks_early;
-        if constexpr (kScaleRegs) ks_early = TokenScales::load(stage_of(i).scale, t);
         // With the early PV, the group committed after QK(i) is still in flight; QK(i) is not.
         wgmma_wait<(kEarlyMTiles > 0 ? 1 : 0)>();
         fence_regs(sa);
         if constexpr (!kOneAcc) fence_regs(sb);
         SEESAW_TRACE(i, kTrQkDone);
         const SharedStorage::Stage& st = stage_of(i);
-        auto token_scales = [&] {
-          if constexpr (kScaleRegs) {
-            return ks_early;
-          } else {
-            return TokenScales::load(st.scale, t);
-          }
-        };
         const int tok0 = (seg.blk_lo + i) * kBlockN;
         const bool full = tok0 + kBlockN <= min_limit;
         float m_new[2], sig[2], l[2], gamma[2];
@@ -853,7 +831,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             };
             seesaw::scaled_logits<kElems, kFull>(
                 z, [&](int e) { return kTwoTerm ? fmaf(rho, s_of(e + 2), s_of(e)) : s_of(e); },
-                token_scales(), t, tok0, limit, mx);
+                st.scale, t, tok0, limit, mx);
           };
           if (full) {
             scaled_logits(std::true_type{});
@@ -871,7 +849,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // scale it back exactly. m is bias's: the running maximum, or under kLocalMax the block's.
         float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
         auto p_prime = [&](const float (&bias)[2]) {
-          exp_scaled<kElems>(full, z, row_factor, bias, token_scales(), e_sum, p_max);
+          exp_scaled<kElems>(full, z, row_factor, bias, st.scale, t, e_sum, p_max);
           SEESAW_TRACE(i, kTrExp);
           e_sum[0] *= kExpUnshift;
           e_sum[1] *= kExpUnshift;

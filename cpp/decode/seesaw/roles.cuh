@@ -347,12 +347,10 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
                               const int (&lim)[2]) {
               if (full) {
                 seesaw::scaled_logits<4, true>(
-                    acc, [&](int e) { return acc[e]; }, TokenScales::load(scale, t), t, tok0, lim,
-                    mx);
+                    acc, [&](int e) { return acc[e]; }, scale, t, tok0, lim, mx);
               } else {
                 seesaw::scaled_logits<4, false>(
-                    acc, [&](int e) { return acc[e]; }, TokenScales::load(scale, t), t, tok0, lim,
-                    mx);
+                    acc, [&](int e) { return acc[e]; }, scale, t, tok0, lim, mx);
               }
             };
             logits(z, st_a.scale, tok_a, full_a, limit);
@@ -365,10 +363,8 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
               bias[ri] = kExpShift - (m_new[ri] == -INFINITY ? 0.f : m_new[ri]);
             }
             float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
-            exp_scaled<4>(full_a, z, row_factor, bias, TokenScales::load(st_a.scale, t), e_sum,
-                          p_max);
-            exp_scaled<4>(full_b, zb, row_factor, bias, TokenScales::load(st_b.scale, t), e_sum,
-                          p_max);
+            exp_scaled<4>(full_a, z, row_factor, bias, st_a.scale, t, e_sum, p_max);
+            exp_scaled<4>(full_b, zb, row_factor, bias, st_b.scale, t, e_sum, p_max);
             SEESAW_TRACE(ia, kTrExp);
             float sig[2], inv_sig[2], gamma[2], l[2];
 #pragma unroll
@@ -426,8 +422,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
                 limit[1] = visibility_limit(p, tile * kRowsM + r0 + 8, seqlen);
               }
               seesaw::scaled_logits<4, kFull>(
-                  z, [&](int e) { return z[e]; }, TokenScales::load(st.scale, t), t, tok0, limit,
-                  mx);
+                  z, [&](int e) { return z[e]; }, st.scale, t, tok0, limit, mx);
             };
             if (full) {
               scaled_logits(std::true_type{});
@@ -443,8 +438,7 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
             // other S warpgroup's statistics), and c = exp(mx - m_new) scales P' and its sum after.
             float e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
             auto p_prime = [&](const float (&bias)[2]) {
-              exp_scaled<4>(full, z, row_factor, bias, TokenScales::load(st.scale, t), e_sum,
-                            p_max);
+              exp_scaled<4>(full, z, row_factor, bias, st.scale, t, e_sum, p_max);
               SEESAW_TRACE(i, kTrExp);
 #pragma unroll
               for (int ri = 0; ri < 2; ++ri) {

@@ -217,29 +217,17 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// The token scales s_k a thread's S fragment needs (tokens 8 nn + 2 t, + 1: k[nn]), read from
-// a stage's 64 into registers.
-struct TokenScales {
-  float2 k[8];
-  __device__ __forceinline__ static TokenScales load(const float* scale, int t) {
-    TokenScales ts;
-#pragma unroll
-    for (int nn = 0; nn < 8; ++nn) ts.k[nn] = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
-    return ts;
-  }
-};
-
 // The softmax's first pass over a thread's S fragment (kElems = 2 x its rows: elements c <
 // kElems of each 8-token group nn): u = logit(e) s_k in z[e] (e = 4 nn + c; tokens 8 nn + 2 t
 // + c % 2, row c / 2), -inf where the row does not see the token (kFull: every token visible),
-// and each row's maximum into mx.
+// and each row's maximum into mx. `scale` is the stage's 64 token scales.
 template <int kElems, bool kFull, typename Logit>
-__device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const TokenScales& ks,
+__device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const float* scale,
                                               int t, int tok0, const int (&limit)[2],
                                               float (&mx)[2]) {
 #pragma unroll
   for (int nn = 0; nn < 8; ++nn) {
-    const float2 k2 = ks.k[nn];
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
 #pragma unroll
     for (int c = 0; c < kElems; ++c) {
       const int e = 4 * nn + c;
@@ -259,11 +247,11 @@ __device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const
 // NaN), the rows' sums of e and maxima of P' into e_sum and p_max (thread-local).
 template <int kElems, bool kFull>
 __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_factor)[2],
-                                           const float (&bias)[2], const TokenScales& ks,
+                                           const float (&bias)[2], const float* scale, int t,
                                            float (&e_sum)[2], float (&p_max)[2]) {
 #pragma unroll
   for (int nn = 0; nn < 8; ++nn) {
-    const float2 k2 = ks.k[nn];
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
     const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
 #pragma unroll
     for (int c = 0; c < kElems; ++c) {
@@ -281,12 +269,12 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
 // variant without the select.
 template <int kElems>
 __device__ __forceinline__ void exp_scaled(bool full, float (&z)[32], const float (&row_factor)[2],
-                                           const float (&bias)[2], const TokenScales& ks,
+                                           const float (&bias)[2], const float* scale, int t,
                                            float (&e_sum)[2], float (&p_max)[2]) {
   if (full) {
-    exp_scaled<kElems, true>(z, row_factor, bias, ks, e_sum, p_max);
+    exp_scaled<kElems, true>(z, row_factor, bias, scale, t, e_sum, p_max);
   } else {
-    exp_scaled<kElems, false>(z, row_factor, bias, ks, e_sum, p_max);
+    exp_scaled<kElems, false>(z, row_factor, bias, scale, t, e_sum, p_max);
   }
 }
 
