@@ -123,8 +123,6 @@ builds=(
   # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
   "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
   "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
-  # the owner's QK issued after the previous block's publish (SNAPMLA_SEESAW_QK_AFTER_PREADY)
-  "seesaw_timeline_qkap:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_QK_AFTER_PREADY=1"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then

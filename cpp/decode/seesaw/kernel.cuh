@@ -334,14 +334,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
-// SNAPMLA_SEESAW_QK_AFTER_PREADY (experimental, off; session 38): the owner issues QK(i) only
-// once block i - 1's P8 and statistics are published (the wait its softmax has anyway, moved
-// before the QK), so that its QK's shared-memory operand reads do not run under the other
-// warpgroup's softmax: bench/softmax_probe.cu measured a softmax at 2,139 cycles beside a QK's
-// SS wgmmas against 911 alone and 1,488 beside a promoted PV.
-#ifndef SNAPMLA_SEESAW_QK_AFTER_PREADY
-#define SNAPMLA_SEESAW_QK_AFTER_PREADY 0
-#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -373,7 +365,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   // temporaries and their A fragments live across it); 0: every PV after the softmax.
   // None in the two-term kernels: 1 or 2 m-tiles at its N = 16 (SNAPMLA_SEESAW_TWO_TERM_EARLY,
   // session 17) gained at most 1-2% at long contexts and lost as much at short ones.
-  constexpr bool kQkAfterPready = SNAPMLA_SEESAW_QK_AFTER_PREADY != 0;
   constexpr int kEarlyMTiles = kTwoTerm    ? 0
                                : kN == 16  ? kMTiles
                                : kN == 32  ? kEarlyTiles32
@@ -887,9 +878,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // The previous block's statistics (its owner is the other warpgroup).
         float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
         if (i > 0) {
-          if constexpr (kEarlyMTiles == 0 && !kQkAfterPready) {
-            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-          }
+          if constexpr (kEarlyMTiles == 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
           SEESAW_TRACE(i, kTrStats);
           if (softmax_warp) {
             const RowStats& ps = s.stats[(i - 1) % kPBuffers];
@@ -1292,13 +1281,10 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep
       // the tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
       for (int i = wg; i < n; i += 2) {
-        if constexpr (kQkAfterPready) {  // block i - 1's P8 and statistics first
-          if (i > 0) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
-        }
         issue_qk(i);
         if constexpr (kEarlyMTiles > 0) {
           if (i > 0) {  // block i - 1's P8 and statistics, for the early PV and the softmax
-            if constexpr (!kQkAfterPready) named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+            named_barrier(kBarPready + ((i - 1) & 1), kThreads);
             if (is_edge(i - 1)) {
               pv_issue_early(i - 1, std::true_type{});
             } else {
