@@ -38,9 +38,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "decode/seesaw/fragments.cuh"
-#include "decode/wgmma_ops.cuh"
 #include "cuda_check.h"
+#include "probe_pv.cuh"
 #include "wgmma_wide_ops.cuh"
 
 using namespace snapmla;
@@ -75,16 +74,10 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
   // Finite E4M3 codes (no NaN), small P, gamma near 1.
-  for (int i = tid; i < int(sizeof(s.content)); i += 256) {
-    reinterpret_cast<uint8_t*>(s.content)[i] = uint8_t((i * 2654435761u >> 13) & 0xbf);
-  }
-  for (int i = tid; i < int(sizeof(s.p8)); i += 256) s.p8[i] = uint8_t((i * 40503u >> 7) & 0x3f);
-  for (int i = tid; i < int(sizeof(s.vt)); i += 256) {
-    reinterpret_cast<uint8_t*>(s.vt)[i] = uint8_t((i * 2654435761u >> 11) & 0xbf);
-  }
-  for (int i = tid; i < int(sizeof(s.tile)); i += 256) {
-    reinterpret_cast<uint8_t*>(s.tile)[i] = uint8_t((i * 2654435761u >> 9) & 0xbf);
-  }
+  bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
+  bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
+  bench_probe::fill_e4m3(s.vt, int(sizeof(s.vt)), 11, tid, 256);
+  bench_probe::fill_e4m3(s.tile, int(sizeof(s.tile)), 9, tid, 256);
   for (int i = tid; i < int(sizeof(s.p16)) / 2; i += 256) {
     reinterpret_cast<uint16_t*>(s.p16)[i] = uint16_t(0x3000 + ((i * 40503u >> 5) & 0x3ff));
   }
@@ -100,10 +93,10 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
     for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
   }
   const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+  const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[wg][0]),
+                                  sm90::smem_u32(s.content[wg][1])};
   auto frags = [&](int m, uint32_t (&a)[2][4]) {
-    const uint32_t chunk = sm90::smem_u32(s.content[wg][m / 2]) + ldsm_off[m & 1];
-    vt_fragment(chunk, a[0]);
-    vt_fragment(chunk + 32 * 128, a[1]);
+    bench_probe::vt_mtile(chunk_addr, ldsm_off, m, a);
   };
   const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8, sm90::Swizzle::k64B, 64);
   const sm90::SmemDesc p16_desc = sm90::make_desc_base(s.p16, sm90::Swizzle::k128B, 128);
@@ -154,23 +147,7 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
       sm90::wgmma_wait<0>();
       promote(7);
     } else if constexpr (kVariant == 1) {
-      float tmp[2][32];
-      uint32_t a[2][2][4];
-      auto promote = [&](int m) { promote_cols(m, 0, tmp[m % 2]); };
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        frags(m, a[m % 2]);
-        sm90::wgmma_fence();
-        sm90::wgmma_m64n64k32_e4m3_rs_init(tmp[m % 2], a[m % 2][0], p8_desc.at(0));
-        sm90::wgmma_m64n64k32_e4m3_rs(tmp[m % 2], a[m % 2][1], p8_desc.at(32), 1);
-        sm90::wgmma_commit();
-        if (m > 0) {
-          sm90::wgmma_wait<1>();
-          promote(m - 1);
-        }
-      }
-      sm90::wgmma_wait<0>();
-      promote(3);
+      bench_probe::pv_block_promoted(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
     } else if constexpr (kVariant == 2) {
       float2 gm[8];
 #pragma unroll

@@ -34,8 +34,7 @@
 #include <cstdlib>
 
 #include "cuda_check.h"
-#include "decode/seesaw/steps.cuh"
-#include "decode/wgmma_ops.cuh"
+#include "probe_pv.cuh"
 
 using namespace snapmla;
 using namespace snapmla::decode::seesaw;
@@ -146,12 +145,8 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
   Smem& s = *reinterpret_cast<Smem*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
   const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
   const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
-  for (int i = tid; i < int(sizeof(s.content)); i += 256) {
-    reinterpret_cast<uint8_t*>(s.content)[i] = uint8_t((i * 2654435761u >> 13) & 0xbf);
-  }
-  for (int i = tid; i < int(sizeof(s.p8)); i += 256) {
-    reinterpret_cast<uint8_t*>(s.p8)[i] = uint8_t((i * 40503u >> 7) & 0x3f);
-  }
+  bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
+  bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
   if (tid < 64) {
     s.scale[tid] = 0.01f + 0.001f * (tid % 7);
     s.q_scale[tid] = 0.02f + 0.001f * (tid % 5);
@@ -207,10 +202,9 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
       return any != 0;
     };
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+    const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[0]), sm90::smem_u32(s.content[1])};
     auto frags = [&](int m, uint32_t (&a)[2][4]) {
-      const uint32_t chunk = sm90::smem_u32(s.content[m / 2]) + ldsm_off[m & 1];
-      vt_fragment(chunk, a[0]);
-      vt_fragment(chunk + 32 * 128, a[1]);
+      bench_probe::vt_mtile(chunk_addr, ldsm_off, m, a);
     };
     const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8[0], sm90::Swizzle::k64B, 64);
     float o[4][32];
@@ -261,34 +255,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
 #pragma unroll
         for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
       } else if constexpr (kVariant == 4) {  // the kernel's promoted PV of a block
-        float tmp[2][32];
-        uint32_t a[2][2][4];
-        auto promote = [&](int m) {
-          sm90::fence_regs(tmp[m % 2]);
-#pragma unroll
-          for (int col = 0; col < 8; ++col) {
-            const float2 gm = *reinterpret_cast<const float2*>(&s.gamma[8 * col + 2 * t]);
-#pragma unroll
-            for (int c = 0; c < 4; ++c) {
-              o[m][4 * col + c] =
-                  fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[m % 2][4 * col + c]);
-            }
-          }
-        };
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          frags(m, a[m % 2]);
-          sm90::wgmma_fence();
-          sm90::wgmma_m64n64k32_e4m3_rs_init(tmp[m % 2], a[m % 2][0], p8_desc.at(0));
-          sm90::wgmma_m64n64k32_e4m3_rs(tmp[m % 2], a[m % 2][1], p8_desc.at(32), 1);
-          sm90::wgmma_commit();
-          if (m > 0) {
-            sm90::wgmma_wait<1>();
-            promote(m - 1);
-          }
-        }
-        sm90::wgmma_wait<0>();
-        promote(3);
+        bench_probe::pv_block_promoted(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
       } else if constexpr (kVariant == 6) {  // a QK: 16 SS wgmmas over the two chunks
         const sm90::SmemDesc k_desc =
             sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
