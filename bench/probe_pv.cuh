@@ -3,14 +3,43 @@
 // and the kernel's promoted PV of one block.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
 
+#include "cuda_check.h"
 #include "decode/seesaw/fragments.cuh"
 #include "decode/seesaw/steps.cuh"
 #include "decode/wgmma_ops.cuh"
 
 namespace snapmla {
 namespace bench_probe {
+
+// A probe kernel's dynamic shared memory as T, aligned to 1024 bytes (the swizzle atoms).
+template <typename T>
+__device__ __forceinline__ T& aligned_smem(uint8_t* raw) {
+  return *reinterpret_cast<T*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
+}
+
+// A thread of a 256-thread probe CTA: its warpgroup and warp made warp-uniform by a shuffle
+// (branches on them then do not serialize the wgmmas), lane and quad position t.
+struct ProbeThread {
+  int tid, wg, warp, lane, t;
+  __device__ __forceinline__ static ProbeThread here() {
+    const int tid = threadIdx.x;
+    return {tid, __shfl_sync(0xffffffffu, tid / 128, 0),
+            __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), tid % 32, tid % 4};
+  }
+};
+
+// O^T of a warpgroup's latent half (4 m-tiles of 32 registers), zeroed.
+__device__ __forceinline__ void zero_o(float (&o)[4][32]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
+  }
+}
 
 // Finite E4M3 codes (no NaN) in n bytes (`shift` varies the pattern), thread tid of `threads`.
 __device__ __forceinline__ void fill_e4m3(void* p, int n, unsigned shift, int tid, int threads) {
@@ -57,6 +86,21 @@ __device__ __forceinline__ void pv_block_promoted(float (&o)[4][32], const uint3
   sm90::wgmma_wait<0>();
   decode::seesaw::promote_cols(o[3], 0, tmp[1], gamma, t);
 }
+
+// Host side: the device's SM count (one CTA each), a sink for the kernels' results and
+// n_cycles clock counts.
+struct ProbeHost {
+  int sms = 0;
+  float* sink = nullptr;
+  long long* cycles = nullptr;
+  static ProbeHost make(int n_cycles) {
+    ProbeHost h;
+    SNAPMLA_BENCH_CHECK(cudaDeviceGetAttribute(&h.sms, cudaDevAttrMultiProcessorCount, 0), 1);
+    SNAPMLA_BENCH_CHECK(cudaMalloc(&h.sink, 256 * sizeof(float)), 1);
+    SNAPMLA_BENCH_CHECK(cudaMalloc(&h.cycles, n_cycles * sizeof(long long)), 1);
+    return h;
+  }
+};
 
 }  // namespace bench_probe
 }  // namespace snapmla

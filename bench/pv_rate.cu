@@ -70,9 +70,8 @@ template <int kVariant>
 __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, float* sink,
                                                          long long* cycles) {
   extern __shared__ __align__(1024) uint8_t raw[];
-  Smem& s = *reinterpret_cast<Smem*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-  const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
+  Smem& s = bench_probe::aligned_smem<Smem>(raw);
+  const auto [tid, wg, warp, lane, t] = bench_probe::ProbeThread::here();
   // Finite E4M3 codes (no NaN), small P, gamma near 1.
   bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
   bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
@@ -87,11 +86,7 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
   if (wg >= wgs) return;
 
   float o[4][32];
-#pragma unroll
-  for (int m = 0; m < 4; ++m) {
-#pragma unroll
-    for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
-  }
+  bench_probe::zero_o(o);
   const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
   const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[wg][0]),
                                   sm90::smem_u32(s.content[wg][1])};
@@ -322,12 +317,10 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  float* sink;
-  long long* d_cycles;
-  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
-  CHECK(cudaMalloc(&d_cycles, 2 * sizeof(long long)));
+  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(2);
+  const int sms = h.sms;
+  float* sink = h.sink;
+  long long* d_cycles = h.cycles;
   std::printf("PV of one 64-token block (256 latent x 64 rows a warpgroup), %d reps, %d CTAs\n",
               reps, sms);
   run<0>(reps, sms, sink, d_cycles);

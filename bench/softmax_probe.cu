@@ -142,9 +142,8 @@ template <int kVariant, bool kScaleRegs = false>
 __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
                                                                long long* cycles) {
   extern __shared__ __align__(1024) uint8_t raw[];
-  Smem& s = *reinterpret_cast<Smem*>(raw + ((1024u - (sm90::smem_u32(raw) & 1023u)) & 1023u));
-  const int tid = threadIdx.x, wg = __shfl_sync(0xffffffffu, tid / 128, 0);
-  const int warp = __shfl_sync(0xffffffffu, (tid % 128) / 32, 0), lane = tid % 32, t = lane % 4;
+  Smem& s = bench_probe::aligned_smem<Smem>(raw);
+  const auto [tid, wg, warp, lane, t] = bench_probe::ProbeThread::here();
   bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
   bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
   if (tid < 64) {
@@ -208,11 +207,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     };
     const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8[0], sm90::Swizzle::k64B, 64);
     float o[4][32];
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
-    }
+    bench_probe::zero_o(o);
     int it = 0;
 #pragma unroll 1
     while (!done()) {
@@ -308,12 +303,10 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  float* sink;
-  long long* d_cycles;
-  CHECK(cudaMalloc(&sink, 256 * sizeof(float)));
-  CHECK(cudaMalloc(&d_cycles, sizeof(long long)));
+  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(1);
+  const int sms = h.sms;
+  float* sink = h.sink;
+  long long* d_cycles = h.cycles;
   std::printf("the N = 64 softmax of one block (64 rows x 64 tokens, warpgroup 0), %d blocks, "
               "%d CTAs, beside warpgroup 1's work\n", reps, sms);
   run<0>(reps, sms, sink, d_cycles);
