@@ -22,7 +22,8 @@
 // CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches),
 // with the stage's token scales read from shared memory in both passes as the kernel does, and
 // for variants 0 and 4-6 again with them held in registers (loaded once; the kernel could load
-// them while it waits for its QK).
+// them while it waits for its QK), and for 0, 4 and 6 with half or all of the exponentials by
+// FMAs instead of MUFU.EX2 (exp2_poly: is it the MIO queue the softmax waits in?).
 // Values are synthetic (only time counts); the softmax's data stay finite.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr \
@@ -58,7 +59,26 @@ struct Smem {
 
 // One block's softmax of warpgroup wg, as the kernel's softmax_publish runs it for a block every
 // row sees whole (N = 64, one term, fast row math), on S in sa (in place).
-template <bool kScaleRegs = false>
+// 2^x by the FMA and integer pipes (no MUFU): x = i + f with i = round(x) (the 1.5 x 2^23 trick),
+// f in [-0.5, 0.5], 2^f by its degree-5 Taylor polynomial (relative error ~2e-6), i into the
+// exponent bits. For the probe's timing (x >= -126 here).
+__device__ __forceinline__ float exp2_poly(float x) {
+  x = fmaxf(x, -126.f);
+  const float tr = x + 12582912.f;
+  const float f = x - (tr - 12582912.f);
+  const int i = __float_as_int(tr) - 0x4B400000;
+  float p = 1.3333558e-3f;
+  p = fmaf(p, f, 9.6181291e-3f);
+  p = fmaf(p, f, 5.5504109e-2f);
+  p = fmaf(p, f, 2.4022651e-1f);
+  p = fmaf(p, f, 6.9314718e-1f);
+  p = fmaf(p, f, 1.f);
+  return __int_as_float(__float_as_int(p) + (i << 23));
+}
+
+// kPoly (with kScaleRegs): 0, every exponential by MUFU.EX2 (the kernel's); 1, the odd tokens'
+// by exp2_poly; 2, all of them.
+template <bool kScaleRegs = false, int kPoly = 0>
 __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&sa)[32],
                                               uint8_t* p8, int warp, int lane,
                                               const float2 (&k2)[8] = {}) {
@@ -102,7 +122,8 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         const int e = 4 * nn + c, ri = c / 2;
-        const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+        const float arg = fmaf(z[e], row_factor[ri], bias[ri]);
+        const float ex = kPoly == 2 || (kPoly == 1 && (c & 1)) ? exp2_poly(arg) : ex2_ftz(arg);
         e_sum[ri] += ex;
         z[e] = ex * ks[c & 1];
         p_max[ri] = fmaxf(p_max[ri], z[e]);
@@ -138,7 +159,7 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   sm90::named_barrier(1 + wg, 128);
 }
 
-template <int kVariant, bool kScaleRegs = false>
+template <int kVariant, bool kScaleRegs = false, int kPoly = 0>
 __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
                                                                long long* cycles) {
   extern __shared__ __align__(1024) uint8_t raw[];
@@ -180,7 +201,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
           asm volatile("" : "+f"(k2[nn].x), "+f"(k2[nn].y));  // (as if reloaded each block)
         }
       }
-      softmax_block<kScaleRegs>(s, 0, it, sa, s.p8[it & 1], warp, lane, k2);
+      softmax_block<kScaleRegs, kPoly>(s, 0, it, sa, s.p8[it & 1], warp, lane, k2);
     }
     const long long t1 = clock64();
     if (blockIdx.x == 0 && tid == 0) *cycles = t1 - t0;
@@ -282,23 +303,25 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
   if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
 }
 
-template <int kVariant, bool kScaleRegs = false>
+template <int kVariant, bool kScaleRegs = false, int kPoly = 0>
 void run(int reps, int sms, float* sink, long long* d_cycles) {
   const size_t smem = sizeof(Smem) + 1024;
-  CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant, kScaleRegs>,
+  CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant, kScaleRegs, kPoly>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   long long c[3];
   for (int k = 0; k < 3; ++k) {
-    softmax_probe_kernel<kVariant, kScaleRegs><<<sms, 256, smem>>>(reps, sink, d_cycles);
+    softmax_probe_kernel<kVariant, kScaleRegs, kPoly><<<sms, 256, smem>>>(reps, sink, d_cycles);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
     CHECK(cudaMemcpy(&c[k], d_cycles, sizeof(long long), cudaMemcpyDeviceToHost));
   }
   std::sort(c, c + 3);
+  const char* const exps[3] = {"", ", half the exp2 by FMAs", ", every exp2 by FMAs"};
   std::printf("%-12s %s %6.0f cycles per softmax block (warpgroup 0, CTA 0; runs %.0f / %.0f / "
-              "%.0f)\n",
+              "%.0f)%s\n",
               kNames[kVariant], kScaleRegs ? "scales in registers" : "scales from smem    ",
-              double(c[1]) / reps, double(c[0]) / reps, double(c[1]) / reps, double(c[2]) / reps);
+              double(c[1]) / reps, double(c[0]) / reps, double(c[1]) / reps, double(c[2]) / reps,
+              exps[kPoly]);
 }
 
 int main(int argc, char** argv) {
@@ -321,5 +344,11 @@ int main(int argc, char** argv) {
   run<4, true>(reps, sms, sink, d_cycles);
   run<5, true>(reps, sms, sink, d_cycles);
   run<6, true>(reps, sms, sink, d_cycles);
+  run<0, true, 1>(reps, sms, sink, d_cycles);
+  run<4, true, 1>(reps, sms, sink, d_cycles);
+  run<6, true, 1>(reps, sms, sink, d_cycles);
+  run<0, true, 2>(reps, sms, sink, d_cycles);
+  run<4, true, 2>(reps, sms, sink, d_cycles);
+  run<6, true, 2>(reps, sms, sink, d_cycles);
   return 0;
 }
