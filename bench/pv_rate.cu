@@ -98,21 +98,6 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
   auto gamma_of = [&](int col) {
     return *reinterpret_cast<const float2*>(&s.gamma[8 * col + 2 * t]);
   };
-  // The kernel's promotion: O m-tile m = gamma O + T over the 8-column tiles [col0, col0 + kCols)
-  // for a temporary T of 4 kCols registers.
-  auto promote_cols = [&](int m, int col0, auto& tmp) {
-    constexpr int kCols = sizeof(tmp) / sizeof(float) / 4;
-    sm90::fence_regs(tmp);
-#pragma unroll
-    for (int nn = 0; nn < kCols; ++nn) {
-      const int col = col0 + nn;
-      const float2 gm = gamma_of(col);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        o[m][4 * col + c] = fmaf(o[m][4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
-      }
-    }
-  };
 
   asm volatile("bar.sync 1, %0;\n" ::"r"(128 * wgs));
   const long long t0 = clock64();
@@ -120,7 +105,9 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
   for (int r = 0; r < reps; ++r) {
     if constexpr (kVariant == 0) {
       float tmp[2][16];
-      auto promote = [&](int q) { promote_cols(q / 2, 4 * (q % 2), tmp[q % 2]); };
+      auto promote = [&](int q) {  // the kernel's promotion of the half-N group q
+        promote_cols(o[q / 2], 4 * (q % 2), tmp[q % 2], s.gamma, t);
+      };
 #pragma unroll
       for (int m = 0; m < 4; ++m) {
         uint32_t a[2][4];
