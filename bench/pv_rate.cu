@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
                                                          long long* cycles) {
   extern __shared__ __align__(1024) uint8_t raw[];
   Smem& s = bench_probe::aligned_smem<Smem>(raw);
-  const auto [tid, wg, warp, lane, t] = bench_probe::ProbeThread::here();
+  const bench_probe::ProbeThread th = bench_probe::ProbeThread::here();
+  const int tid = th.tid, wg = th.wg, warp = th.warp, lane = th.lane, t = th.t;
   // Finite E4M3 codes (no NaN), small P, gamma near 1.
   bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
   bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
