@@ -123,6 +123,9 @@ builds=(
   # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
   "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
   "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
+  # the N = 64 QK's Q from registers (timing only: SNAPMLA_SEESAW_BENCH_QK_RS, session 39)
+  "seesaw_timeline_qkrs1:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_QK_RS=1"
+  "seesaw_timeline_qkrs3:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_QK_RS=3"
 )
 # SNAPMLA_TRACE_ONLY="name name ...": only these of the list (a call that needs a few).
 if [ -n "${SNAPMLA_TRACE_ONLY:-}" ]; then
