@@ -343,6 +343,13 @@ constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pa
 #ifndef SNAPMLA_SEESAW_BENCH_QK_RS
 #define SNAPMLA_SEESAW_BENCH_QK_RS 0
 #endif
+// SNAPMLA_SEESAW_BENCH_NO_SOFTMAX (timing builds only, wrong outputs; session 39): the N = 64
+// softmax's arithmetic dropped (no logits, maxima, exponentials, sums or row math; P8 the QK's
+// S converted as it is, the statistics constants), its waits, barriers and stores kept: with
+// SNAPMLA_SEESAW_BENCH_PV=2 or 3, the kernel's skeleton (ring, QK, PV wgmmas, handoffs) alone.
+#ifndef SNAPMLA_SEESAW_BENCH_NO_SOFTMAX
+#define SNAPMLA_SEESAW_BENCH_NO_SOFTMAX 0
+#endif
 
 template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
@@ -740,7 +747,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       if (!kTwoTerm && !fused_q) mbar_wait(&s.q_bar, q_phase);  // else stored above
       constexpr bool kBenchQkRsContent = kN == 64 && (SNAPMLA_SEESAW_BENCH_QK_RS & 1) != 0;
       constexpr bool kBenchQkRsRope = kN == 64 && (SNAPMLA_SEESAW_BENCH_QK_RS & 2) != 0;
-      uint32_t bench_qa[4], bench_qr[4];  // (SNAPMLA_SEESAW_BENCH_QK_RS) stand-in A fragments
+      [[maybe_unused]] uint32_t bench_qa[4], bench_qr[4];  // (BENCH_QK_RS) stand-in A fragments
       if constexpr (kBenchQkRsContent || kBenchQkRsRope) {
         const uint32_t* qw = reinterpret_cast<const uint32_t*>(s.q_content[0]) + 4 * wtid;
 #pragma unroll
@@ -834,7 +841,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         float mx[2] = {-INFINITY, -INFINITY};
         float row_factor[2];
         float rho = 0.f;  // kTwoTerm: s2 / s1 of the thread's query row
-        if (softmax_warp) {
+        constexpr bool kBenchNoSoftmax = kN == 64 && SNAPMLA_SEESAW_BENCH_NO_SOFTMAX != 0;
+        if (softmax_warp && !kBenchNoSoftmax) {
           // Per-row constants, re-read each block rather than held in registers across PV.
           row_factor[0] = s.q_scale[r0] * p.scale_log2;
           if constexpr (kTwoTerm) {
@@ -918,7 +926,16 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             }
           }
         }
-        if (softmax_warp) {
+        if constexpr (kBenchNoSoftmax) {  // (timing only) P8 = e4m3(S), constant statistics
+          const float one[2] = {1.f, 1.f};
+          if (softmax_warp) p8_words<kRowsPerThread>(sa, one, w);
+#pragma unroll
+          for (int ri = 0; ri < 2; ++ri) {
+            m_new[ri] = 0.f;
+            sig[ri] = l[ri] = gamma[ri] = 1.f;
+          }
+        }
+        if (softmax_warp && !kBenchNoSoftmax) {
           float m_use[2], inv_sig[2];
           [[maybe_unused]] float c_loc[2] = {1.f, 1.f};  // kLocalMax's c per row
 #pragma unroll
