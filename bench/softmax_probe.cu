@@ -18,6 +18,11 @@
 //   6 qk-ss          a QK's 16 FP8 m64n64k32 with both operands in shared memory, one wait
 //   7 ffma-paced     variant 1's 128 FFMA, then ~1,000 ns asleep (the kernel's promotions come
 //                    in bursts: 2 x 128 a warp in a two-block period of ~3,200 ns)
+//   8 qk-rs          variant 6's 16 wgmmas with A from registers (half of its shared-memory
+//                    bytes; session 39: the kernel's QK so, SNAPMLA_SEESAW_BENCH_QK_RS, was 3-5%
+//                    faster)
+//   9 lds-stream     shared-memory loads alone: 32 rounds of 16 bytes a thread, 64 KB a pass
+//                    (about a QK's operand bytes, no tensor work)
 //
 // CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches),
 // with the stage's token scales read from shared memory in both passes as the kernel does, and
@@ -42,9 +47,10 @@ using namespace snapmla::decode::seesaw;
 
 #define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
 
-constexpr int kVariants = 8;
-const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags", "wgmma-rs",
-                                       "pv-promoted", "softmax", "qk-ss",    "ffma-paced"};
+constexpr int kVariants = 10;
+const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags",   "wgmma-rs",
+                                       "pv-promoted", "softmax", "qk-ss",      "ffma-paced",
+                                       "qk-rs",       "lds-stream"};
 
 struct Smem {
   alignas(1024) uint8_t content[2][64 * 128];  // two content chunks, 128B swizzle (V^T source)
@@ -285,6 +291,32 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
         sm90::wgmma_commit();
         sm90::wgmma_wait<0>();
         sm90::fence_regs(o[0]);
+      } else if constexpr (kVariant == 8) {  // variant 6 with A from registers
+        const sm90::SmemDesc k_desc =
+            sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
+        uint32_t a[2][4];
+        frags(it & 3, a);
+        sm90::wgmma_fence();
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+          const uint64_t d = k_desc.at((k / 4 % 2) * 64 * 128 + 32 * (k % 4));
+          sm90::wgmma_m64n64k32_e4m3_rs(o[0], a[k & 1], d, 1);
+        }
+        sm90::wgmma_commit();
+        sm90::wgmma_wait<0>();
+        sm90::fence_regs(o[0]);
+      } else if constexpr (kVariant == 9) {  // 64 KB of shared-memory loads a pass
+        const uint4* src = reinterpret_cast<const uint4*>(&s.content[0][0]);
+        uint4 x = make_uint4(0, 0, 0, 0);
+#pragma unroll 4
+        for (int k = 0; k < 32; ++k) {
+          const uint4 v = src[(k * 128 + (tid - 128)) % (int(sizeof(s.content)) / 16)];
+          x.x ^= v.x;
+          x.y += v.y;
+          x.z ^= v.z;
+          x.w += v.w;
+        }
+        acc += float(x.x ^ x.y ^ x.z ^ x.w) * 1e-30f;
       } else if constexpr (kVariant == 5) {  // a second softmax
         float sb[32];
 #pragma unroll
@@ -341,6 +373,10 @@ int main(int argc, char** argv) {
   run<5>(reps, sms, sink, d_cycles);
   run<6>(reps, sms, sink, d_cycles);
   run<7>(reps, sms, sink, d_cycles);
+  run<8>(reps, sms, sink, d_cycles);
+  run<9>(reps, sms, sink, d_cycles);
+  run<8, true>(reps, sms, sink, d_cycles);
+  run<9, true>(reps, sms, sink, d_cycles);
   run<0, true>(reps, sms, sink, d_cycles);
   run<4, true>(reps, sms, sink, d_cycles);
   run<5, true>(reps, sms, sink, d_cycles);
