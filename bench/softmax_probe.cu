@@ -23,6 +23,12 @@
 //                    faster)
 //   9 lds-stream     shared-memory loads alone: 32 rounds of 16 bytes a thread, 64 KB a pass
 //                    (about a QK's operand bytes, no tensor work)
+//  10 split-roles    warpgroup 0 runs a QK (16 SS wgmmas) and then the softmax of its S, block
+//                    after block; warpgroup 1 the promoted PV of a block (variant 4), block after
+//                    block: the two chains of a role split (one warpgroup QK and softmax, one PV
+//                    and promotion), each one's cycles a block reported, co-running
+//  11 split-ahead    variant 10 with warpgroup 0's next QK issued before its softmax (two S
+//                    accumulators)
 //
 // CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches),
 // with the stage's token scales read from shared memory in both passes as the kernel does, and
@@ -47,10 +53,10 @@ using namespace snapmla::decode::seesaw;
 
 #define CHECK(x) SNAPMLA_BENCH_CHECK(x, 1)
 
-constexpr int kVariants = 10;
-const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags",   "wgmma-rs",
-                                       "pv-promoted", "softmax", "qk-ss",      "ffma-paced",
-                                       "qk-rs",       "lds-stream"};
+constexpr int kVariants = 12;
+const char* const kNames[kVariants] = {"idle",        "ffma",    "vt-frags",     "wgmma-rs",
+                                       "pv-promoted", "softmax", "qk-ss",        "ffma-paced",
+                                       "qk-rs",       "lds-stream", "split-roles", "split-ahead"};
 
 struct Smem {
   alignas(1024) uint8_t content[2][64 * 128];  // two content chunks, 128B swizzle (V^T source)
@@ -199,9 +205,47 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     float2 k2[8];  // (kScaleRegs) this thread's token scales, loaded once
 #pragma unroll
     for (int nn = 0; nn < 8; ++nn) k2[nn] = *reinterpret_cast<const float2*>(&s.scale[8 * nn + 2 * t]);
+    // (variants 10 and 11) the QK of one block into acc, committed
+    auto qk = [&](float (&acc)[32]) {
+      const sm90::SmemDesc k_desc = sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
+      sm90::wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < 16; ++k) {
+        const uint64_t d = k_desc.at((k / 4 % 2) * 64 * 128 + 32 * (k % 4));
+        if (k == 0) {
+          sm90::wgmma_m64n64k32_e4m3_ss_init(acc, d, d);
+        } else {
+          sm90::wgmma_m64n64k32_e4m3_ss(acc, d, d, 1);
+        }
+      }
+      sm90::wgmma_commit();
+    };
     const long long t0 = clock64();
+    if constexpr (kVariant == 10) {
 #pragma unroll 1
-    for (int it = 0; it < reps; ++it) {
+      for (int it = 0; it < reps; ++it) {
+        qk(sa);
+        sm90::wgmma_wait<0>();
+        softmax_block(s, 0, it, sa, s.p8[it & 1], warp, lane);
+      }
+    } else if constexpr (kVariant == 11) {
+      float sb[32];
+      qk(sa);
+      sm90::wgmma_wait<0>();
+#pragma unroll 1
+      for (int it = 0; it < reps; it += 2) {  // nothing in flight at the loop's head
+        qk(sb);
+        softmax_block(s, 0, it, sa, s.p8[0], warp, lane);
+        sm90::wgmma_wait<0>();
+        qk(sa);
+        softmax_block(s, 0, it + 1, sb, s.p8[1], warp, lane);
+        sm90::wgmma_wait<0>();
+      }
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc += sb[e];
+    }
+#pragma unroll 1
+    for (int it = 0; it < (kVariant >= 10 ? 0 : reps); ++it) {
       if constexpr (kScaleRegs) {
 #pragma unroll
         for (int nn = 0; nn < 8; ++nn) {
@@ -237,6 +281,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     float o[4][32];
     bench_probe::zero_o(o);
     int it = 0;
+    const long long t0 = clock64();
 #pragma unroll 1
     while (!done()) {
       if constexpr (kVariant == 1 || kVariant == 7) {  // 128 FFMA: O = gamma O + T
@@ -277,7 +322,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
         sm90::wgmma_wait<0>();
 #pragma unroll
         for (int m = 0; m < 4; ++m) sm90::fence_regs(o[m]);
-      } else if constexpr (kVariant == 4) {  // the kernel's promoted PV of a block
+      } else if constexpr (kVariant == 4 || kVariant >= 10) {  // the promoted PV of a block
         bench_probe::pv_block_promoted(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
       } else if constexpr (kVariant == 6) {  // a QK: 16 SS wgmmas over the two chunks
         const sm90::SmemDesc k_desc =
@@ -327,6 +372,8 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
       }
       ++it;
     }
+    const long long t1 = clock64();
+    if (blockIdx.x == 0 && tid == 128) cycles[1] = it > 0 ? (t1 - t0) / it : 0;
 #pragma unroll
     for (int m = 0; m < 4; ++m) {
 #pragma unroll
@@ -341,14 +388,24 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
   const size_t smem = sizeof(Smem) + 1024;
   CHECK(cudaFuncSetAttribute(softmax_probe_kernel<kVariant, kScaleRegs, kPoly>,
                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  long long c[3];
+  long long c[3], other[3];
   for (int k = 0; k < 3; ++k) {
     softmax_probe_kernel<kVariant, kScaleRegs, kPoly><<<sms, 256, smem>>>(reps, sink, d_cycles);
     CHECK(cudaGetLastError());
     CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(&c[k], d_cycles, sizeof(long long), cudaMemcpyDeviceToHost));
+    long long both[2];
+    CHECK(cudaMemcpy(both, d_cycles, sizeof(both), cudaMemcpyDeviceToHost));
+    c[k] = both[0];
+    other[k] = both[1];
   }
   std::sort(c, c + 3);
+  std::sort(other, other + 3);
+  if (kVariant >= 10) {  // both chains of the role split
+    std::printf("%-12s warpgroup 0 (QK and softmax) %6.0f cycles a block; warpgroup 1 (promoted "
+                "PV of a block) %6.0f cycles a block, co-running (medians of 3)\n",
+                kNames[kVariant], double(c[1]) / reps, double(other[1]));
+    return;
+  }
   const char* const exps[3] = {"", ", half the exp2 by FMAs", ", every exp2 by FMAs"};
   std::printf("%-12s %s %6.0f cycles per softmax block (warpgroup 0, CTA 0; runs %.0f / %.0f / "
               "%.0f)%s\n",
@@ -359,7 +416,7 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(1);
+  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(2);
   const int sms = h.sms;
   float* sink = h.sink;
   long long* d_cycles = h.cycles;
@@ -373,6 +430,8 @@ int main(int argc, char** argv) {
   run<5>(reps, sms, sink, d_cycles);
   run<6>(reps, sms, sink, d_cycles);
   run<7>(reps, sms, sink, d_cycles);
+  run<10>(reps, sms, sink, d_cycles);
+  run<11>(reps, sms, sink, d_cycles);
   run<8>(reps, sms, sink, d_cycles);
   run<9>(reps, sms, sink, d_cycles);
   run<8, true>(reps, sms, sink, d_cycles);
