@@ -87,6 +87,40 @@ __device__ __forceinline__ void pv_block_promoted(float (&o)[4][32], const uint3
   decode::seesaw::promote_cols(o[3], 0, tmp[1], gamma, t);
 }
 
+// The same block as 8 half-N groups (an m-tile's two m64n32k32 over half of the query rows), two
+// in flight, each promoted: the seesaw kernel's form before whole-N groups (16 temporary registers
+// a group instead of 32).
+__device__ __forceinline__ void pv_block_promoted_halfn(float (&o)[4][32],
+                                                        const uint32_t (&chunk_addr)[2],
+                                                        const uint32_t (&ldsm_off)[2],
+                                                        const sm90::SmemDesc& p8_desc,
+                                                        const float* gamma, int t) {
+  float tmp[2][16];
+  auto promote = [&](int q) {
+    decode::seesaw::promote_cols(o[q / 2], 4 * (q % 2), tmp[q % 2], gamma, t);
+  };
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    uint32_t a[2][4];
+    vt_mtile(chunk_addr, ldsm_off, m, a);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int q = 2 * m + h;
+      const uint32_t rows = h * 32 * 64;
+      sm90::wgmma_fence();
+      sm90::wgmma_m64n32k32_e4m3_rs_init(tmp[q % 2], a[0], p8_desc.at(rows));
+      sm90::wgmma_m64n32k32_e4m3_rs(tmp[q % 2], a[1], p8_desc.at(rows + 32), 1);
+      sm90::wgmma_commit();
+      if (q > 0) {
+        sm90::wgmma_wait<1>();
+        promote(q - 1);
+      }
+    }
+  }
+  sm90::wgmma_wait<0>();
+  promote(7);
+}
+
 // Host side: the device's SM count (one CTA each), a sink for the kernels' results and
 // n_cycles clock counts.
 struct ProbeHost {

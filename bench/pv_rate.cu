@@ -105,30 +105,7 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
 #pragma unroll 1
   for (int r = 0; r < reps; ++r) {
     if constexpr (kVariant == 0) {
-      float tmp[2][16];
-      auto promote = [&](int q) {  // the kernel's promotion of the half-N group q
-        promote_cols(o[q / 2], 4 * (q % 2), tmp[q % 2], s.gamma, t);
-      };
-#pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        uint32_t a[2][4];
-        frags(m, a);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int q = 2 * m + h;
-          const uint32_t rows = h * 32 * 64;
-          sm90::wgmma_fence();
-          sm90::wgmma_m64n32k32_e4m3_rs_init(tmp[q % 2], a[0], p8_desc.at(rows));
-          sm90::wgmma_m64n32k32_e4m3_rs(tmp[q % 2], a[1], p8_desc.at(rows + 32), 1);
-          sm90::wgmma_commit();
-          if (q > 0) {
-            sm90::wgmma_wait<1>();
-            promote(q - 1);
-          }
-        }
-      }
-      sm90::wgmma_wait<0>();
-      promote(7);
+      bench_probe::pv_block_promoted_halfn(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
     } else if constexpr (kVariant == 1) {
       bench_probe::pv_block_promoted(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
     } else if constexpr (kVariant == 2) {

@@ -30,6 +30,9 @@
 //  11 split-ahead    variant 10 with warpgroup 0's next QK issued before its softmax (two S
 //                    accumulators)
 //
+// Then three_role_kernel: 384 threads, warpgroup 0 as variant 11's warpgroup 0 and warpgroups 1
+// and 2 each the promoted PV of a latent half, under a setmaxnreg split that fits the CTA.
+//
 // CTA 0's warpgroup 0 reports clock64 cycles per softmax block (the median of three launches),
 // with the stage's token scales read from shared memory in both passes as the kernel does, and
 // for variants 0 and 4-6 again with them held in registers (loaded once; the kernel could load
@@ -171,15 +174,10 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   sm90::named_barrier(1 + wg, 128);
 }
 
-template <int kVariant, bool kScaleRegs = false, int kPoly = 0>
-__global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
-                                                               long long* cycles) {
-  extern __shared__ __align__(1024) uint8_t raw[];
-  Smem& s = bench_probe::aligned_smem<Smem>(raw);
-  const bench_probe::ProbeThread th = bench_probe::ProbeThread::here();
-  const int tid = th.tid, wg = th.wg, warp = th.warp, lane = th.lane, t = th.t;
-  bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, 256);
-  bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, 256);
+// Synthetic operands, scales and statistics (only time counts; the softmax's data stay finite).
+__device__ __forceinline__ void probe_init(Smem& s, int tid, int threads) {
+  bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, threads);
+  bench_probe::fill_small_p8(s.p8, int(sizeof(s.p8)), tid, threads);
   if (tid < 64) {
     s.scale[tid] = 0.01f + 0.001f * (tid % 7);
     s.q_scale[tid] = 0.02f + 0.001f * (tid % 5);
@@ -195,6 +193,54 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
   }
   if (tid == 0) s.done = 0;
   sm90::fence_proxy_async();
+}
+
+// A QK of one block into acc (16 FP8 m64n64k32, both operands in shared memory), committed.
+__device__ __forceinline__ void qk_block(Smem& s, float (&acc)[32]) {
+  const sm90::SmemDesc k_desc = sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < 16; ++k) {
+    const uint64_t d = k_desc.at((k / 4 % 2) * 64 * 128 + 32 * (k % 4));
+    if (k == 0) {
+      sm90::wgmma_m64n64k32_e4m3_ss_init(acc, d, d);
+    } else {
+      sm90::wgmma_m64n64k32_e4m3_ss(acc, d, d, 1);
+    }
+  }
+  sm90::wgmma_commit();
+}
+
+// reps blocks of QK and softmax by warpgroup 0, the next block's QK issued before each softmax
+// (two accumulators; nothing in flight at the loop's head). Returns its S values' sum.
+__device__ __forceinline__ float qk_softmax_ahead(Smem& s, int reps, float (&sa)[32], int warp,
+                                                  int lane) {
+  float sb[32];
+  qk_block(s, sa);
+  sm90::wgmma_wait<0>();
+#pragma unroll 1
+  for (int it = 0; it < reps; it += 2) {
+    qk_block(s, sb);
+    softmax_block(s, 0, it, sa, s.p8[0], warp, lane);
+    sm90::wgmma_wait<0>();
+    qk_block(s, sa);
+    softmax_block(s, 0, it + 1, sb, s.p8[1], warp, lane);
+    sm90::wgmma_wait<0>();
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int e = 0; e < 32; ++e) acc += sb[e];
+  return acc;
+}
+
+template <int kVariant, bool kScaleRegs = false, int kPoly = 0>
+__global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* sink,
+                                                               long long* cycles) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  Smem& s = bench_probe::aligned_smem<Smem>(raw);
+  const bench_probe::ProbeThread th = bench_probe::ProbeThread::here();
+  const int tid = th.tid, wg = th.wg, warp = th.warp, lane = th.lane, t = th.t;
+  probe_init(s, tid, 256);
   __syncthreads();
 
   float acc = 0.f;
@@ -205,44 +251,16 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     float2 k2[8];  // (kScaleRegs) this thread's token scales, loaded once
 #pragma unroll
     for (int nn = 0; nn < 8; ++nn) k2[nn] = *reinterpret_cast<const float2*>(&s.scale[8 * nn + 2 * t]);
-    // (variants 10 and 11) the QK of one block into acc, committed
-    auto qk = [&](float (&acc)[32]) {
-      const sm90::SmemDesc k_desc = sm90::make_desc_base(s.content[0], sm90::Swizzle::k128B, 128);
-      sm90::wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < 16; ++k) {
-        const uint64_t d = k_desc.at((k / 4 % 2) * 64 * 128 + 32 * (k % 4));
-        if (k == 0) {
-          sm90::wgmma_m64n64k32_e4m3_ss_init(acc, d, d);
-        } else {
-          sm90::wgmma_m64n64k32_e4m3_ss(acc, d, d, 1);
-        }
-      }
-      sm90::wgmma_commit();
-    };
     const long long t0 = clock64();
     if constexpr (kVariant == 10) {
 #pragma unroll 1
       for (int it = 0; it < reps; ++it) {
-        qk(sa);
+        qk_block(s, sa);
         sm90::wgmma_wait<0>();
         softmax_block(s, 0, it, sa, s.p8[it & 1], warp, lane);
       }
     } else if constexpr (kVariant == 11) {
-      float sb[32];
-      qk(sa);
-      sm90::wgmma_wait<0>();
-#pragma unroll 1
-      for (int it = 0; it < reps; it += 2) {  // nothing in flight at the loop's head
-        qk(sb);
-        softmax_block(s, 0, it, sa, s.p8[0], warp, lane);
-        sm90::wgmma_wait<0>();
-        qk(sa);
-        softmax_block(s, 0, it + 1, sb, s.p8[1], warp, lane);
-        sm90::wgmma_wait<0>();
-      }
-#pragma unroll
-      for (int e = 0; e < 32; ++e) acc += sb[e];
+      acc += qk_softmax_ahead(s, reps, sa, warp, lane);
     }
 #pragma unroll 1
     for (int it = 0; it < (kVariant >= 10 ? 0 : reps); ++it) {
@@ -383,6 +401,96 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
   if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
 }
 
+// Three roles in one CTA (session 39): warpgroup 0 runs the QK and softmax of every block (the
+// next QK under the softmax), warpgroups 1 and 2 each the promoted PV of every block on a latent
+// half, under setmaxnreg's split kSRegs / kPvRegs (the launch gives 384 threads 168 registers
+// each, so kSRegs + 2 kPvRegs <= 504): the role split that would keep each warpgroup's chain to
+// one of the two (bench/NOTES.md, session 39), at a register budget that fits the CTA. kHalfN:
+// the PV in half-N groups (16 temporaries a group) instead of whole-N ones (32). Each warpgroup's
+// cycles a block into cycles[wg] (CTA 0).
+template <int kSRegs, int kPvRegs, bool kHalfN>
+__global__ void __launch_bounds__(384, 1) three_role_kernel(int reps, float* sink,
+                                                            long long* cycles) {
+  static_assert(kSRegs + 2 * kPvRegs <= 3 * 168, "setmaxnreg's split of the launch's registers");
+  extern __shared__ __align__(1024) uint8_t raw[];
+  Smem& s = bench_probe::aligned_smem<Smem>(raw);
+  const bench_probe::ProbeThread th = bench_probe::ProbeThread::here();
+  const int tid = th.tid, wg = th.wg, warp = th.warp, lane = th.lane, t = th.t;
+  probe_init(s, tid, 384);
+  __syncthreads();
+  float acc = 0.f;
+  if (wg == 0) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kSRegs) : "memory");
+    float sa[32];
+#pragma unroll
+    for (int e = 0; e < 32; ++e) sa[e] = 0.5f * float((tid * 32 + e) % 13) - 3.f;
+    const long long t0 = clock64();
+    acc += qk_softmax_ahead(s, reps, sa, warp, lane);
+    const long long t1 = clock64();
+    if (blockIdx.x == 0 && tid == 0) cycles[0] = (t1 - t0) / reps;
+    if (tid == 0) atomicExch(&s.done, 1);
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc += sa[e];
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPvRegs) : "memory");
+    auto done = [&] {  // warpgroup 0 done: the same answer in every warp of this warpgroup
+      const uint32_t mine = *reinterpret_cast<volatile int*>(&s.done) != 0;
+      uint32_t any;
+      asm volatile(
+          "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\n"
+          "selp.u32 %0, 1, 0, q;\n}\n"
+          : "=r"(any)
+          : "r"(mine), "r"(2 + wg));
+      return any != 0;
+    };
+    const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
+    const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[0]), sm90::smem_u32(s.content[1])};
+    const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8[0], sm90::Swizzle::k64B, 64);
+    float o[4][32];
+    bench_probe::zero_o(o);
+    int it = 0;
+    const long long t0 = clock64();
+#pragma unroll 1
+    while (!done()) {
+      if constexpr (kHalfN) {
+        bench_probe::pv_block_promoted_halfn(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
+      } else {
+        bench_probe::pv_block_promoted(o, chunk_addr, ldsm_off, p8_desc, s.gamma, t);
+      }
+      ++it;
+    }
+    const long long t1 = clock64();
+    if (blockIdx.x == 0 && tid % 128 == 0) cycles[wg] = it > 0 ? (t1 - t0) / it : 0;
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+#pragma unroll
+      for (int e = 0; e < 32; ++e) acc += o[m][e];
+    }
+  }
+  if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
+}
+
+template <int kSRegs, int kPvRegs, bool kHalfN>
+void run_three(int reps, int sms, float* sink, long long* d_cycles) {
+  const size_t smem = sizeof(Smem) + 1024;
+  auto kernel = three_role_kernel<kSRegs, kPvRegs, kHalfN>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  long long c[3][3];
+  for (int k = 0; k < 3; ++k) {
+    kernel<<<sms, 384, smem>>>(reps, sink, d_cycles);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    long long all[3];
+    CHECK(cudaMemcpy(all, d_cycles, sizeof(all), cudaMemcpyDeviceToHost));
+    for (int w = 0; w < 3; ++w) c[w][k] = all[w];
+  }
+  for (int w = 0; w < 3; ++w) std::sort(c[w], c[w] + 3);
+  std::printf("three roles (%d / %d / %d registers, %s-N PV groups): QK and softmax %6.0f cycles a "
+              "block; PV warpgroups %6.0f / %6.0f cycles a half-latent block (medians of 3)\n",
+              kSRegs, kPvRegs, kPvRegs, kHalfN ? "half" : "whole", double(c[0][1]),
+              double(c[1][1]), double(c[2][1]));
+}
+
 template <int kVariant, bool kScaleRegs = false, int kPoly = 0>
 void run(int reps, int sms, float* sink, long long* d_cycles) {
   const size_t smem = sizeof(Smem) + 1024;
@@ -416,7 +524,7 @@ void run(int reps, int sms, float* sink, long long* d_cycles) {
 
 int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 2000;
-  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(2);
+  const bench_probe::ProbeHost h = bench_probe::ProbeHost::make(3);
   const int sms = h.sms;
   float* sink = h.sink;
   long long* d_cycles = h.cycles;
@@ -432,6 +540,9 @@ int main(int argc, char** argv) {
   run<7>(reps, sms, sink, d_cycles);
   run<10>(reps, sms, sink, d_cycles);
   run<11>(reps, sms, sink, d_cycles);
+  run_three<104, 200, true>(reps, sms, sink, d_cycles);   // ptxas: 8 B spilled
+  run_three<104, 200, false>(reps, sms, sink, d_cycles);  // 188 B (the PV warpgroups')
+  run_three<120, 192, true>(reps, sms, sink, d_cycles);   // 128 B
   run<8>(reps, sms, sink, d_cycles);
   run<9>(reps, sms, sink, d_cycles);
   run<8, true>(reps, sms, sink, d_cycles);
