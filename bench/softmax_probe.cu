@@ -174,6 +174,30 @@ __device__ __forceinline__ void softmax_block(Smem& s, int wg, int it, float (&s
   sm90::named_barrier(1 + wg, 128);
 }
 
+// Whether warpgroup 0 is done, the same answer in every warp of the calling warpgroup (its
+// wgmmas must be issued by all four warps or none): an OR over its 128 threads on barrier bar.
+__device__ __forceinline__ bool wg0_done(const Smem& s, int bar) {
+  const uint32_t mine = *reinterpret_cast<const volatile int*>(&s.done) != 0;
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(mine), "r"(bar));
+  return any != 0;
+}
+
+// The sum of a warpgroup's O^T (keeps its work).
+__device__ __forceinline__ float sum_o(const float (&o)[4][32]) {
+  float acc = 0.f;
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) acc += o[m][e];
+  }
+  return acc;
+}
+
 // Synthetic operands, scales and statistics (only time counts; the softmax's data stay finite).
 __device__ __forceinline__ void probe_init(Smem& s, int tid, int threads) {
   bench_probe::fill_e4m3(s.content, int(sizeof(s.content)), 13, tid, threads);
@@ -278,18 +302,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
 #pragma unroll
     for (int e = 0; e < 32; ++e) acc += sa[e];
   } else if constexpr (kVariant != 0) {
-    // Whether warpgroup 0 is done, the same answer in every warp of this warpgroup (its
-    // wgmmas must be issued by all four warps or none): an OR over the warpgroup's threads.
-    auto done = [&] {
-      const uint32_t mine = *reinterpret_cast<volatile int*>(&s.done) != 0;
-      uint32_t any;
-      asm volatile(
-          "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, 3, 128, p;\n"
-          "selp.u32 %0, 1, 0, q;\n}\n"
-          : "=r"(any)
-          : "r"(mine));
-      return any != 0;
-    };
+    auto done = [&] { return wg0_done(s, 3); };
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
     const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[0]), sm90::smem_u32(s.content[1])};
     auto frags = [&](int m, uint32_t (&a)[2][4]) {
@@ -392,11 +405,7 @@ __global__ void __launch_bounds__(256, 1) softmax_probe_kernel(int reps, float* 
     }
     const long long t1 = clock64();
     if (blockIdx.x == 0 && tid == 128) cycles[1] = it > 0 ? (t1 - t0) / it : 0;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) acc += o[m][e];
-    }
+    acc += sum_o(o);
   }
   if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
 }
@@ -433,16 +442,7 @@ __global__ void __launch_bounds__(384, 1) three_role_kernel(int reps, float* sin
     for (int e = 0; e < 32; ++e) acc += sa[e];
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kPvRegs) : "memory");
-    auto done = [&] {  // warpgroup 0 done: the same answer in every warp of this warpgroup
-      const uint32_t mine = *reinterpret_cast<volatile int*>(&s.done) != 0;
-      uint32_t any;
-      asm volatile(
-          "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\n"
-          "selp.u32 %0, 1, 0, q;\n}\n"
-          : "=r"(any)
-          : "r"(mine), "r"(2 + wg));
-      return any != 0;
-    };
+    auto done = [&] { return wg0_done(s, 2 + wg); };
     const uint32_t ldsm_off[2] = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)};
     const uint32_t chunk_addr[2] = {sm90::smem_u32(s.content[0]), sm90::smem_u32(s.content[1])};
     const sm90::SmemDesc p8_desc = sm90::make_desc_base(s.p8[0], sm90::Swizzle::k64B, 64);
@@ -461,11 +461,7 @@ __global__ void __launch_bounds__(384, 1) three_role_kernel(int reps, float* sin
     }
     const long long t1 = clock64();
     if (blockIdx.x == 0 && tid % 128 == 0) cycles[wg] = it > 0 ? (t1 - t0) / it : 0;
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-#pragma unroll
-      for (int e = 0; e < 32; ++e) acc += o[m][e];
-    }
+    acc += sum_o(o);
   }
   if (acc == 12345.678f) sink[tid] = acc;  // keeps the work
 }
