@@ -123,9 +123,6 @@ builds=(
   # DECOMP_VARIANTS="seesaw_trace seesaw_trace_noqfirst"
   "seesaw_trace_noqfirst:-DSNAPMLA_SEESAW_Q_FIRST=0"
   "seesaw_timeline_noqfirst:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_Q_FIRST=0"
-  # the N = 64 QK's Q from registers (timing only: SNAPMLA_SEESAW_BENCH_QK_RS, session 39)
-  "seesaw_timeline_qkrs1:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_QK_RS=1"
-  "seesaw_timeline_qkrs3:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_QK_RS=3"
   # the N = 64 skeleton (timing only: no softmax arithmetic, and no promotion; session 39)
   "seesaw_timeline_ns:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_NO_SOFTMAX=1"
   "seesaw_timeline_ns2:-DSNAPMLA_SEESAW_TRACE -DSNAPMLA_SEESAW_BENCH_NO_SOFTMAX=1 -DSNAPMLA_SEESAW_BENCH_PV=2"

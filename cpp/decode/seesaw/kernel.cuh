@@ -334,15 +334,6 @@ constexpr bool kBenchNoPromote = (SNAPMLA_SEESAW_BENCH_PV & 2) != 0;
 constexpr bool kBenchNoScale = (SNAPMLA_SEESAW_BENCH_PV & 4) != 0;  // 4: O^T += T only
 constexpr bool kBenchNoAdd = (SNAPMLA_SEESAW_BENCH_PV & 8) != 0;    // 8: O^T *= gamma only
 constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pair sweeps
-// SNAPMLA_SEESAW_BENCH_QK_RS (timing builds only, wrong outputs; bench/NOTES.md, session 39):
-// what the N = 64 QK's shared-memory reads of Q cost. The QK's A operand (Q) from registers
-// instead of shared memory: 1 the 16 FP8 content steps (RS e4m3), 2 the 4 RoPE steps (RS f16 in
-// place of SS bf16: the same tensor work), 3 both. Four registers read once a request stand for
-// every k-step's fragment, so the build measures the smem bytes saved without the 80 registers
-// a real Q in registers needs.
-#ifndef SNAPMLA_SEESAW_BENCH_QK_RS
-#define SNAPMLA_SEESAW_BENCH_QK_RS 0
-#endif
 // SNAPMLA_SEESAW_BENCH_NO_SOFTMAX (timing builds only, wrong outputs; session 39): the N = 64
 // softmax's arithmetic dropped (no logits, maxima, exponentials, sums or row math; P8 the QK's
 // S converted as it is, the statistics constants), its waits, barriers and stores kept: with
@@ -745,17 +736,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         __syncthreads();
       }
       if (!kTwoTerm && !fused_q) mbar_wait(&s.q_bar, q_phase);  // else stored above
-      constexpr bool kBenchQkRsContent = kN == 64 && (SNAPMLA_SEESAW_BENCH_QK_RS & 1) != 0;
-      constexpr bool kBenchQkRsRope = kN == 64 && (SNAPMLA_SEESAW_BENCH_QK_RS & 2) != 0;
-      [[maybe_unused]] uint32_t bench_qa[4], bench_qr[4];  // (BENCH_QK_RS) stand-in A fragments
-      if constexpr (kBenchQkRsContent || kBenchQkRsRope) {
-        const uint32_t* qw = reinterpret_cast<const uint32_t*>(s.q_content[0]) + 4 * wtid;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          bench_qa[j] = qw[j] & 0x3f3f3f3fu;  // finite e4m3 and f16 values
-          bench_qr[j] = reinterpret_cast<const uint32_t*>(s.q_rope)[4 * wtid + j] & 0x3fff3fffu;
-        }
-      }
       if (b == requests.begin) SEESAW_TRACE(0, kTrQArrived);
       q_phase ^= 1;
 
@@ -792,13 +772,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
             const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
             const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
             float (&acc)[32] = kOneAcc || c < 2 ? sa : sb;
-            if constexpr (kBenchQkRsContent) {
-              if (c % (kOneAcc ? kChunks : 2) == 0 && k == 0) {
-                wgmma_m64n64k32_e4m3_rs_init(acc, bench_qa, db);
-              } else {
-                wgmma_m64n64k32_e4m3_rs(acc, bench_qa, db, 1);
-              }
-            } else if (c % (kOneAcc ? kChunks : 2) == 0 && k == 0) {
+            if (c % (kOneAcc ? kChunks : 2) == 0 && k == 0) {
               wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
             } else {
               wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
@@ -807,9 +781,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         }
 #pragma unroll
         for (int k = 0; k < kRopeSteps; ++k) {
-          if constexpr (kBenchQkRsRope) {
-            wgmma_m64n64k16_f16_rs(kOneAcc ? sa : sb, bench_qr, kr_desc.at(32 * k), 1);
-          } else if constexpr (kOneAcc) {
+          if constexpr (kOneAcc) {
             wgmma_m64n64k16_bf16_ss(sa, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
           } else {
             wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
