@@ -7,6 +7,8 @@
 //   ./seesaw_trace [batch] [heads] [seqlen] [q_len] [min_part_cost]
 //   SNAPMLA_TRACE_TWO_TERM=1 ./seesaw_trace ...   # the two-term query (q_len x heads <= 32)
 //   SNAPMLA_TRACE_PART_WAVES=2 ./seesaw_trace ... # twice the split count (two waves of CTAs)
+//   SNAPMLA_TRACE_POOL_TABLE=1 ./seesaw_trace ... # every request's table over the same 64 pages
+//                                                 # (L2-resident: the kernel without HBM reads)
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
@@ -78,7 +80,15 @@ int main(int argc, char** argv) {
   // 64 random pages, repeated: generating every page of a 32768-page cache took ~14 s of the
   // GPU machine's time per run; the kernel's timing does not depend on the values.
   constexpr int kPool = 64;
-  std::vector<uint8_t> cache(static_cast<size_t>(num_pages) * kPageBytes);
+  // SNAPMLA_TRACE_POOL_TABLE=1: the cache holds only the pool, and block table entry i is page
+  // i % 64, so every page a CTA reads is in L2 after the first launch: what the kernel's chain
+  // takes when HBM is not what it waits for (session 40's question: how fast the N = 32 and
+  // N = 64 chains run per tile-block).
+  const char* pool_env = std::getenv("SNAPMLA_TRACE_POOL_TABLE");
+  const bool pool_table = pool_env != nullptr && std::strcmp(pool_env, "1") == 0;
+  const int cache_pages = pool_table ? std::min(num_pages, kPool) : num_pages;
+  if (pool_table) std::printf("pool table: every request reads the same %d pages\n", cache_pages);
+  std::vector<uint8_t> cache(static_cast<size_t>(cache_pages) * kPageBytes);
   for (int pg = 0; pg < std::min(num_pages, kPool); ++pg) {
     uint8_t* page = cache.data() + static_cast<size_t>(pg) * kPageBytes;
     for (int i = 0; i < kBlockN * kContentDim; ++i) page[i] = code(rng) | (rng() & 0x80);
@@ -87,12 +97,13 @@ int main(int argc, char** argv) {
     float* scale = reinterpret_cast<float*>(page + kPageScaleOffset);
     for (int i = 0; i < kBlockN; ++i) scale[i] = 0.01f * (1.5f + uni(rng));
   }
-  for (int pg = kPool; pg < num_pages; ++pg) {
+  for (int pg = kPool; pg < cache_pages; ++pg) {
     std::memcpy(cache.data() + static_cast<size_t>(pg) * kPageBytes,
                 cache.data() + static_cast<size_t>(pg % kPool) * kPageBytes, kPageBytes);
   }
   std::vector<int32_t> table(static_cast<size_t>(batch) * pages_per_req);
-  for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i);
+  for (size_t i = 0; i < table.size(); ++i)
+    table[i] = static_cast<int32_t>(pool_table ? i % kPool : i);
   std::vector<int32_t> lens(batch, seqlen);
   std::vector<uint8_t> qc(static_cast<size_t>(batch) * rows * kContentDim);
   for (auto& x : qc) x = code(rng) | (rng() & 0x80);
@@ -127,7 +138,7 @@ int main(int argc, char** argv) {
   p.q_rope = upload(qr);
   p.q_scale = upload(qs);
   p.layer_base = upload(cache);
-  p.num_pages = num_pages;
+  p.num_pages = cache_pages;
   p.page_stride = kPageBytes;  // packed pages (the TMA maps take it)
   p.block_table = upload(table);
   p.block_table_stride = pages_per_req;
