@@ -9,6 +9,7 @@
 //   SNAPMLA_TRACE_PART_WAVES=2 ./seesaw_trace ... # twice the split count (two waves of CTAs)
 //   SNAPMLA_TRACE_POOL_TABLE=1 ./seesaw_trace ... # every request's table over the same 64 pages
 //                                                 # (L2-resident: the kernel without HBM reads)
+//   SNAPMLA_TRACE_REPS=5000 ./seesaw_trace ...    # launches a figure (50)
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
@@ -190,7 +191,10 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK(cudaEventCreate(&e0));
   CHECK(cudaEventCreate(&e1));
-  const int reps = 50;
+  // SNAPMLA_TRACE_REPS: launches a figure (50; thousands keep the GPU under load for seconds,
+  // for sampling its clock and power from outside)
+  const char* reps_env = std::getenv("SNAPMLA_TRACE_REPS");
+  const int reps = reps_env != nullptr ? std::max(1, std::atoi(reps_env)) : 50;
   // Microseconds per repetition of `launches` (back to back, reps times, timed by events).
   auto us_per_rep = [&](auto launches) {
     CHECK(cudaEventRecord(e0));

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "wgmma_ops.cuh"
-# bench/pv_rate.cu's wider PV forms (O = P V with N = the latent), which no kernel uses.
+# bench/pv_rate.cu's wider PV forms (O = P V with N = the latent) and bench/power_probe.cu's SS
+# stream, which no kernel uses.
 BENCH_OUT = Path(__file__).resolve().parent.parent / "bench" / "wgmma_wide_ops.cuh"
 
 
@@ -107,12 +108,14 @@ def main() -> None:
     )
     BENCH_OUT.write_text(
         header(
-            " bench/pv_rate.cu only.",
+            " bench/pv_rate.cu and bench/power_probe.cu only.",
             [
                 # PV as O[64 rows x N latent] = P (registers) V^T (K-major shared memory)
                 wgmma("wgmma_m64n128k32_e4m3_rs", 128, "e4m3", 32, a_in_regs=True),
                 wgmma("wgmma_m64n128k32_e4m3_rs_init", 128, "e4m3", 32, a_in_regs=True, init=True),
                 wgmma("wgmma_m64n256k32_e4m3_rs", 256, "e4m3", 32, a_in_regs=True),
+                # bench/power_probe.cu: the tensor work in its most efficient form
+                wgmma("wgmma_m64n256k32_e4m3_ss", 256, "e4m3", 32, a_in_regs=False),
             ],
         )
     )
