@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = tid; i < int(sizeof(s.a)); i += kThreads) {
     s.a[i] = data_code(data, mix(i + 17 * blockIdx.x));
   }
-  for (int i = tid; i < int(sizeof(s.b)); i += kThreads) s.b[i] = data_code(data, mix(i + 0x9e3779b9u));
+  for (int i = tid; i < int(sizeof(s.b)); i += kThreads) {
+    s.b[i] = data_code(data, mix(i + 0x9e3779b9u));
+  }
   if (tid == 0) {
     for (int i = 0; i < kSlots; ++i) mbar_init(&s.full[i], 1);
     mbar_fence_init();
@@ -188,7 +190,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {  // 3.5 E4M3 pairs (the eighth value a repeat)
           uint16_t pair;
-          asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(q[e + 1]), "f"(q[e]));
+          asm volatile("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;"
+                       : "=h"(pair)
+                       : "f"(q[e + 1]), "f"(q[e]));
           codes ^= pair;
         }
 #pragma unroll

@@ -211,3 +211,29 @@ def test_gpu_state_reads_nvidia_smi(
     }
     monkeypatch.setenv("PATH", str(tmp_path / "none"))
     assert bench_decode.gpu_state() == {}
+
+
+def test_smi_summary_sustained_state(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/smi_summary.py: the second half of the busy samples (> 300 W) of an nvidia-smi log."""
+    smi = _module("smi_summary")
+    idle = "2026/12/04 17:34:56.344, 360 MHz, 79.48 W, 700.00 W, 36, 0x0000000000000001"
+    busy = [
+        f"2026/12/04 17:34:5{i}.000, {1980 - 100 * i} MHz, {650 + 10 * i}.00 W, 700.00 W, 40, "
+        + ("0x0000000000000004" if i > 1 else "0x0000000000000000")
+        for i in range(6)
+    ]
+    s = smi.summarize([idle, *busy, "garbage line", idle])
+    assert s["busy"] == 6 and s["samples"] == 9
+    assert s["clock_median"] == 1580 and s["clock_min"] == 1480  # samples 3, 4, 5
+    assert s["power_median"] == 690 and s["power_max"] == 700
+    assert s["reasons"] == {"0x0000000000000004": 3}
+    assert smi.summarize([idle]) is None
+    log = tmp_path / "smi.csv"
+    log.write_text("\n".join([idle, *busy]) + "\n")
+    monkeypatch.setattr(sys, "argv", ["smi_summary.py", str(log), "probe"])
+    smi.main()
+    out = capsys.readouterr().out
+    assert "probe: second half of 6 busy samples: SM clock median 1580 MHz (min 1480)" in out
+    assert "power median 690 W (max 700)" in out
