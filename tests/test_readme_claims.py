@@ -32,12 +32,16 @@ def _results(which: int) -> dict:
 
 
 def _rows() -> list[list[str]]:
-    rows = [
-        [c.strip() for c in line.strip().strip("|").split("|")]
-        for line in _performance_section().splitlines()
-        if re.match(r"\| \d+x\d+x\d+xR?\d+ \|", line)
-    ]
-    assert rows
+    """The case rows of the section's first table whose rows name cases (the decode table; later
+    tables, such as the power-limited floor's, cite other measurements)."""
+    lines = _performance_section().splitlines()
+    start = next(i for i, line in enumerate(lines) if re.match(r"\| \d+x\d+x\d+xR?\d+ \|", line))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    assert len(rows) >= 23, f"the decode table has {len(rows)} rows"
     return rows
 
 
