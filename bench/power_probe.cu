@@ -45,6 +45,7 @@
 #include "cuda_check.h"
 #include "decode/sm90.cuh"
 #include "decode/wgmma_ops.cuh"
+#include "probe_pv.cuh"
 #include "wgmma_wide_ops.cuh"
 
 using namespace snapmla;
@@ -54,8 +55,8 @@ using namespace snapmla::sm90;
 
 namespace {
 
-constexpr int kPageBytes = 41216;  // one page of the cache: content, RoPE, scales
-constexpr int kCopyBytes = kPageBytes / 4;  // a page in four bulk copies (multiples of 16)
+// kPageBytes (common/numerics.cuh): one page of the cache, content, RoPE and scales
+constexpr uint32_t kCopyBytes = kPageBytes / 4;  // a page in four bulk copies (multiples of 16)
 static_assert(kCopyBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 constexpr int kSlots = 4;
 constexpr int kThreads = 384;
@@ -127,8 +128,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     probe_kernel(int mode, int wgmmas_per_wg, int pages, const uint8_t* __restrict__ buf,
                  int64_t buf_pages, int64_t first_page, int data, float* sink) {
   extern __shared__ uint8_t smem_raw[];  // (1 KB over: the 128B swizzle's 1,024-byte atoms)
-  Shared& s = *reinterpret_cast<Shared*>(smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024));
-  const int tid = threadIdx.x, wg = tid / 128;
+  Shared& s = bench_probe::aligned_smem<Shared>(smem_raw);
+  const bench_probe::ProbeThread th = bench_probe::ProbeThread::here();
+  const int tid = th.tid, wg = th.wg;
   for (int i = tid; i < int(sizeof(s.a)); i += kThreads) {
     s.a[i] = data_code(data, mix(i + 17 * blockIdx.x));
   }
@@ -251,8 +253,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "wgmma N: 256 or 64\n");
     return 2;
   }
-  int sms = 0;
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const bench_probe::ProbeHost host = bench_probe::ProbeHost::make(1);
+  const int sms = host.sms;
   // wgmmas a tile-block (both warpgroups): its tensor cycles over one wgmma's (N / 2 cycles:
   // 64 x N x 32 x 2 FLOP at 8,192 FLOP a cycle), split between the two warpgroups in fours.
   const int per_tile_block = kTensorCyclesPerTileBlock / (n / 2);
@@ -276,8 +278,7 @@ int main(int argc, char** argv) {
   }
   fill_kernel<<<4 * sms, 256>>>(reinterpret_cast<uint32_t*>(buf), buf_bytes / 4, 12345u, data);
   CHECK(cudaGetLastError());
-  float* sink = nullptr;
-  CHECK(cudaMalloc(&sink, sms * sizeof(float)));
+  float* sink = host.sink;  // (256 floats: one an SM)
 
   auto kernel = n == 256 ? probe_kernel<256> : probe_kernel<64>;
   const int smem = sizeof(Shared) + 1024;
