@@ -1,6 +1,7 @@
 // Pieces the probes that run the N = 64 kernel's PV on resident shared memory share
 // (bench/pv_rate.cu, bench/softmax_probe.cu): synthetic operands, the V^T fragments of an m-tile
-// and the kernel's promoted PV of one block.
+// and the kernel's promoted PV of one block; and the probe kernels' common scaffolding (aligned
+// shared memory, ProbeThread, ProbeHost), which bench/power_probe.cu uses too.
 #pragma once
 
 #include <cuda_runtime.h>
