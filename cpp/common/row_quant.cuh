@@ -109,17 +109,33 @@ struct QuantizedRow {
   float scale;       // the row's scale (every lane)
 };
 
+// One 8-wide chunk's quotients: x[2 i], x[2 i + 1] from the low and high half of word i.
+template <class Div>
+__device__ __forceinline__ void chunk_quotients(const Div& div, const Bf16x8& c, bool& ok,
+                                                float (&x)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = div(lo_f(c.w[i]), ok);
+    x[2 * i + 1] = div(hi_f(c.w[i]), ok);
+  }
+}
+
+// Eight fp32 -> eight E4M3, element 0 in the low byte of .x.
+__device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
+  return make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
+}
+
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
                                                       const Bf16x8& c1, uint32_t r, float s,
                                                       bool& ok) {
   QuantizedRow q;
   q.scale = s;
-  auto quant4 = [&](uint32_t a, uint32_t b) {
-    return to_e4m3x4(div(lo_f(a), ok), div(hi_f(a), ok), div(lo_f(b), ok), div(hi_f(b), ok));
-  };
-  q.content[0] = make_uint2(quant4(c0.w[0], c0.w[1]), quant4(c0.w[2], c0.w[3]));
-  q.content[1] = make_uint2(quant4(c1.w[0], c1.w[1]), quant4(c1.w[2], c1.w[3]));
+  float x[2][8];
+  chunk_quotients(div, c0, ok, x[0]);
+  chunk_quotients(div, c1, ok, x[1]);
+  q.content[0] = to_e4m3x8(x[0]);
+  q.content[1] = to_e4m3x8(x[1]);
   q.rope = pack_bf16x2(div.checked(lo_f(r), ok), div.checked(hi_f(r), ok));
   return q;
 }
@@ -177,47 +193,56 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
   return quantize_loaded(load_row<kAligned>(content, rope, lane));
 }
 
-// The two-term query's low part (snapmla.reference.quantize_q2): per element, x = q / s1 (the
-// IEEE quotient whose E4M3 rounding is the high code, recomputed here), q_lo = e4m3(16 (x -
-// q_hi)) (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the product is exact; one
-// E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no second row maximum and no
-// division by s2, which is what made the two-term Q-quant kernel slow (bench/NOTES.md,
-// session 30, has the A/B against the form before it, s2 = max(amax(r) / 448, s1 2^-16)).
-// Same element-to-lane map as QuantizedRow's content. Whole warp must call it.
+// The two-term query (snapmla.reference.quantize_q2): the high term is the contract's row as
+// above; the low term is, per element, q_lo = e4m3(16 (x - q_hi)) with x = q / s1 the quotient
+// whose E4M3 rounding is q_hi (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the
+// product is exact; one E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no second
+// row maximum and no division by s2 (bench/NOTES.md, session 30, has the A/B against the form
+// before it, s2 = max(amax(r) / 448, s1 2^-16)). The low codes reuse the high term's quotients:
+// those are the IEEE ones wherever the row's fast quotients passed, and the IEEE division's
+// for the whole row where they did not, so both terms always come from the same x (until
+// session 41 the low term divided every element again, 16 quotients a lane, for the same
+// values). Same element-to-lane map as QuantizedRow's content.
 struct QuantizedLo {
   uint2 content[2];
   float scale;
 };
+struct QuantizedRow2 {
+  QuantizedRow hi;
+  QuantizedLo lo;
+};
 
-__device__ __forceinline__ QuantizedLo quantize_low_term(const RowInputs& in,
-                                                         const QuantizedRow& hi) {
-  const float s1 = hi.scale;
-  auto quantize = [&](const auto& div, bool& ok) {
-    QuantizedLo lo;
-    lo.scale = s1 * 0.0625f;  // exact
+// One chunk's low codes from its quotients x and their high codes.
+__device__ __forceinline__ uint2 low_codes(const float (&x)[8], uint2 hi) {
+  const uint32_t codes[2] = {hi.x, hi.y};
+  float v[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // elements 2i, 2i + 1
+    const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
+    v[2 * i] = 16.f * (x[2 * i] - h.x);
+    v[2 * i + 1] = 16.f * (x[2 * i + 1] - h.y);
+  }
+  return to_e4m3x8(v);
+}
+
+// Both terms of a loaded row. Whole warp must call it.
+__device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInputs& in) {
+  const float s = loaded_row_scale(in);
+  return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
+    QuantizedRow2 q;
+    q.hi.scale = s;
+    q.lo.scale = s * 0.0625f;  // exact
+    float x[2][8];
+    chunk_quotients(div, in.c0, ok, x[0]);
+    chunk_quotients(div, in.c1, ok, x[1]);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const Bf16x8& x = half ? in.c1 : in.c0;
-      const uint32_t codes[2] = {hi.content[half].x, hi.content[half].y};
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {  // elements 2i, 2i + 1 of this 8-wide chunk
-        const float2 h = e4m3x2_to_float2(static_cast<uint16_t>(codes[i / 2] >> (16 * (i % 2))));
-        v[2 * i] = 16.f * (div(lo_f(x.w[i]), ok) - h.x);
-        v[2 * i + 1] = 16.f * (div(hi_f(x.w[i]), ok) - h.y);
-      }
-      lo.content[half] =
-          make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
+      q.hi.content[half] = to_e4m3x8(x[half]);
+      q.lo.content[half] = low_codes(x[half], q.hi.content[half]);
     }
-    return lo;
-  };
-  // The fast quotient for a finite s1 (every content quotient is then finite, |q| <= amax:
-  // the IEEE fallback is a safeguard), the IEEE one for a NaN or inf s1. Where
-  // quantize_loaded fell back to IEEE for the whole row (its RoPE overflowed), the high
-  // codes came from IEEE quotients and x here from the fast one: both are correctly rounded
-  // except, at worst, for |x| below ~2^-100 (FastDivider's note), whose codes are +-0 either
-  // way, so the low codes agree.
-  return quantize_by_row_divider<QuantizedLo>(s1, quantize);
+    q.hi.rope = pack_bf16x2(div.checked(lo_f(in.r), ok), div.checked(hi_f(in.r), ok));
+    return q;
+  });
 }
 
 // Store a quantized row: content to `content_out` (512 bytes, 8-byte aligned), RoPE to

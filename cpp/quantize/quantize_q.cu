@@ -29,9 +29,9 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
                                   : in + kContentDim;
     if constexpr (kTwoTerm) {
       const RowInputs x = load_row<kAligned>(in, rope, lane);
-      const QuantizedRow q = quantize_loaded(x);
-      store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
-      store_low_term(quantize_low_term(x, q), p.q_lo + r * kContentDim, p.q_lo_scale + r, lane);
+      const QuantizedRow2 q = quantize_loaded_two_term(x);
+      store_row(q.hi, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
+      store_low_term(q.lo, p.q_lo + r * kContentDim, p.q_lo_scale + r, lane);
     } else {
       const QuantizedRow q = quantize_row<kAligned>(in, rope, lane);
       store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
