@@ -1181,11 +1181,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     qp.q_lo = ws + w.q_lo;
     qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
   }
-  // The seesaw kernel quantizes its own Q tile where seesaw_call_fuses_q says so (with
+  // The seesaw kernel quantizes its own Q tile where seesaw_fuses_q says so (one-term,
   // 16-byte-readable rows); the reference kernel and the rest take the Q-quant kernel's output.
-  const bool fused_q = a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE &&
-                       decode::seesaw_call_fuses_q(int64_t{c.q_len} * c.num_heads, two_term) &&
-                       quantize_q_vectorizable(qp);
+  const bool fused_q =
+      a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
+      decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
+      quantize_q_vectorizable(qp);
 
   decode::DecodeParams p;
   std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes

@@ -149,23 +149,6 @@ constexpr bool seesaw_fuses_q(int n) {
          (SNAPMLA_SEESAW_FUSED_Q >= 2 || (SNAPMLA_SEESAW_FUSED_Q >= 1 && n <= 32));
 }
 
-// SNAPMLA_SEESAW_FUSED_Q2 (experimental, 0 = off; bench/NOTES.md, session 41): the two-term
-// query's calls (q_precision FP8X2, PV widths 16 and 32, 16-byte-readable rows) run a kernel
-// of their own that quantizes its Q tile, both terms, from the BF16 query with the Q-quant
-// kernel's row code (bit-identical by construction), so that the call has no Q-quant kernel;
-// the one-term calls keep theirs (session 34's form of this shared their kernel and slowed
-// them). 1: the loader issues page 0, then waits for the tile before pages 1-3, as
-// SNAPMLA_SEESAW_Q_FIRST does for the copied tile; 2: every first page at once.
-#ifndef SNAPMLA_SEESAW_FUSED_Q2
-#define SNAPMLA_SEESAW_FUSED_Q2 0
-#endif
-// Whether the seesaw kernel of a call with s_q x heads = rows quantizes its own Q tile
-// (two_term: the two-term query), where the rows are 16-byte-readable (the launcher's check).
-constexpr bool seesaw_call_fuses_q(int64_t rows, bool two_term) {
-  return two_term ? SNAPMLA_SEESAW_FUSED_Q2 != 0 && rows <= 32
-                  : seesaw_fuses_q(seesaw_pv_width(rows));
-}
-
 struct DecodeParams {
   // queries, quantized (workspace)
   const uint8_t* q_content;  // e4m3 [b, s_q, h, 512]

@@ -148,11 +148,8 @@ static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 
 // Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
 // kPvDirect, N = 64 only, experimental: n64_direct.cu; kScaledPv, N = 64 one-term only:
-// n64_scaled.cu; kFusedQ2, the two-term query's own Q quantization, experimental
-// (SNAPMLA_SEESAW_FUSED_Q2, decode.h): n<kN>_two_term_fused.cu; kernel.cuh says what each
-// changes).
-template <int kN, bool kTwoTerm = false, bool kPvDirect = false, bool kScaledPv = false,
-          bool kFusedQ2 = false>
+// n64_scaled.cu; kernel.cuh says what each changes).
+template <int kN, bool kTwoTerm = false, bool kPvDirect = false, bool kScaledPv = false>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
 
 // SNAPMLA_SEESAW_ROLES (experimental, off): the N = 64 one-term query on the role-split kernel

@@ -342,10 +342,7 @@ constexpr bool kBenchPairSweep = (SNAPMLA_SEESAW_BENCH_PV & 16) != 0;  // 16: pa
 #define SNAPMLA_SEESAW_BENCH_NO_SOFTMAX 0
 #endif
 
-// kFusedQ2 (SNAPMLA_SEESAW_FUSED_Q2, decode.h; experimental): the two-term kernel quantizes
-// its own Q tile from the BF16 query (p.q_in), both terms, instead of copying the Q-quant
-// kernel's output (quantize_q_tile2 below).
-template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv, bool kFusedQ2>
+template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
     seesaw_decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
@@ -353,7 +350,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   static_assert(!kScaledPv || (kN == 64 && !kTwoTerm && !kPvDirect),
                 "the scaled PV: N = 64's promoted PV, one-term only");
   static_assert(!kTwoTerm || kN <= 32, "the two-term query: 8 query rows a warp, 32 a tile");
-  static_assert(!kFusedQ2 || kTwoTerm, "the fused two-term tile: the two-term kernel's");
   // Query rows of a warp's S accumulator and of a thread's (rows g and g + 8 of the fragment:
   // two query rows, or one query row's high and low logits).
   constexpr int kRowsPerWarp = kTwoTerm ? 8 : 16;
@@ -411,8 +407,8 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   if constexpr (SNAPMLA_PDL < 2) griddep_launch_dependents();
   // SNAPMLA_PDL=2 (common/launch.h): where a Q-quant kernel ran before this one (the fused Q's
   // launch has none), wait only before reading its output (q_wait below), not at entry.
-  const bool late_q_wait = SNAPMLA_PDL >= 2 && !kFusedQ2 &&
-                           (kTwoTerm || !(seesaw_fuses_q(kN) && p.q_in.q != nullptr));
+  const bool late_q_wait =
+      SNAPMLA_PDL >= 2 && (kTwoTerm || !(seesaw_fuses_q(kN) && p.q_in.q != nullptr));
   auto q_wait = [&] {
     if (late_q_wait) griddep_wait();  // (a no-op after the first)
   };
@@ -537,64 +533,6 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
       }
       fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
     };
-    // kFusedQ2's tile (the launcher set q_in): what the cp.async path below copies from the
-    // Q-quant kernel's output, quantized here with that kernel's row code. Consumer warp
-    // cw = 4 wg + warp takes query rows cw + 8 j, j < kN / 8: its high row goes to tile row
-    // 16 j + cw, its low row to 16 j + 8 + cw (zero RoPE); q_scale[r] = s1 and q_scale[32 + r]
-    // = rho = s2 / s1 (the IEEE division, as the copy path's). A row past the request is zero
-    // with scales 0, as the copy path's.
-    auto quantize_q_tile2 = [&](int b) {
-      const QuantizeQParams& qi = p.q_in;
-      const int cw = 4 * wg + warp;
-      auto load = [&](int j) {  // query row cw + 8 j's inputs (zero past the request)
-        RowInputs in{};
-        const int r = cw + 8 * j;
-        if (j < kN / 8 && r < rows_total) {
-          const int qt = r / p.num_heads, head = r % p.num_heads;
-          const uint16_t* content =
-              qi.q + int64_t{b} * qi.stride_batch + qt * qi.stride_token + head * qi.stride_head;
-          const uint16_t* rope = qi.q_pe == nullptr
-                                     ? content + kContentDim
-                                     : qi.q_pe + int64_t{b} * qi.pe_stride_batch +
-                                           qt * qi.pe_stride_token + head * qi.pe_stride_head;
-          in = load_row<true, true>(content, rope, lane);  // through L2, as quantize_q_tile's
-        }
-        return in;
-      };
-      auto store_content = [&](int R, const uint2 (&content)[2]) {  // tile row R's 512 bytes
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {  // content bytes [256 h + 8 lane, + 8)
-          const int byte = 256 * h + 8 * lane, c = byte / kChunkBytes;
-          *reinterpret_cast<uint2*>(s.q_content[c] + sw128_offset(R, (byte % kChunkBytes) / 16) +
-                                    byte % 16) = content[h];
-        }
-      };
-      auto store_rope = [&](int R, uint32_t rope) {  // RoPE bytes [4 lane, + 4)
-        *reinterpret_cast<uint32_t*>(s.q_rope + sw128_offset(R, lane / 4) + 4 * (lane % 4)) = rope;
-      };
-      RowInputs ahead = load(0);
-#pragma unroll 1
-      for (int j = 0; j < kN / 8; ++j) {
-        const RowInputs cur = ahead;
-        ahead = load(j + 1);
-        const int r = cw + 8 * j;
-        QuantizedRow2 q{};
-        float rho = 0.f;
-        if (r < rows_total) {  // warp-uniform
-          q = quantize_loaded_two_term(cur);
-          rho = __fdiv_rn(q.lo.scale, q.hi.scale);
-        }
-        store_content(16 * j + cw, q.hi.content);
-        store_rope(16 * j + cw, q.hi.rope);
-        store_content(16 * j + 8 + cw, q.lo.content);
-        store_rope(16 * j + 8 + cw, 0u);
-        if (lane == 0) {
-          s.q_scale[r] = q.hi.scale;
-          s.q_scale[32 + r] = rho;
-        }
-      }
-      fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
-    };
 
     for (int b = requests.begin; b <= requests.end; ++b) {
       Segment seg;
@@ -666,12 +604,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // The Q's place among the first pages: pages issued before it do not wait for the
         // Q-quant kernel, pages after it arrive after it (without a Q-quant kernel: first).
         const int first_pages = min(kStages, n);
-        // (kFusedQ2 under SNAPMLA_SEESAW_FUSED_Q2=1: page 0, then the wait for the tile; =2:
-        // every first page before it.)
-        constexpr int kFusedPagesBeforeQ = SNAPMLA_SEESAW_FUSED_Q2 >= 2 ? kStages : 1;
-        const int q_at = kFusedQ2     ? min(kFusedPagesBeforeQ, first_pages)
-                         : late_q_wait ? min(kPagesBeforeQ, first_pages)
-                                       : 0;
+        const int q_at = late_q_wait ? min(kPagesBeforeQ, first_pages) : 0;
         for (int i = 0; i < first_pages; ++i) {
           if (i == q_at) load_q();
           const int32_t page = pages[i];
@@ -683,14 +616,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         if (q_at == first_pages) load_q();
         SEESAW_LOADER_TRACE(b == requests.begin, kTrLoadsIssued);
       }
-      if constexpr (kFusedQ2) {
-        if constexpr (!kIsProducer) {  // (not in the producer's 24 registers)
-          if (tid < kThreads) {
-            quantize_q_tile2(b);
-            if constexpr (kQFirst) mbar_arrive(&s.q_bar);  // the loader waits (kQFirst)
-          }
-        }
-      } else if constexpr (kTwoTerm) {
+      if constexpr (kTwoTerm) {
         // The Q tile by the consumers' own loads (one-thread TMA of 8-row boxes made ptxas
         // serialize every wgmma, C7520, and spill more): tile row R = 16 j + 8 h + e holds
         // query row 8 j + e, its high (h = 0) or low (h = 1) content row, RoPE in high rows
@@ -1478,13 +1404,13 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
   if constexpr (SNAPMLA_PDL >= 2) griddep_launch_dependents();
 }
 
-template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv, bool kFusedQ2>
+template <int kN, bool kTwoTerm, bool kPvDirect, bool kScaledPv>
 cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream) {
-  const auto kernel = seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kScaledPv, kFusedQ2>;
-  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               int{kSmemBytes});
+  const cudaError_t err =
+      cudaFuncSetAttribute(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kScaledPv>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, int{kSmemBytes});
   if (err != cudaSuccess) return err;
-  return launch_dependent(kernel,
+  return launch_dependent(seesaw_decode_kernel<kN, kTwoTerm, kPvDirect, kScaledPv>,
                           dim3(p.num_parts, p.row_tiles), dim3(kCtaThreadsAt<kN, kTwoTerm>),
                           kSmemBytes, stream, p, maps);
 }

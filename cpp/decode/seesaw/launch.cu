@@ -177,12 +177,6 @@ cudaError_t launch_seesaw_decode(const DecodeParams& p, cudaStream_t stream) {
   const cudaError_t err = SNAPMLA_TENSOR_MAP_CACHE ? cached_maps(p, &maps) : make_maps(p, &maps);
   if (err != cudaSuccess) return err;
   if (two_term) {
-#if SNAPMLA_SEESAW_FUSED_Q2
-    if (p.q_in.q != nullptr) {  // (decode.h) the kernel quantizes its own tile
-      return rows <= 16 ? seesaw::run<16, true, false, false, true>(p, maps, stream)
-                        : seesaw::run<32, true, false, false, true>(p, maps, stream);
-    }
-#endif
     return rows <= 16 ? seesaw::run<16, true>(p, maps, stream)
                       : seesaw::run<32, true>(p, maps, stream);
   }
