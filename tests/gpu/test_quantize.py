@@ -124,7 +124,8 @@ def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None
     the first three outputs are quantize_q's, the low row and its scale the two-term model's,
     with the edge rows: all zero (s1 floored), exactly representable (zero residual: q_lo all
     zero), tiny, huge, an infinity, a NaN, and a RoPE value that overflows its quotient (the
-    row's high term by the IEEE division, its low term by the fast one)."""
+    row's quotients, high and low term alike, by the IEEE division; until session 41 the low
+    term divided again by the fast one)."""
     q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
     rows = q.reshape(n * h, 576)
     edges = [
