@@ -10,6 +10,9 @@
 //   SNAPMLA_TRACE_POOL_TABLE=1 ./seesaw_trace ... # every request's table over the same 64 pages
 //                                                 # (L2-resident: the kernel without HBM reads)
 //   SNAPMLA_TRACE_REPS=5000 ./seesaw_trace ...    # launches a figure (50)
+//   SNAPMLA_TRACE_WITH_QQUANT=1 ./seesaw_timeline ... # the traced launch after its Q-quant
+//                                                 # kernel (two-term: the two-term one), as in a
+//                                                 # decode call (PDL), not alone
 //
 // Inputs are random bytes in range (no NaN codes, positive scales), the schedule is the
 // library's default (plan.cu) unless min_part_cost is given; the time is the attention kernel's
@@ -238,10 +241,12 @@ int main(int argc, char** argv) {
   // kernel fuses it), attention and combine; and the attention kernel alone. At N = 16 and 32
   // both run the same kernel (SNAPMLA_SEESAW_SPREAD16, SPREAD32), the one-term call with zero
   // low rows.
+  QuantizeQParams qp2 = qp;  // the two-term query's Q-quant
   if (two_term) {
-    QuantizeQParams qp2 = qp;
     CHECK(cudaMalloc(&qp2.q_lo, qc.size()));
     CHECK(cudaMalloc(&qp2.q_lo_scale, qs.size() * 4));
+  }
+  if (two_term) {
     DecodeParams p1 = p;
     p1.q_lo = nullptr;
     p1.q_lo_scale = nullptr;
@@ -283,7 +288,13 @@ int main(int argc, char** argv) {
 
   CHECK(cudaMemset(trace, 0, trace_words * 8));
   CHECK(cudaMemset(cta_trace, 0, size_t{3} * ctas * 8));
+  // SNAPMLA_TRACE_WITH_QQUANT=1: the traced launch as in a decode call, after its Q-quant kernel
+  // (under SNAPMLA_PDL the attention kernel starts while that kernel runs and waits for it before
+  // reading the query); the events then time both (the Q-quant kernel's end is in q_waited).
+  const char* with_qquant_env = std::getenv("SNAPMLA_TRACE_WITH_QQUANT");
+  const bool with_qquant = with_qquant_env != nullptr && std::strcmp(with_qquant_env, "1") == 0;
   CHECK(cudaEventRecord(e0));
+  if (with_qquant && !fused_q) CHECK(launch_quantize_q(two_term ? qp2 : qp, 0));
   CHECK(launch_seesaw_decode(p, 0));
   CHECK(cudaEventRecord(e1));
   CHECK(cudaDeviceSynchronize());

@@ -623,6 +623,7 @@ __global__ void __launch_bounds__(kCtaThreadsAt<kN, kTwoTerm>, 1)
         // only, zero past the request; 128B-swizzled as TMA writes it. One tile a request.
         if (tid < kThreads) {
           q_wait();
+          if (b == requests.begin) SEESAW_TRACE(0, kTrQWaited);  // (trace builds)
           constexpr int kRowUnits = kChunks * 8 + 8;  // 16-byte units a tile row: content, RoPE
           constexpr int kUnits = 2 * kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
           static_assert(kUnits % kThreads == 0, "whole rounds");
