@@ -782,6 +782,26 @@ def run_case(
                         ratios.append(b["median_us"] / a["median_us"])
                     doc["cost_alternating"] = statistics.median(ratios)
                     doc["alternating_ratios"] = ratios
+                    # The same rounds with the one-term call on the two-term plan's workspace
+                    # (its layout is the one-term one plus the low rows at the end:
+                    # WorkspaceLayout): both calls then read and write the same addresses (the
+                    # Q tile, ~35 MB of partials), so the ratio is the two-term query's cost
+                    # alone. Between two plans' separate workspaces the ratio also carries where
+                    # each landed in memory: session 41 saw 8x1x16x4096 at 1.014-1.017x as the
+                    # process's first case and 1.051-1.055x after 1x1x16x8192, same board.
+                    own = plan._workspace_ptr
+                    try:
+                        plan._workspace_ptr = plan2._workspace_ptr
+                        same = []
+                        for _ in range(args.two_term_rounds):
+                            kw = {"variants": copies, "target_s": target_s / 2}
+                            a = time_calls(torch, ours, use_graph=not args.no_graph, **kw)
+                            b = time_calls(torch, run, use_graph=not args.no_graph, **kw)
+                            same.append(b["median_us"] / a["median_us"])
+                    finally:
+                        plan._workspace_ptr = own
+                    doc["cost_same_workspace"] = statistics.median(same)
+                    doc["same_workspace_ratios"] = same
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
                 doc["error"] = short_error(exc)
@@ -923,7 +943,8 @@ def table(cases: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{c['name']:<17} {t['kernel']:<9} {_fmt(t.get('median_us')):>8} us "
                 f"cost {_fmt(t.get('cost_vs_fp8'), '.3f')}x "
-                f"(alternating {_fmt(t.get('cost_alternating'), '.3f')}x)  err%ref "
+                f"(alternating {_fmt(t.get('cost_alternating'), '.3f')}x, same workspace "
+                f"{_fmt(t.get('cost_same_workspace'), '.3f')}x)  err%ref "
                 f"{_fmt(None if err is None else 100 * err, '.3f')} "
                 f"(fp8 {_fmt(None if err1 is None else 100 * err1, '.3f')})"
                 + (f"  {t['error'][:100]}" if "error" in t else "")
@@ -992,7 +1013,8 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="with --two-term: rounds of one-term then two-term timing whose median ratio is "
-        "cost_alternating (0: none)",
+        "cost_alternating, and as many with the one-term call on the two-term plan's workspace "
+        "(cost_same_workspace) (0: none)",
     )
     p.add_argument(
         "--page-stride",

@@ -129,6 +129,8 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
             "kernel": "fast",
             "median_us": 20.5,
             "cost_vs_fp8": 1.025,
+            "cost_alternating": 1.02,
+            "cost_same_workspace": 1.013,
             "vs_fp32_ref": 0.004,
             "fp8_vs_fp32_ref": 0.01,
         },
@@ -139,6 +141,7 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
     assert "two-term query (q_precision fp8x2), same run:" in text
     line = next(x for x in text.splitlines() if x.startswith("8x1x16x4096 ") and "fast" in x)
     assert "20.5 us" in line and "cost 1.025x" in line and "0.400" in line and "1.000" in line
+    assert "alternating 1.020x" in line and "same workspace 1.013x" in line
     assert "reference" in text and "SnapMLAError: boom" in text
 
 
