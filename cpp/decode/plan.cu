@@ -158,13 +158,11 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
   w.q_content = 0;
   w.q_rope = align(w.q_content + rows * kContentDim);
   w.q_scale = align(w.q_rope + rows * kRopeDim * 2);
-  // The two-term query's low rows and scales next to the high ones, so that the Q tile's reads
-  // stay in one place (before session 41 they came after the partials, tens of MB away).
-  w.q_lo = align(w.q_scale + rows * 4);
-  w.q_lo_scale = two_term ? align(w.q_lo + rows * kContentDim) : w.q_lo;
-  w.partial_o = two_term ? align(w.q_lo_scale + rows * 4) : w.q_lo;
+  w.partial_o = align(w.q_scale + rows * 4);
   w.partial_lse = align(w.partial_o + slots * row_tiles * kTileRows * kContentDim * 4);
-  w.total_bytes = align(w.partial_lse + slots * row_tiles * kTileRows * 4);
+  w.q_lo = align(w.partial_lse + slots * row_tiles * kTileRows * 4);
+  w.q_lo_scale = two_term ? align(w.q_lo + rows * kContentDim) : w.q_lo;
+  w.total_bytes = two_term ? align(w.q_lo_scale + rows * 4) : w.q_lo;
   return w;
 }
 
