@@ -774,30 +774,29 @@ def run_case(
                     # shorter timing): a long case's clocks drift with the power cap between
                     # the one-term timing above and this one, and alternating takes the drift
                     # out of the ratio (session 25: back to back, the whole call 1.009-1.020x).
-                    ratios = []
-                    for _ in range(args.two_term_rounds):
-                        kw = {"variants": copies, "target_s": target_s / 2}
-                        a = time_calls(torch, ours, use_graph=not args.no_graph, **kw)
-                        b = time_calls(torch, run, use_graph=not args.no_graph, **kw)
-                        ratios.append(b["median_us"] / a["median_us"])
-                    doc["cost_alternating"] = statistics.median(ratios)
-                    doc["alternating_ratios"] = ratios
-                    # The same rounds with the one-term call on the two-term plan's workspace
-                    # (its layout is the one-term one plus the low rows at the end:
-                    # WorkspaceLayout): both calls then read and write the same addresses (the
-                    # Q tile, ~35 MB of partials), so the ratio is the two-term query's cost
-                    # alone. Between two plans' separate workspaces the ratio also carries where
-                    # each landed in memory: session 41 saw 8x1x16x4096 at 1.014-1.017x as the
-                    # process's first case and 1.051-1.055x after 1x1x16x8192, same board.
-                    own = plan._workspace_ptr
-                    try:
-                        plan._workspace_ptr = plan2._workspace_ptr
-                        same = []
+                    def alternating_ratios() -> list[float]:
+                        ratios = []
                         for _ in range(args.two_term_rounds):
                             kw = {"variants": copies, "target_s": target_s / 2}
                             a = time_calls(torch, ours, use_graph=not args.no_graph, **kw)
                             b = time_calls(torch, run, use_graph=not args.no_graph, **kw)
-                            same.append(b["median_us"] / a["median_us"])
+                            ratios.append(b["median_us"] / a["median_us"])
+                        return ratios
+
+                    ratios = alternating_ratios()
+                    doc["cost_alternating"] = statistics.median(ratios)
+                    doc["alternating_ratios"] = ratios
+                    # The same rounds with the one-term call on the two-term plan's workspace
+                    # (its layout is the one-term one plus the low rows at the end:
+                    # WorkspaceLayout), so that both calls read and write the same addresses
+                    # (the Q tile, ~35 MB of partials) and the ratio does not also carry where
+                    # two separate workspaces landed. (Session 41: it did not remove
+                    # 8x1x16x4096's dependence on the cases run before it in the process,
+                    # 1.034-1.036x after 1x1x16x8192 against 1.020x alone.)
+                    own = plan._workspace_ptr
+                    try:
+                        plan._workspace_ptr = plan2._workspace_ptr
+                        same = alternating_ratios()
                     finally:
                         plan._workspace_ptr = own
                     doc["cost_same_workspace"] = statistics.median(same)
