@@ -59,6 +59,12 @@ static uint16_t bf16_of(float x) {
   return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
+// An environment switch: on where it is set to "1".
+static bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 int main(int argc, char** argv) {
   const int batch = argc > 1 ? std::atoi(argv[1]) : 32;
   const int heads = argc > 2 ? std::atoi(argv[2]) : 128;
@@ -88,8 +94,7 @@ int main(int argc, char** argv) {
   // i % 64, so every page a CTA reads is in L2 after the first launch: what the kernel's chain
   // takes when HBM is not what it waits for (session 40's question: how fast the N = 32 and
   // N = 64 chains run per tile-block).
-  const char* pool_env = std::getenv("SNAPMLA_TRACE_POOL_TABLE");
-  const bool pool_table = pool_env != nullptr && std::strcmp(pool_env, "1") == 0;
+  const bool pool_table = env_on("SNAPMLA_TRACE_POOL_TABLE");
   const int cache_pages = pool_table ? std::min(num_pages, kPool) : num_pages;
   if (pool_table) std::printf("pool table: every request reads the same %d pages\n", cache_pages);
   std::vector<uint8_t> cache(static_cast<size_t>(cache_pages) * kPageBytes);
@@ -115,8 +120,7 @@ int main(int argc, char** argv) {
   for (auto& x : qr) x = bf16_of(uni(rng));
   std::vector<float> qs(static_cast<size_t>(batch) * rows, 0.01f);
   // The two-term query (issue 9): a low row of the same codes at 1/16 of the scale.
-  const char* two_term_env = std::getenv("SNAPMLA_TRACE_TWO_TERM");
-  const bool two_term = two_term_env != nullptr && std::strcmp(two_term_env, "1") == 0;
+  const bool two_term = env_on("SNAPMLA_TRACE_TWO_TERM");
   if (two_term) std::printf("two-term query (q_lo, rho = 1/16)\n");
   std::vector<float> qs_lo(static_cast<size_t>(batch) * rows, 0.01f / 16);
   // The BF16 query of the decode call's Q quantization ([b, s_q, h, 576], contiguous).
@@ -241,12 +245,10 @@ int main(int argc, char** argv) {
   // kernel fuses it), attention and combine; and the attention kernel alone. At N = 16 and 32
   // both run the same kernel (SNAPMLA_SEESAW_SPREAD16, SPREAD32), the one-term call with zero
   // low rows.
-  QuantizeQParams qp2 = qp;  // the two-term query's Q-quant
+  QuantizeQParams qp2 = qp;  // the two-term query's Q-quant (also before the traced launch)
   if (two_term) {
     CHECK(cudaMalloc(&qp2.q_lo, qc.size()));
     CHECK(cudaMalloc(&qp2.q_lo_scale, qs.size() * 4));
-  }
-  if (two_term) {
     DecodeParams p1 = p;
     p1.q_lo = nullptr;
     p1.q_lo_scale = nullptr;
@@ -291,8 +293,7 @@ int main(int argc, char** argv) {
   // SNAPMLA_TRACE_WITH_QQUANT=1: the traced launch as in a decode call, after its Q-quant kernel
   // (under SNAPMLA_PDL the attention kernel starts while that kernel runs and waits for it before
   // reading the query); the events then time both (the Q-quant kernel's end is in q_waited).
-  const char* with_qquant_env = std::getenv("SNAPMLA_TRACE_WITH_QQUANT");
-  const bool with_qquant = with_qquant_env != nullptr && std::strcmp(with_qquant_env, "1") == 0;
+  const bool with_qquant = env_on("SNAPMLA_TRACE_WITH_QQUANT");
   CHECK(cudaEventRecord(e0));
   if (with_qquant && !fused_q) CHECK(launch_quantize_q(two_term ? qp2 : qp, 0));
   CHECK(launch_seesaw_decode(p, 0));
