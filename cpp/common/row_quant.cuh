@@ -125,13 +125,14 @@ __device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
   return make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
 }
 
+// The contract's row from its scale s and divider; x receives the content's quotients q / s
+// (chunk i in x[i]), from which the two-term query takes its low codes.
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
                                                       const Bf16x8& c1, uint32_t r, float s,
-                                                      bool& ok) {
+                                                      bool& ok, float (&x)[2][8]) {
   QuantizedRow q;
   q.scale = s;
-  float x[2][8];
   chunk_quotients(div, c0, ok, x[0]);
   chunk_quotients(div, c1, ok, x[1]);
   q.content[0] = to_e4m3x8(x[0]);
@@ -182,7 +183,8 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   const float s = loaded_row_scale(in);
 
   return quantize_by_row_divider<QuantizedRow>(s, [&](const auto& div, bool& ok) {
-    return quantize_with(div, in.c0, in.c1, in.r, s, ok);
+    float x[2][8];
+    return quantize_with(div, in.c0, in.c1, in.r, s, ok, x);
   });
 }
 
@@ -230,17 +232,13 @@ __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInput
   const float s = loaded_row_scale(in);
   return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
     QuantizedRow2 q;
-    q.hi.scale = s;
-    q.lo.scale = s * 0.0625f;  // exact
     float x[2][8];
-    chunk_quotients(div, in.c0, ok, x[0]);
-    chunk_quotients(div, in.c1, ok, x[1]);
+    q.hi = quantize_with(div, in.c0, in.c1, in.r, s, ok, x);
+    q.lo.scale = s * 0.0625f;  // exact
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      q.hi.content[half] = to_e4m3x8(x[half]);
       q.lo.content[half] = low_codes(x[half], q.hi.content[half]);
     }
-    q.hi.rope = pack_bf16x2(div.checked(lo_f(in.r), ok), div.checked(hi_f(in.r), ok));
     return q;
   });
 }
