@@ -440,6 +440,67 @@ def time_calls(
     }
 
 
+def interleaved_times(
+    torch: Any,
+    calls: list[Callable[[int], None]],
+    *,
+    per_call_s: float,
+    variants: int = 1,
+    pairs: int = 100,
+    graph_target_s: float = GRAPH_TARGET_S,
+    max_calls: int = MAX_CALLS_PER_GRAPH,
+) -> list[list[float]] | None:
+    """Per-call times (s) of several calls replayed in turn, for ratios free of clock drift.
+
+    Each call is captured into its own graph of N calls (N: a replay of about
+    ``graph_target_s`` at ``per_call_s`` a call, a multiple of ``variants`` where that fits
+    ``max_calls``, so that every variant weighs the same), then ``pairs`` rounds replay every
+    graph once between events, the order rotated each round. A replay lasts milliseconds, so
+    the calls of one round see the same clock: ratios of a round's times do not carry the
+    drift of the board's clock between two long timings (session 42: two 0.3 s timings one
+    after the other split a fixed total between them in a proportion that changed from run
+    to run). Returns ``times[k][j]``, call k's time in round j; None if capture fails.
+    """
+    n = max(1, min(max_calls, math.ceil(graph_target_s / max(per_call_s, 1e-7))))
+    if variants > 1:
+        n = max(variants, -(-n // variants) * variants)
+        n = n if n <= max_calls else max(variants, max_calls)
+    for call in calls:
+        for i in range(min(variants, 8)):
+            call(i)
+    torch.cuda.synchronize()
+    graphs = []
+    try:
+        for call in calls:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
+                for i in range(n):
+                    call(i)
+            g.replay()
+            graphs.append(g)
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 (capture refused: no interleaved figure)
+        torch.cuda.synchronize()
+        return None
+    k = len(graphs)
+    events = [
+        [
+            (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            for _ in range(pairs)
+        ]
+        for _ in range(k)
+    ]
+    for j in range(pairs):
+        for m in range(k):
+            idx = (m + j) % k
+            e0, e1 = events[idx][j]
+            e0.record()
+            graphs[idx].replay()
+            e1.record()
+    torch.cuda.synchronize()
+    return [[e0.elapsed_time(e1) * 1e-3 / n for e0, e1 in events[idx]] for idx in range(k)]
+
+
 # ------------------------------------------------------------------------------ one case
 
 
@@ -715,11 +776,17 @@ def run_case(
                 q[..., :CONTENT_DIM] = (content * 0.125).to(torch.bfloat16)
                 torch.cuda.synchronize()
                 t1 = time_calls(
-                    torch, ours, variants=copies, target_s=args.timing_s,
+                    torch,
+                    ours,
+                    variants=copies,
+                    target_s=args.timing_s,
                     use_graph=not args.no_graph,
                 )
                 t2 = time_calls(
-                    torch, run_two_term, variants=copies, target_s=args.timing_s,
+                    torch,
+                    run_two_term,
+                    variants=copies,
+                    target_s=args.timing_s,
                     use_graph=not args.no_graph,
                 )
                 return {
@@ -769,6 +836,25 @@ def run_case(
                     doc["cost_vs_fp8"] = t2["median_us"] / one
                 if args.two_term_grid:
                     doc["grid"] = grid_query_times(run)
+                if args.two_term_pairs > 0 and ours_ok and not args.no_graph:
+                    times = interleaved_times(
+                        torch,
+                        [ours, run],
+                        per_call_s=t2["median_us"] * 1e-6,
+                        variants=copies,
+                        pairs=args.two_term_pairs,
+                    )
+                    if times is not None:
+                        ratios = sorted(b / a for a, b in zip(*times))
+                        q = statistics.quantiles(ratios, n=10)
+                        doc["cost_interleaved"] = statistics.median(ratios)
+                        doc["interleaved"] = {
+                            "pairs": len(ratios),
+                            "ratio_p10": q[0],
+                            "ratio_p90": q[-1],
+                            "fp8_us": statistics.median(times[0]) * 1e6,
+                            "fp8x2_us": statistics.median(times[1]) * 1e6,
+                        }
                 if args.two_term_rounds > 0 and ours_ok:
                     # The same cost from alternating rounds (one-term, then two-term, each a
                     # shorter timing): a long case's clocks drift with the power cap between
@@ -942,7 +1028,8 @@ def table(cases: list[dict[str, Any]]) -> str:
             lines.append(
                 f"{c['name']:<17} {t['kernel']:<9} {_fmt(t.get('median_us')):>8} us "
                 f"cost {_fmt(t.get('cost_vs_fp8'), '.3f')}x "
-                f"(alternating {_fmt(t.get('cost_alternating'), '.3f')}x, same workspace "
+                f"(interleaved {_fmt(t.get('cost_interleaved'), '.3f')}x, "
+                f"alternating {_fmt(t.get('cost_alternating'), '.3f')}x, same workspace "
                 f"{_fmt(t.get('cost_same_workspace'), '.3f')}x)  err%ref "
                 f"{_fmt(None if err is None else 100 * err, '.3f')} "
                 f"(fp8 {_fmt(None if err1 is None else 100 * err1, '.3f')})"
@@ -1014,6 +1101,14 @@ def _parser() -> argparse.ArgumentParser:
         help="with --two-term: rounds of one-term then two-term timing whose median ratio is "
         "cost_alternating, and as many with the one-term call on the two-term plan's workspace "
         "(cost_same_workspace) (0: none)",
+    )
+    p.add_argument(
+        "--two-term-pairs",
+        type=int,
+        default=100,
+        help="with --two-term: rounds of one graph replay of each call in turn (milliseconds "
+        "each) whose median ratio is cost_interleaved, free of the clock's drift between long "
+        "timings (0: none; needs graphs)",
     )
     p.add_argument(
         "--page-stride",

@@ -27,10 +27,11 @@ import argparse
 import os
 import statistics
 import sys
+import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_decode as bd  # noqa: E402
+import bench_decode as bd
 
 
 def _recording_cache(snapmla: Any, seen: dict[str, int]) -> type:
@@ -60,6 +61,141 @@ def _recording_plan(snapmla: Any, seen: dict[str, int]) -> type:
     return Recording
 
 
+class Setup:
+    """One case's data as bench_decode builds it (random BF16 pages appended to an FP8 cache,
+    ROTATE_BYTES of copies, shuffled pages), with each part re-creatable on its own."""
+
+    def __init__(self, torch: Any, snapmla: Any, case: Any, seed: int = 0) -> None:
+        import numpy as np
+
+        self.torch, self.snapmla, self.case = torch, snapmla, case
+        self.seqlens = case.seqlens(seed)
+        ppr = [-(-n // bd.PAGE_SIZE) for n in self.seqlens]
+        self.pages = sum(ppr)
+        self.max_pages = max(ppr)
+        page_bytes = self.pages * bd.PAGE_BYTES
+        self.copies = max(1, min(bd.MAX_COPIES, -(-bd.ROTATE_BYTES // page_bytes)))
+        total = self.pages * self.copies
+        torch.manual_seed(seed)
+        self.ckv = torch.randn(total, bd.PAGE_SIZE, bd.CONTENT_DIM, device="cuda").mul_(0.5)
+        self.ckv = self.ckv.to(torch.bfloat16)
+        self.kpe = torch.randn(total, bd.PAGE_SIZE, bd.ROPE_DIM, device="cuda").mul_(0.5)
+        self.kpe = self.kpe.to(torch.bfloat16)
+        perm = np.random.default_rng(seed).permutation(self.pages).astype(np.int32)
+        offs = np.concatenate([[0], np.cumsum(ppr)])
+        bt = np.zeros((case.batch, self.max_pages), dtype=np.int32)
+        for r in range(case.batch):
+            bt[r, : ppr[r]] = perm[offs[r] : offs[r + 1]]
+        self.bt_rel = bt
+        self.q_cpu = torch.randn(case.batch, case.q_len, case.heads, bd.HEAD_DIM).mul_(0.5)
+        self.q_cpu = self.q_cpu.to(torch.bfloat16)
+        self.cache = self.plan1 = self.plan2 = None
+        for part in ("cache", "tables", "io", "plans"):
+            self.recreate(part)
+
+    def stream(self) -> int:
+        return self.torch.cuda.current_stream().cuda_stream
+
+    def recreate(self, part: str) -> None:
+        torch, snapmla, case = self.torch, self.snapmla, self.case
+        if part == "cache":
+            old = self.cache
+            self.cache = snapmla.KVCache(num_layers=1, num_pages=self.ckv.shape[0])
+            slots = torch.arange(self.ckv.shape[0] * bd.PAGE_SIZE, device="cuda")
+            self.cache.append(
+                0,
+                self.ckv.view(-1, bd.CONTENT_DIM),
+                self.kpe.view(-1, bd.ROPE_DIM),
+                slots,
+                stream=self.stream(),
+            )
+            torch.cuda.synchronize()
+            if old is not None:
+                old.close()
+        elif part == "tables":
+            rel = torch.from_numpy(self.bt_rel).cuda()
+            self.tables = torch.stack([rel + c * self.pages for c in range(self.copies)])
+            self.seqlens_t = torch.tensor(self.seqlens, dtype=torch.int32, device="cuda")
+        elif part == "io":
+            self.q = self.q_cpu.cuda()
+            self.out = torch.empty(
+                case.batch,
+                case.q_len,
+                case.heads,
+                bd.CONTENT_DIM,
+                dtype=torch.bfloat16,
+                device="cuda",
+            )
+            self.lse = torch.empty(
+                case.batch, case.heads, case.q_len, dtype=torch.float32, device="cuda"
+            )
+        elif part == "plans":
+            for old in (self.plan1, self.plan2):
+                if old is not None:
+                    old.close()
+            kw = {
+                "num_heads": case.heads,
+                "q_len": case.q_len,
+                "max_pages": self.max_pages,
+                "stream": self.stream(),
+            }
+            self.plan1 = snapmla.DecodePlan(self.seqlens_t, **kw)
+            self.plan2 = snapmla.DecodePlan(self.seqlens_t, q_precision="fp8x2", **kw)
+        elif part != "none":
+            raise SystemExit(f"placement_probe: unknown part {part!r}")
+
+    def call(self, plan: Any) -> Any:
+        def run(i: int) -> None:
+            self.snapmla.decode(
+                self.cache,
+                0,
+                self.q,
+                self.tables[i % self.copies],
+                self.seqlens_t,
+                plan,
+                softmax_scale=bd.SOFTMAX_SCALE,
+                causal=self.case.q_len > 1,
+                out=self.out,
+                lse=self.lse,
+                stream=self.stream(),
+            )
+
+        return run
+
+
+def recreate_mode(torch: Any, snapmla: Any, a: argparse.Namespace) -> int:
+    """--recreate: the case's data built once; before each trial the named parts are built
+    anew (the rest kept), then the two calls' interleaved cost."""
+    setup = Setup(torch, snapmla, bd.Case.parse(a.case))
+    print(
+        f"# {a.case} recreate mode: {setup.copies} KV copies; interleaved medians (us), "
+        "cost and its p10 / p90 over the rounds"
+    )
+    t_start = time.perf_counter()
+    for parts in a.recreate.split(","):
+        for _ in range(a.repeat):
+            for part in parts.split("+"):
+                setup.recreate(part)
+            bd._free_memory(torch)
+            one = setup.call(setup.plan1)
+            two = setup.call(setup.plan2)
+            times = bd.interleaved_times(
+                torch, [one, two], per_call_s=17e-6, variants=setup.copies, pairs=a.pairs
+            )
+            assert times is not None, "graph capture failed"
+            ratios = sorted(b / x for x, b in zip(*times))
+            q = statistics.quantiles(ratios, n=10)
+            print(
+                f"{parts:<20} {time.perf_counter() - t_start:6.1f} s  "
+                f"fp8 {statistics.median(times[0]) * 1e6:6.2f}  "
+                f"fp8x2 {statistics.median(times[1]) * 1e6:6.2f}  "
+                f"cost {statistics.median(ratios):.3f} ({q[0]:.3f} / {q[-1]:.3f})  "
+                f"cache {int(setup.cache._owned._buffers[0].data.ptr) >> 20} MiB",
+                flush=True,
+            )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--case", default="8x1x16x4096")
@@ -67,6 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="bench_decode --two-term-rounds")
     p.add_argument("--timing-s", type=float, default=0.3)
+    p.add_argument(
+        "--recreate",
+        help="instead of --states: comma-separated trials, each a "
+        "+-joined list of parts built anew before it (none, cache, tables, io, plans)",
+    )
+    p.add_argument("--pairs", type=int, default=100, help="--recreate: interleaved rounds")
     a = p.parse_args(argv)
 
     import cupy
@@ -74,18 +216,30 @@ def main(argv: list[str] | None = None) -> int:
 
     snapmla = bd.import_snapmla()
     torch.cuda.init()
+    if a.recreate:
+        return recreate_mode(torch, snapmla, a)
     seen: dict[str, int] = {}
     snapmla.KVCache = _recording_cache(snapmla, seen)
     snapmla.DecodePlan = _recording_plan(snapmla, seen)
     args = bd._parser().parse_args(
-        ["--no-flashinfer", "--two-term", f"--two-term-rounds={a.rounds}",
-         f"--timing-s={a.timing_s}"]
+        [
+            "--no-flashinfer",
+            "--two-term",
+            f"--two-term-rounds={a.rounds}",
+            f"--timing-s={a.timing_s}",
+        ]
     )
     case = bd.Case.parse(a.case)
-    print(f"# {a.case}, wheel {getattr(snapmla, '__version__', '?')}; addresses in MiB "
-          "(and their offset in a 2 MiB page, KiB)")
-    print(f"{'state':<28} {'cache':>14} {'ws1':>14} {'ws2':>14} {'fp8 us':>8} {'fp8x2 us':>8} "
-          f"{'cost':>6} {'alt':>6} {'same':>6}")
+    print(
+        f"# {a.case}; addresses in MiB; t s: seconds since the first run; cost, alt, same: "
+        "bench_decode's two-term costs; il: the interleaved rounds' medians (us) and ratios"
+    )
+    print(
+        f"{'state':<24} {'t s':>6} {'cache':>10} {'ws1':>10} {'ws2':>10} {'fp8 us':>7} "
+        f"{'fp8x2':>7} {'cost':>6} {'alt':>6} {'same':>6} {'il fp8':>7} {'il fp8x2':>8} "
+        f"{'inter':>6} {'p10':>6} {'p90':>6}"
+    )
+    t_start = time.perf_counter()
     costs: dict[str, list[float]] = {}
     for state in a.states.split(","):
         for _ in range(a.repeat):
@@ -102,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif kind != "fresh":
                     raise SystemExit(f"placement_probe: unknown state part {part!r}")
             seen.clear()
+            t_run = time.perf_counter() - t_start
             res = bd.run_case(torch, snapmla, case, args, None, None)
             del keep
             bd._free_memory(torch)
@@ -109,16 +264,24 @@ def main(argv: list[str] | None = None) -> int:
             two = res.get("snapmla_fp8x2") or {}
 
             def where(key: str) -> str:
-                v = seen.get(key, 0)
-                return f"{v >> 20}+{(v & ((2 << 20) - 1)) >> 10}"
+                return str(seen.get(key, 0) >> 20)
 
             alt = two.get("cost_alternating")
-            costs.setdefault(state, []).append(alt or 0.0)
-            print(f"{state:<28} {where('cache'):>14} {where('ws1'):>14} {where('ws2'):>14} "
-                  f"{bd._fmt(one, '.2f'):>8} {bd._fmt(two.get('median_us'), '.2f'):>8} "
-                  f"{bd._fmt(two.get('cost_vs_fp8'), '.3f'):>6} {bd._fmt(alt, '.3f'):>6} "
-                  f"{bd._fmt(two.get('cost_same_workspace'), '.3f'):>6}", flush=True)
-    print("# alternating cost by state (median of its runs):")
+            il = two.get("interleaved") or {}
+            costs.setdefault(state, []).append(two.get("cost_interleaved") or 0.0)
+            print(
+                f"{state:<24} {t_run:>6.1f} {where('cache'):>10} {where('ws1'):>10} "
+                f"{where('ws2'):>10} {bd._fmt(one, '.2f'):>7} "
+                f"{bd._fmt(two.get('median_us'), '.2f'):>7} "
+                f"{bd._fmt(two.get('cost_vs_fp8'), '.3f'):>6} {bd._fmt(alt, '.3f'):>6} "
+                f"{bd._fmt(two.get('cost_same_workspace'), '.3f'):>6} "
+                f"{bd._fmt(il.get('fp8_us'), '.2f'):>7} {bd._fmt(il.get('fp8x2_us'), '.2f'):>8} "
+                f"{bd._fmt(two.get('cost_interleaved'), '.3f'):>6} "
+                f"{bd._fmt(il.get('ratio_p10'), '.3f'):>6} "
+                f"{bd._fmt(il.get('ratio_p90'), '.3f'):>6}",
+                flush=True,
+            )
+    print("# interleaved cost by state (median of its runs):")
     for state, c in costs.items():
         print(f"#   {state:<28} {statistics.median(c):.3f}  ({', '.join(f'{x:.3f}' for x in c)})")
     return 0
