@@ -449,6 +449,7 @@ def interleaved_times(
     pairs: int = 100,
     graph_target_s: float = GRAPH_TARGET_S,
     max_calls: int = MAX_CALLS_PER_GRAPH,
+    keep_graphs: list[Any] | None = None,
 ) -> list[list[float]] | None:
     """Per-call times (s) of several calls replayed in turn, for ratios free of clock drift.
 
@@ -460,6 +461,7 @@ def interleaved_times(
     drift of the board's clock between two long timings (session 42: two 0.3 s timings one
     after the other split a fixed total between them in a proportion that changed from run
     to run). Returns ``times[k][j]``, call k's time in round j; None if capture fails.
+    ``keep_graphs``: a list the graphs are appended to (for a caller that replays them again).
     """
     n = max(1, min(max_calls, math.ceil(graph_target_s / max(per_call_s, 1e-7))))
     if variants > 1:
@@ -498,6 +500,8 @@ def interleaved_times(
             graphs[idx].replay()
             e1.record()
     torch.cuda.synchronize()
+    if keep_graphs is not None:
+        keep_graphs.extend(graphs)
     return [[e0.elapsed_time(e1) * 1e-3 / n for e0, e1 in events[idx]] for idx in range(k)]
 
 

@@ -179,8 +179,14 @@ def recreate_mode(torch: Any, snapmla: Any, a: argparse.Namespace) -> int:
             bd._free_memory(torch)
             one = setup.call(setup.plan1)
             two = setup.call(setup.plan2)
+            graphs: list[Any] = []
             times = bd.interleaved_times(
-                torch, [one, two], per_call_s=17e-6, variants=setup.copies, pairs=a.pairs
+                torch,
+                [one, two],
+                per_call_s=17e-6,
+                variants=setup.copies,
+                pairs=a.pairs,
+                keep_graphs=graphs,
             )
             assert times is not None, "graph capture failed"
             ratios = sorted(b / x for x, b in zip(*times))
@@ -193,7 +199,40 @@ def recreate_mode(torch: Any, snapmla: Any, a: argparse.Namespace) -> int:
                 f"cache {int(setup.cache._owned._buffers[0].data.ptr) >> 20} MiB",
                 flush=True,
             )
+            if a.profile:
+                for label, g in zip(("fp8", "fp8x2"), graphs):
+                    try:
+                        summary = kernel_profile(torch, g)
+                    except Exception as exc:  # noqa: BLE001 (a torch without kineto's events)
+                        summary = f"no profile: {exc}"
+                    print(f"    {label}: {summary}", flush=True)
+            del graphs
     return 0
+
+
+def kernel_profile(torch: Any, graph: Any) -> str:
+    """One replay of a graph under torch.profiler: each kernel's mean duration and the mean
+    gap before it (from the previous kernel's end), us."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    kernels = []
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA and e.duration_ns() > 0:
+            kernels.append((e.start_ns(), e.duration_ns(), e.name()))
+    kernels.sort()
+    stats: dict[str, list[float]] = {}
+    end = None
+    for start, dur, name in kernels:
+        short = name.split("<")[0].split("(")[0][-28:]
+        gap = (start - end) / 1e3 if end is not None else 0.0
+        stats.setdefault(short, []).append(dur / 1e3)
+        stats.setdefault(short + " gap", []).append(gap)
+        end = start + dur
+    return "  ".join(f"{k} {statistics.mean(v):.2f}" for k, v in stats.items())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +248,11 @@ def main(argv: list[str] | None = None) -> int:
         "+-joined list of parts built anew before it (none, cache, tables, io, plans)",
     )
     p.add_argument("--pairs", type=int, default=100, help="--recreate: interleaved rounds")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="--recreate: after each trial, one replay of each graph under torch.profiler",
+    )
     a = p.parse_args(argv)
 
     import cupy
