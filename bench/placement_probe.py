@@ -90,6 +90,7 @@ class Setup:
         self.q_cpu = torch.randn(case.batch, case.q_len, case.heads, bd.HEAD_DIM).mul_(0.5)
         self.q_cpu = self.q_cpu.to(torch.bfloat16)
         self.cache = self.plan1 = self.plan2 = None
+        self.num_sm_parts = 0
         for part in ("cache", "tables", "io", "plans"):
             self.recreate(part)
 
@@ -129,6 +130,9 @@ class Setup:
             self.lse = torch.empty(
                 case.batch, case.heads, case.q_len, dtype=torch.float32, device="cuda"
             )
+        elif part.startswith("parts:"):  # the plans' num_sm_parts, then new plans
+            self.num_sm_parts = int(part[6:])
+            self.recreate("plans")
         elif part == "plans":
             for old in (self.plan1, self.plan2):
                 if old is not None:
@@ -137,6 +141,7 @@ class Setup:
                 "num_heads": case.heads,
                 "q_len": case.q_len,
                 "max_pages": self.max_pages,
+                "num_sm_parts": self.num_sm_parts,
                 "stream": self.stream(),
             }
             self.plan1 = snapmla.DecodePlan(self.seqlens_t, **kw)
@@ -245,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--recreate",
         help="instead of --states: comma-separated trials, each a "
-        "+-joined list of parts built anew before it (none, cache, tables, io, plans)",
+        "+-joined list of parts built anew before it (none, cache, tables, io, plans, "
+        "parts:N = plans with num_sm_parts N from then on)",
     )
     p.add_argument("--pairs", type=int, default=100, help="--recreate: interleaved rounds")
     p.add_argument(
