@@ -446,15 +446,34 @@ int row_tiles_of(const snapmla_decode_config_t& c) {
   return ceil_div(int64_t{c.q_len} * c.num_heads, decode::kTileRows);
 }
 
-snapmla_status_t num_parts_of(const char* op, const snapmla_decode_config_t& c, int* parts) {
+// The parts whose attention CTAs find an SM free when the attention kernel launches
+// (decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM): with the default part count, where a request's rows
+// are one row tile (the last parts are then the CTAs dispatched last) and a Q-quant kernel runs
+// before the attention kernel, all but the last G, G the Q-quant kernel's CTAs (up to 8 warps
+// each); else all of them.
+int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
+  const int64_t rows_per_request = int64_t{c.q_len} * c.num_heads;
+  if (c.num_sm_parts > 0 || row_tiles_of(c) != 1) return parts;
+  const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
+  if (!two_term && decode::seesaw_fuses_q(decode::seesaw_pv_width(rows_per_request))) return parts;
+  const int64_t held = quantize_q_blocks(int64_t{c.batch_size} * rows_per_request, sms);
+  return held < parts ? parts - static_cast<int>(held) : parts;
+}
+
+// The plan's part count (the config's, or the default from the SM count) and, where
+// free_parts is given, the parts of them free_parts_of leaves work to.
+snapmla_status_t num_parts_of(const char* op, const snapmla_decode_config_t& c, int* parts,
+                              int* free_parts = nullptr) {
   if (c.num_sm_parts > 0) {
     *parts = c.num_sm_parts;
+    if (free_parts != nullptr) *free_parts = *parts;
     return SNAPMLA_SUCCESS;
   }
   if (t_validate_only) return validated(op);
   int sms = 0;
   SNAPMLA_CUDA(op, current_device_sm_count(&sms));
   *parts = decode::default_num_parts(sms, row_tiles_of(c));
+  if (free_parts != nullptr) *free_parts = free_parts_of(c, *parts, sms);
   return SNAPMLA_SUCCESS;
 }
 
@@ -1025,13 +1044,14 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   SNAPMLA_TRY(check_span(op, "cache_seqlens", cache_seqlens, 4, c.batch_size, {}));
   if (c.num_sm_parts > 0) SNAPMLA_TRY(check_decode_buffers(op, c, c.num_sm_parts, plan, nullptr));
   SNAPMLA_TRY(check_device(op, nullptr));
-  int parts = 0;
-  SNAPMLA_TRY(num_parts_of(op, c, &parts));
+  int parts = 0, free_parts = 0;
+  SNAPMLA_TRY(num_parts_of(op, c, &parts, &free_parts));
   if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, nullptr));
-  SNAPMLA_CUDA(
-      op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
-                              c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
-                              static_cast<int32_t*>(plan), reinterpret_cast<cudaStream_t>(stream)));
+  SNAPMLA_CUDA(op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads,
+                                       c.max_pages, parts, free_parts,
+                                       c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
+                                       static_cast<int32_t*>(plan),
+                                       reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 

@@ -196,8 +196,11 @@ struct DecodeParams {
 int default_num_parts(int sm_count, int row_tiles);
 
 // min_part_cost: the least cost a part covers (1: split as finely as num_parts allows).
+// free_parts: the parts whose CTAs start on SMs free at the attention kernel's launch
+// (SNAPMLA_PLAN_QQ_ROOM in plan.cu; num_parts: all of them).
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int min_part_cost, int32_t* plan, cudaStream_t stream);
+                        int num_parts, int free_parts, int min_part_cost, int32_t* plan,
+                        cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
 // The tensor-core kernel (seesaw/): FP8 wgmma QK and transposed PV, two warpgroups.
 cudaError_t launch_seesaw_decode(const DecodeParams& params, cudaStream_t stream);

@@ -51,9 +51,34 @@ __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, i
   return 0;
 }
 
+// SNAPMLA_PLAN_QQ_ROOM (1: on; 0: every part may take work): where the Q-quant kernel holds
+// G SMs when the attention kernel launches (its programmatic launch: common/launch.h), the
+// attention CTAs dispatched last (the highest parts, where a request is one row tile) wait for
+// those SMs and start after the Q-quant kernel has ended, behind the others by its remaining
+// time and their own prologue (the plan, the first pages' loads); a part that ends last then
+// ends the call. Where giving every part up to one more cost unit (a 64-token block) leaves
+// the last G parts empty, the plan does so (free_parts = num_parts - G; the empty parts' CTAs
+// exit at once). Session 42 (bench/results/2026-12-04-s42/, placement_probe.py, graph replays
+// on the H200): at 8x1x16x4096, 132 parts of 4 blocks ran in one of two states from capture to
+// capture, 16.2 or 16.7 us a call (one-term; two-term 17.45 or 16.95), 106 parts of 5 blocks
+// (116 usable) 15.7 us (two-term 15.85) in every capture.
+#ifndef SNAPMLA_PLAN_QQ_ROOM
+#define SNAPMLA_PLAN_QQ_ROOM 1
+#endif
+
+// The parts the cost line may use: free_parts where that costs each at most one unit more,
+// else num_parts.
+__device__ int usable_parts(int32_t total, int num_parts, int free_parts, int min_part_cost) {
+  if (!SNAPMLA_PLAN_QQ_ROOM || free_parts <= 0 || free_parts >= num_parts) return num_parts;
+  const int32_t t_all = max((total + num_parts - 1) / num_parts, min_part_cost);
+  const int32_t t_free = max((total + free_parts - 1) / free_parts, min_part_cost);
+  return t_free <= t_all + 1 ? free_parts : num_parts;
+}
+
 __global__ void __launch_bounds__(kPlanThreads)
     plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
-                int max_pages, int num_parts, int min_part_cost, int32_t* __restrict__ plan) {
+                int max_pages, int num_parts, int free_parts, int min_part_cost,
+                int32_t* __restrict__ plan) {
   const PlanLayout L = PlanLayout::make(batch, num_parts);
   int32_t* prefix = plan + L.prefix;
   int32_t* nblocks = plan + L.nblocks;
@@ -101,8 +126,9 @@ __global__ void __launch_bounds__(kPlanThreads)
     __syncthreads();
   }
   int32_t total = carry;
-  int32_t T = max((total + num_parts - 1) / num_parts, min_part_cost);
-  const int32_t stride = aligned_stride(batch, num_parts, min_part_cost, max_cost, &T);
+  const int usable = usable_parts(total, num_parts, free_parts, min_part_cost);
+  int32_t T = max((total + usable - 1) / usable, min_part_cost);
+  const int32_t stride = aligned_stride(batch, usable, min_part_cost, max_cost, &T);
   if (stride > 0) {  // request b at cost b * stride: k whole parts of its own
     for (int b = threadIdx.x; b < batch; b += kPlanThreads) prefix[b] = b * stride;
     total = batch * stride;
@@ -167,9 +193,10 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
 }
 
 cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int min_part_cost, int32_t* plan, cudaStream_t stream) {
+                        int num_parts, int free_parts, int min_part_cost, int32_t* plan,
+                        cudaStream_t stream) {
   plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, batch, q_len, num_heads, max_pages,
-                                              num_parts, min_part_cost, plan);
+                                              num_parts, free_parts, min_part_cost, plan);
   return cudaGetLastError();
 }
 

@@ -5,9 +5,8 @@
 namespace snapmla {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarpsPerBlock = kThreads / kWarpSize;
-constexpr int kBlocksPerSm = 8;
+constexpr int kWarpsPerBlock = kQuantizeQWarps;
+constexpr int kThreads = kWarpsPerBlock * kWarpSize;
 
 // One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
 // kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
@@ -44,9 +43,10 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
 cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const int64_t rows = p.num_tokens * p.num_heads;
   if (rows == 0) return cudaSuccess;
-  int blocks = 0;
-  const cudaError_t err = warp_per_item_blocks(rows, kWarpsPerBlock, kBlocksPerSm, &blocks);
+  int sms = 0;
+  const cudaError_t err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return err;
+  const int blocks = static_cast<int>(quantize_q_blocks(rows, sms));
   const bool split = p.q_pe != nullptr;
   const bool aligned = quantize_q_vectorizable(p);
   // One instantiation per (aligned, split, two-term); the one-term ones are the validated

@@ -31,6 +31,8 @@ from _util import (
 MAGIC = 0x4D4C4131
 FIXED_COST = 2  # decode::kFixedCost
 MIN_PART_COST = 2  # decode::kMinPartCost, with the default split count
+QQ_WARPS = 8  # kQuantizeQWarps: the Q-quant kernel's rows (warps) a CTA
+QQ_BLOCKS_PER_SM = 8  # kQuantizeQBlocksPerSm
 BLOCK_N = 64
 TILE_ROWS = 64
 KERNELS = ("fast", "reference")
@@ -50,9 +52,30 @@ def aligned_stride(batch: int, num_parts: int, min_part_cost: int, max_cost: int
     return 0, t
 
 
+def free_parts_model(batch: int, q_len: int, num_heads: int, num_parts: int, sm_count: int,
+                     explicit_parts: bool) -> int:
+    """The parts whose CTAs find an SM the Q-quant kernel leaves free (api.cu free_parts_of):
+    with the default part count and one row tile a request, all but the Q-quant kernel's CTAs
+    (no width fuses the Q by default, so a Q-quant kernel runs before every seesaw launch)."""
+    if explicit_parts or math.ceil(q_len * num_heads / TILE_ROWS) != 1:
+        return num_parts
+    held = min(-(-batch * q_len * num_heads // QQ_WARPS), sm_count * QQ_BLOCKS_PER_SM)
+    return num_parts - held if held < num_parts else num_parts
+
+
+def usable_parts(total: int, num_parts: int, free_parts: int, min_part_cost: int) -> int:
+    """plan.cu usable_parts (SNAPMLA_PLAN_QQ_ROOM): free_parts where that costs each part at
+    most one unit more."""
+    if free_parts <= 0 or free_parts >= num_parts:
+        return num_parts
+    t_all = max(-(-total // num_parts), min_part_cost)
+    t_free = max(-(-total // free_parts), min_part_cost)
+    return free_parts if t_free <= t_all + 1 else num_parts
+
+
 def plan_model(seqlens, q_len: int, num_heads: int, max_pages: int, num_parts: int,
-               min_part_cost: int) -> np.ndarray:
-    """The plan's int32 words for these sequence lengths."""
+               min_part_cost: int, free_parts: int | None = None) -> np.ndarray:
+    """The plan's int32 words for these sequence lengths (free_parts: None = num_parts)."""
     batch = len(seqlens)
     nblocks = [
         -1 if n < 0 or n > max_pages * BLOCK_N else -(-n // BLOCK_N) for n in map(int, seqlens)
@@ -62,8 +85,10 @@ def plan_model(seqlens, q_len: int, num_heads: int, max_pages: int, num_parts: i
     for c in costs:
         prefix.append(prefix[-1] + c)
     total = prefix[-1]
-    t = max(-(-total // num_parts), min_part_cost)
-    stride, t = aligned_stride(batch, num_parts, min_part_cost, max(costs, default=0), t)
+    usable = usable_parts(total, num_parts, num_parts if free_parts is None else free_parts,
+                          min_part_cost)
+    t = max(-(-total // usable), min_part_cost)
+    stride, t = aligned_stride(batch, usable, min_part_cost, max(costs, default=0), t)
     if stride:
         prefix = [b * stride for b in range(batch + 1)]
         total = prefix[-1]
@@ -144,6 +169,12 @@ CASES = [
     ([300, -1, 300, 99999], 2, 64, 8, 0),  # invalid lengths cost their fixed cost
     ([700] * 40, 1, 16, 16, 7),
     ([700] * 40, 1, 16, 16, 264),
+    ([4096] * 8, 1, 16, 64, 0),  # 16 Q-quant CTAs: 5 blocks a part over 116 parts, not 4 over 132
+    ([8192], 1, 16, 128, 0),  # 2 Q-quant CTAs
+    ([4096] * 16, 1, 16, 64, 0),  # 32 Q-quant CTAs: one more unit would not do, all parts
+    ([4096] * 64, 1, 16, 64, 0),  # 128 Q-quant CTAs: all parts
+    ([4096] * 8, 1, 32, 64, 0),
+    ([4096] * 8, 2, 16, 64, 0),
 ]
 
 
@@ -152,7 +183,8 @@ def test_plan_words_match_the_model(lens, q_len: int, h: int, max_pages: int, pa
     words, num_parts = device_plan(lens, q_len, h, max_pages, parts)
     row_tiles = math.ceil(q_len * h / TILE_ROWS)
     assert num_parts == (parts or max(_sm_count() // row_tiles, 1))
-    want = plan_model(lens, q_len, h, max_pages, num_parts, 1 if parts else MIN_PART_COST)
+    free = free_parts_model(len(lens), q_len, h, num_parts, _sm_count(), parts > 0)
+    want = plan_model(lens, q_len, h, max_pages, num_parts, 1 if parts else MIN_PART_COST, free)
     n = len(want)
     assert (words[:n] == want).all(), (
         f"plan words differ at {np.flatnonzero(words[:n] != want)[:10].tolist()}: "
@@ -173,8 +205,9 @@ def test_plan_random_batches_match_the_model(rng: np.random.Generator) -> None:
         q_len = int(rng.choice([1, 2]))
         parts = int(rng.choice([0, 0, 1, 5, 300]))
         words, num_parts = device_plan(lens.tolist(), q_len, h, max_pages, parts)
+        free = free_parts_model(batch, q_len, h, num_parts, _sm_count(), parts > 0)
         want = plan_model(lens.tolist(), q_len, h, max_pages, num_parts,
-                          1 if parts else MIN_PART_COST)
+                          1 if parts else MIN_PART_COST, free)
         assert (words[: len(want)] == want).all(), (batch, max_pages, h, q_len, parts)
 
 
@@ -224,3 +257,22 @@ def test_aligned_and_plain_lines_agree_on_the_example() -> None:
     words = plan_model(mixed, 1, 128, 400, 66, MIN_PART_COST)
     costs = [-(-n // 64) + 2 for n in mixed]
     assert words[8:13].tolist() == [0] + np.cumsum(costs).tolist()
+
+
+def test_parts_leave_the_q_quant_kernels_sms_free() -> None:
+    """The rule on session 42's case (CPU arithmetic, a 132-SM H200): 8 x 4k at 16 heads,
+    16 Q-quant CTAs: T = 5 over the first 116 parts (the aligned line: 14 parts a request, 112
+    with work), not T = 4 over all 132; where that would cost a part two more units (16 x 4k:
+    T = 9 -> 11 over 100), all parts stay usable."""
+    free = free_parts_model(8, 1, 16, 132, 132, False)
+    assert free == 116
+    words = plan_model([4096] * 8, 1, 16, 64, 132, MIN_PART_COST, free)
+    b, parts = 8, 132
+    part_begin = words[8 + 4 * b + 1 : 8 + 4 * b + 1 + parts]
+    assert words[7] == 5 and (part_begin[112:] == b).all() and (part_begin[:112] < b).all()
+    assert plan_model([4096] * 8, 1, 16, 64, 132, MIN_PART_COST)[7] == 4  # the rule off
+    assert free_parts_model(8, 1, 16, 132, 132, True) == 132  # an explicit part count
+    assert free_parts_model(8, 1, 128, 66, 132, False) == 66  # two row tiles
+    free = free_parts_model(16, 1, 16, 132, 132, False)
+    rule = plan_model([4096] * 16, 1, 16, 64, 132, MIN_PART_COST, free)
+    assert free == 100 and (rule == plan_model([4096] * 16, 1, 16, 64, 132, MIN_PART_COST)).all()
