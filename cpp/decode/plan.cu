@@ -56,23 +56,29 @@ __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, i
 // attention CTAs dispatched last (the highest parts, where a request is one row tile) wait for
 // those SMs and start after the Q-quant kernel has ended, behind the others by its remaining
 // time and their own prologue (the plan, the first pages' loads); a part that ends last then
-// ends the call. Where giving every part up to one more cost unit (a 64-token block) leaves
-// the last G parts empty, the plan does so (free_parts = num_parts - G; the empty parts' CTAs
-// exit at once). Session 42 (bench/results/2026-12-04-s42/, placement_probe.py, graph replays
-// on the H200): at 8x1x16x4096, 132 parts of 4 blocks ran in one of two states from capture to
-// capture, 16.2 or 16.7 us a call (one-term; two-term 17.45 or 16.95), 106 parts of 5 blocks
-// (116 usable) 15.7 us (two-term 15.85) in every capture.
+// ends the call. Where the parts are short (at most kQqRoomShortPart cost units, 64-token
+// blocks, each) and giving each up to kQqRoomExtra more units leaves the last G parts empty,
+// the plan does so (free_parts = num_parts - G; the empty parts' CTAs exit at once). Session
+// 42 (bench/results/2026-12-04-s42/: placement_probe.py, bench_decode.py A/B/A, graph replays
+// on the H200): 8x1x16x4096 (132 parts of 4 blocks -> 112 of 5) 16.7 -> 15.8 us one-term and
+// 17.0 -> 15.8 two-term, 8x1x32x4096 (4 -> 6 blocks) 18.8 -> 18.3 and 18.85 -> 18.45; the
+// 132-part plans also ran in a second state from one graph capture to the next, where the
+// one-term call alone was faster (16.2 and 18.1 us) and the two-term cost 7.7% and 5.7%: the
+// new plans ran in one state. Longer parts lose: 4x1x16x16384 (8 -> 9 blocks) 21.5 -> 22.1 us,
+// 16x1x16x4096 (9 -> 11) 21.8 -> 22.2, where the late CTAs' start is a smaller share.
 #ifndef SNAPMLA_PLAN_QQ_ROOM
 #define SNAPMLA_PLAN_QQ_ROOM 1
 #endif
+constexpr int32_t kQqRoomShortPart = 4;
+constexpr int32_t kQqRoomExtra = 2;
 
-// The parts the cost line may use: free_parts where that costs each at most one unit more,
-// else num_parts.
+// The parts the cost line may use: free_parts where the parts are short and that costs each
+// at most kQqRoomExtra units more, else num_parts.
 __device__ int usable_parts(int32_t total, int num_parts, int free_parts, int min_part_cost) {
   if (!SNAPMLA_PLAN_QQ_ROOM || free_parts <= 0 || free_parts >= num_parts) return num_parts;
   const int32_t t_all = max((total + num_parts - 1) / num_parts, min_part_cost);
   const int32_t t_free = max((total + free_parts - 1) / free_parts, min_part_cost);
-  return t_free <= t_all + 1 ? free_parts : num_parts;
+  return t_all <= kQqRoomShortPart && t_free <= t_all + kQqRoomExtra ? free_parts : num_parts;
 }
 
 __global__ void __launch_bounds__(kPlanThreads)

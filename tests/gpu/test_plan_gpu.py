@@ -64,13 +64,13 @@ def free_parts_model(batch: int, q_len: int, num_heads: int, num_parts: int, sm_
 
 
 def usable_parts(total: int, num_parts: int, free_parts: int, min_part_cost: int) -> int:
-    """plan.cu usable_parts (SNAPMLA_PLAN_QQ_ROOM): free_parts where that costs each part at
-    most one unit more."""
+    """plan.cu usable_parts (SNAPMLA_PLAN_QQ_ROOM): free_parts where the parts are short (at
+    most 4 units) and that costs each part at most two units more."""
     if free_parts <= 0 or free_parts >= num_parts:
         return num_parts
     t_all = max(-(-total // num_parts), min_part_cost)
     t_free = max(-(-total // free_parts), min_part_cost)
-    return free_parts if t_free <= t_all + 1 else num_parts
+    return free_parts if t_all <= 4 and t_free <= t_all + 2 else num_parts
 
 
 def plan_model(seqlens, q_len: int, num_heads: int, max_pages: int, num_parts: int,
@@ -260,10 +260,10 @@ def test_aligned_and_plain_lines_agree_on_the_example() -> None:
 
 
 def test_parts_leave_the_q_quant_kernels_sms_free() -> None:
-    """The rule on session 42's case (CPU arithmetic, a 132-SM H200): 8 x 4k at 16 heads,
+    """The rule on session 42's cases (CPU arithmetic, a 132-SM H200): 8 x 4k at 16 heads,
     16 Q-quant CTAs: T = 5 over the first 116 parts (the aligned line: 14 parts a request, 112
-    with work), not T = 4 over all 132; where that would cost a part two more units (16 x 4k:
-    T = 9 -> 11 over 100), all parts stay usable."""
+    with work), not T = 4 over all 132; at 32 heads (32 CTAs) T = 6 over 100; where the parts
+    are longer (4 x 16k at 16 heads, T = 8) all parts stay usable."""
     free = free_parts_model(8, 1, 16, 132, 132, False)
     assert free == 116
     words = plan_model([4096] * 8, 1, 16, 64, 132, MIN_PART_COST, free)
@@ -271,8 +271,12 @@ def test_parts_leave_the_q_quant_kernels_sms_free() -> None:
     part_begin = words[8 + 4 * b + 1 : 8 + 4 * b + 1 + parts]
     assert words[7] == 5 and (part_begin[112:] == b).all() and (part_begin[:112] < b).all()
     assert plan_model([4096] * 8, 1, 16, 64, 132, MIN_PART_COST)[7] == 4  # the rule off
+    free = free_parts_model(8, 1, 32, 132, 132, False)
+    words = plan_model([4096] * 8, 1, 32, 64, 132, MIN_PART_COST, free)
+    part_begin = words[8 + 4 * b + 1 : 8 + 4 * b + 1 + parts]
+    assert free == 100 and words[7] == 6 and (part_begin[100:] == b).all()
     assert free_parts_model(8, 1, 16, 132, 132, True) == 132  # an explicit part count
     assert free_parts_model(8, 1, 128, 66, 132, False) == 66  # two row tiles
-    free = free_parts_model(16, 1, 16, 132, 132, False)
-    rule = plan_model([4096] * 16, 1, 16, 64, 132, MIN_PART_COST, free)
-    assert free == 100 and (rule == plan_model([4096] * 16, 1, 16, 64, 132, MIN_PART_COST)).all()
+    free = free_parts_model(4, 1, 16, 132, 132, False)
+    rule = plan_model([16384] * 4, 1, 16, 256, 132, MIN_PART_COST, free)
+    assert free == 124 and (rule == plan_model([16384] * 4, 1, 16, 256, 132, MIN_PART_COST)).all()
