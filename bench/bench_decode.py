@@ -457,10 +457,11 @@ def interleaved_times(
     ``graph_target_s`` at ``per_call_s`` a call, a multiple of ``variants`` where that fits
     ``max_calls``, so that every variant weighs the same), then ``pairs`` rounds replay every
     graph once between events, the order rotated each round. A replay lasts milliseconds, so
-    the calls of one round see the same clock: ratios of a round's times do not carry the
-    drift of the board's clock between two long timings (session 42: two 0.3 s timings one
-    after the other split a fixed total between them in a proportion that changed from run
-    to run). Returns ``times[k][j]``, call k's time in round j; None if capture fails.
+    the calls of one round see the same clock, where two long timings one after the other may
+    not (the power cap lowers it over tens of milliseconds at the long cases). Session 42: at
+    the short cases it agreed with the long timings to 0.001-0.003; a cost that moved from run
+    to run there was a state of the graphs' kernels, not of the clock (bench/NOTES.md).
+    Returns ``times[k][j]``, call k's time in round j; None if capture fails.
     ``keep_graphs``: a list the graphs are appended to (for a caller that replays them again).
     """
     n = max(1, min(max_calls, math.ceil(graph_target_s / max(per_call_s, 1e-7))))

@@ -19,6 +19,16 @@ calls' times and the cost. A state is a ``+``-joined list of:
       --states "fresh,case:1x1x16x8192,cupy:2,cupy:64,torch:64,cupy:256+torch:256" --repeat 2
 
 Each state runs ``--repeat`` times in the given order; every line is one run_case.
+``--recreate`` builds the case once and rebuilds named parts between trials, each trial an
+interleaved cost (``--profile``: each kernel's time under torch.profiler; ``parts:N``: the
+plans' num_sm_parts).
+
+Session 42's answer (bench/results/2026-12-04-s42/): not the addresses. With 132 parts of 4
+blocks the graphs ran in one of two states from one capture to the next, and in the second the
+one-term attention kernel was 1.1 us faster while the two-term one was not (cost 1.017 or
+1.077); with the last 16 parts empty, so that no attention CTA waits for an SM the Q-quant
+kernel holds, both forms were faster and the state was always the same (decode/plan.cu,
+SNAPMLA_PLAN_QQ_ROOM).
 """
 
 from __future__ import annotations
