@@ -130,6 +130,32 @@ def main() -> int:
     cupy.cuda.get_current_stream().synchronize()
     engine.close()
     print("two-term query: done")
+
+    # Parts of more than 4 blocks (session 42): the seesaw kernels' ring of 4 row-statistics
+    # slots is reused within a part, which the shapes above never do (at most 5 blocks a
+    # request). One part a request of 10 blocks, and one part across two requests, at 16 and 32
+    # query rows (the two-term layout's N = 16 and 32 kernels) and 64, both query precisions.
+    long_lens = np.array([640, 600], dtype=np.int32)
+    long_pages = 10
+    long_cache = snapmla.KVCache(1, 2 * long_pages)
+    long_table = cupy.arange(2 * long_pages, dtype=cupy.int32).reshape(2, long_pages)
+    n_long = int(long_lens.sum())
+    long_slots = cupy.concatenate([cupy.arange(640), long_pages * 64 + cupy.arange(600)])
+    ck = (rs.standard_normal((n_long, 512), dtype=cupy.float32) * 0.5).astype(bf16)
+    kp = (rs.standard_normal((n_long, 64), dtype=cupy.float32) * 0.5).astype(bf16)
+    long_cache.append(0, ck, kp, long_slots.astype(cupy.int64))
+    long_seqlens = cupy.asarray(long_lens)
+    for heads, q_len, parts, precision in [(32, 1, 2, "fp8"), (16, 1, 2, "fp8x2"),
+                                           (16, 2, 1, "fp8"), (16, 1, 1, "fp8x2"),
+                                           (64, 1, 2, "fp8")]:
+        q = (rs.standard_normal((2, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
+        plan = snapmla.DecodePlan(long_seqlens, num_heads=heads, q_len=q_len,
+                                  max_pages=long_pages, num_sm_parts=parts, q_precision=precision)
+        snapmla.decode(long_cache, 0, q, long_table, long_seqlens, plan, softmax_scale=192**-0.5,
+                       causal=True, kernel="fast")
+    cupy.cuda.get_current_stream().synchronize()
+    long_cache.close()
+    print("parts of more than 4 blocks: done")
     print("smoke done")
     return 0
 
