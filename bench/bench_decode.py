@@ -459,15 +459,16 @@ def interleaved_times(
     graph once between events, the order rotated each round. A replay lasts milliseconds, so
     the calls of one round see the same clock, where two long timings one after the other may
     not (the power cap lowers it over tens of milliseconds at the long cases). Session 42: at
-    the short cases it agreed with the long timings to 0.001-0.003; a cost that moved from run
-    to run there was a state of the graphs' kernels, not of the clock (bench/NOTES.md).
+    the short cases it agreed with the long timings within about 0.01 (in most runs 0.005),
+    also where the cost moved from run to run: that was a state of the graphs' kernels, not
+    of the clock (bench/NOTES.md).
     Returns ``times[k][j]``, call k's time in round j; None if capture fails.
     ``keep_graphs``: a list the graphs are appended to (for a caller that replays them again).
     """
     n = max(1, min(max_calls, math.ceil(graph_target_s / max(per_call_s, 1e-7))))
     if variants > 1:
         n = max(variants, -(-n // variants) * variants)
-        n = n if n <= max_calls else max(variants, max_calls)
+        n = n if n <= max_calls else max(variants, max_calls // variants * variants)
     for call in calls:
         for i in range(min(variants, 8)):
             call(i)
@@ -841,7 +842,7 @@ def run_case(
                     doc["cost_vs_fp8"] = t2["median_us"] / one
                 if args.two_term_grid:
                     doc["grid"] = grid_query_times(run)
-                if args.two_term_pairs > 0 and ours_ok and not args.no_graph:
+                if args.two_term_pairs > 1 and ours_ok and not args.no_graph:
                     times = interleaved_times(
                         torch,
                         [ours, run],
@@ -1113,7 +1114,7 @@ def _parser() -> argparse.ArgumentParser:
         default=100,
         help="with --two-term: rounds of one graph replay of each call in turn (milliseconds "
         "each) whose median ratio is cost_interleaved, free of the clock's drift between long "
-        "timings (0: none; needs graphs)",
+        "timings (0 or 1: none; needs graphs)",
     )
     p.add_argument(
         "--page-stride",

@@ -27,8 +27,8 @@ Session 42's answer (bench/results/2026-12-04-s42/): not the addresses. With 132
 blocks the graphs ran in one of two states from one capture to the next, and in the second the
 one-term attention kernel was 1.1 us faster while the two-term one was not (cost 1.017 or
 1.077); with the last 16 parts empty, so that no attention CTA waits for an SM the Q-quant
-kernel holds, both forms were faster and the state was always the same (decode/plan.cu,
-SNAPMLA_PLAN_QQ_ROOM).
+kernel holds, both forms were faster and in the same state in every trial (twelve with
+112-124 parts; decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM).
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def recreate_mode(torch: Any, snapmla: Any, a: argparse.Namespace) -> int:
             times = bd.interleaved_times(
                 torch,
                 [one, two],
-                per_call_s=17e-6,
+                per_call_s=a.per_call_us * 1e-6,
                 variants=setup.copies,
                 pairs=a.pairs,
                 keep_graphs=graphs,
@@ -264,6 +264,12 @@ def main(argv: list[str] | None = None) -> int:
         "parts:N = plans with num_sm_parts N from then on)",
     )
     p.add_argument("--pairs", type=int, default=100, help="--recreate: interleaved rounds")
+    p.add_argument(
+        "--per-call-us",
+        type=float,
+        default=17.0,
+        help="--recreate: a call's expected time, for the graphs' length (default 17)",
+    )
     p.add_argument(
         "--profile",
         action="store_true",

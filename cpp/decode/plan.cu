@@ -63,9 +63,12 @@ __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, i
 // on the H200): 8x1x16x4096 (132 parts of 4 blocks -> 112 of 5) 16.7 -> 15.8 us one-term and
 // 17.0 -> 15.8 two-term, 8x1x32x4096 (4 -> 6 blocks) 18.8 -> 18.3 and 18.85 -> 18.45; the
 // 132-part plans also ran in a second state from one graph capture to the next, where the
-// one-term call alone was faster (16.2 and 18.1 us) and the two-term cost 7.7% and 5.7%: the
-// new plans ran in one state. Longer parts lose: 4x1x16x16384 (8 -> 9 blocks) 21.5 -> 22.1 us,
-// 16x1x16x4096 (9 -> 11) 21.8 -> 22.2, where the late CTAs' start is a smaller share.
+// one-term call alone was faster (16.2 and 18.1 us) and the two-term cost 7.7% and 5.7%; the
+// plans with the empty tail ran in one state in every trial (twelve with 112-124 parts at
+// 8x1x16x4096, six at 8x1x32x4096, and the bench's runs). Longer parts lose: 4x1x16x16384
+// (8 -> 9 blocks) 21.5 -> 22.1 us, 16x1x16x4096 (9 -> 11) 21.8 -> 22.2, where the late CTAs'
+// start is a smaller share. (The plan cannot tell which kernel a call runs: where it is the
+// reference kernel, launched without the early start, the empty tail only costs.)
 #ifndef SNAPMLA_PLAN_QQ_ROOM
 #define SNAPMLA_PLAN_QQ_ROOM 1
 #endif

@@ -138,6 +138,7 @@ def main() -> int:
     long_lens = np.array([640, 600], dtype=np.int32)
     long_pages = 10
     long_cache = snapmla.KVCache(1, 2 * long_pages)
+    long_cache.buffer.fill(0x7F)  # NaN everywhere nothing was appended
     long_table = cupy.arange(2 * long_pages, dtype=cupy.int32).reshape(2, long_pages)
     n_long = int(long_lens.sum())
     long_slots = cupy.concatenate([cupy.arange(640), long_pages * 64 + cupy.arange(600)])
@@ -145,7 +146,8 @@ def main() -> int:
     kp = (rs.standard_normal((n_long, 64), dtype=cupy.float32) * 0.5).astype(bf16)
     long_cache.append(0, ck, kp, long_slots.astype(cupy.int64))
     long_seqlens = cupy.asarray(long_lens)
-    for heads, q_len, parts, precision in [(32, 1, 2, "fp8"), (16, 1, 2, "fp8x2"),
+    for heads, q_len, parts, precision in [(16, 1, 2, "fp8"), (16, 1, 2, "fp8x2"),
+                                           (32, 1, 2, "fp8"), (32, 1, 2, "fp8x2"),
                                            (16, 2, 1, "fp8"), (16, 1, 1, "fp8x2"),
                                            (64, 1, 2, "fp8")]:
         q = (rs.standard_normal((2, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)

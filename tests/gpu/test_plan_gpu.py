@@ -169,9 +169,9 @@ CASES = [
     ([300, -1, 300, 99999], 2, 64, 8, 0),  # invalid lengths cost their fixed cost
     ([700] * 40, 1, 16, 16, 7),
     ([700] * 40, 1, 16, 16, 264),
-    ([4096] * 8, 1, 16, 64, 0),  # 16 Q-quant CTAs: 5 blocks a part over 116 parts, not 4 over 132
+    ([4096] * 8, 1, 16, 64, 0),  # 16 Q-quant CTAs: 5 blocks a part (112 with work), not 4 over 132
     ([8192], 1, 16, 128, 0),  # 2 Q-quant CTAs
-    ([4096] * 16, 1, 16, 64, 0),  # 32 Q-quant CTAs: one more unit would not do, all parts
+    ([4096] * 16, 1, 16, 64, 0),  # 32 Q-quant CTAs, parts of 9 blocks (over 4): all parts
     ([4096] * 64, 1, 16, 64, 0),  # 128 Q-quant CTAs: all parts
     ([4096] * 8, 1, 32, 64, 0),
     ([4096] * 8, 2, 16, 64, 0),
