@@ -456,7 +456,8 @@ int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
   if (c.num_sm_parts > 0 || row_tiles_of(c) != 1) return parts;
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   if (!two_term && decode::seesaw_fuses_q(decode::seesaw_pv_width(rows_per_request))) return parts;
-  const int64_t held = quantize_q_blocks(int64_t{c.batch_size} * rows_per_request, sms);
+  const int64_t held = warp_per_item_grid(int64_t{c.batch_size} * rows_per_request,
+                                          kQuantizeQWarps, kQuantizeQBlocksPerSm, sms);
   return held < parts ? parts - static_cast<int>(held) : parts;
 }
 

@@ -11,16 +11,23 @@ inline int ceil_div(int64_t a, int64_t b) { return static_cast<int>((a + b - 1) 
 // Multiprocessor count of the current device (cached per device; graph-capture safe).
 cudaError_t current_device_sm_count(int* sm_count);
 
-// Blocks for a warp-per-item kernel over `items` items: enough for one warp each, at most
-// blocks_per_sm resident blocks per multiprocessor (the warps loop over the rest).
+// Blocks for a warp-per-item kernel over `items` items on `sms` multiprocessors: enough for one
+// warp each, at most blocks_per_sm resident blocks per multiprocessor (the warps loop over the
+// rest).
+constexpr int64_t warp_per_item_grid(int64_t items, int warps_per_block, int blocks_per_sm,
+                                     int sms) {
+  const int64_t want = (items + warps_per_block - 1) / warps_per_block;
+  const int64_t most = int64_t{sms} * blocks_per_sm;
+  return want < most ? want : most;
+}
+
+// The same on the current device.
 inline cudaError_t warp_per_item_blocks(int64_t items, int warps_per_block, int blocks_per_sm,
                                         int* blocks) {
   int sms = 0;
   const cudaError_t err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return err;
-  const int64_t want = (items + warps_per_block - 1) / warps_per_block;
-  const int64_t most = int64_t{sms} * blocks_per_sm;
-  *blocks = static_cast<int>(want < most ? want : most);
+  *blocks = static_cast<int>(warp_per_item_grid(items, warps_per_block, blocks_per_sm, sms));
   return cudaSuccess;
 }
 

@@ -43,10 +43,10 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
 cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   const int64_t rows = p.num_tokens * p.num_heads;
   if (rows == 0) return cudaSuccess;
-  int sms = 0;
-  const cudaError_t err = current_device_sm_count(&sms);
+  int blocks = 0;
+  const cudaError_t err =
+      warp_per_item_blocks(rows, kWarpsPerBlock, kQuantizeQBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
-  const int blocks = static_cast<int>(quantize_q_blocks(rows, sms));
   const bool split = p.q_pe != nullptr;
   const bool aligned = quantize_q_vectorizable(p);
   // One instantiation per (aligned, split, two-term); the one-term ones are the validated

@@ -32,15 +32,10 @@ struct QuantizeQParams {
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);
 
 // The Q-quant kernel's geometry: one warp a row, kQuantizeQWarps warps a CTA, at most
-// kQuantizeQBlocksPerSm CTAs an SM. quantize_q_blocks: its grid for `rows` rows on `sms` SMs
-// (the decode plan leaves the SMs it holds to it: decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM).
+// kQuantizeQBlocksPerSm CTAs an SM (its grid: common/launch.h, warp_per_item_grid; the decode
+// plan leaves the SMs it holds to it: decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM).
 constexpr int kQuantizeQWarps = 8;
 constexpr int kQuantizeQBlocksPerSm = 8;
-constexpr int64_t quantize_q_blocks(int64_t rows, int sms) {
-  const int64_t want = (rows + kQuantizeQWarps - 1) / kQuantizeQWarps;
-  const int64_t most = int64_t{sms} * kQuantizeQBlocksPerSm;
-  return want < most ? want : most;
-}
 
 // Every row's content and RoPE can be read with 16-byte loads (16-byte aligned bases, strides
 // in whole 8-element units): the Q-quant kernel's aligned instantiations, and the condition
