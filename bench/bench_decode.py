@@ -346,6 +346,15 @@ def short_error(exc: BaseException) -> str:
 # ------------------------------------------------------------------------------ timing
 
 
+def capture_graph(torch: Any, call: Callable[[int], None], n: int) -> Any:
+    """A CUDA graph of ``call(0) .. call(n - 1)`` on torch's current stream."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        for i in range(n):
+            call(i)
+    return g
+
+
 def time_calls(
     torch: Any,
     call: Callable[[int], None],
@@ -370,13 +379,6 @@ def time_calls(
     for i in range(max(warmup, min(variants, 8))):
         call(i)
     torch.cuda.synchronize()
-
-    def capture(n: int) -> Any:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
-            for i in range(n):
-                call(i)
-        return g
 
     def replay_times(run: Callable[[], None], reps: int) -> list[float]:
         events = [
@@ -405,7 +407,7 @@ def time_calls(
         nonlocal method, error
         if method == "cuda-graph":
             try:
-                g = capture(n)
+                g = capture_graph(torch, call, n)
                 g.replay()
                 torch.cuda.synchronize()
                 return g.replay, g
@@ -476,12 +478,8 @@ def interleaved_times(
     graphs = []
     try:
         for call in calls:
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, capture_error_mode="thread_local"):
-                for i in range(n):
-                    call(i)
-            g.replay()
-            graphs.append(g)
+            graphs.append(capture_graph(torch, call, n))
+            graphs[-1].replay()
         torch.cuda.synchronize()
     except Exception:  # noqa: BLE001 (capture refused: no interleaved figure)
         torch.cuda.synchronize()
