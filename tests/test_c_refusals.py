@@ -141,6 +141,7 @@ PARAMS: dict[str, tuple[str, ...]] = {
         "stream",
     ),
     "snapmla_decode_buffer_sizes": ("config", "plan_bytes", "workspace_bytes"),
+    "snapmla_decode_select_kernel": ("config", "kernel", "selected"),
     "snapmla_decode_plan": ("config", "cache_seqlens", "plan", "stream"),
     "snapmla_decode": ("cache", "config", "args", "plan", "workspace", "stream"),
 }
@@ -430,6 +431,8 @@ def base(fn: str) -> dict[str, Any]:
             "plan_bytes": Out("size_t*"),
             "workspace_bytes": Out("size_t*"),
         }
+    if fn == "snapmla_decode_select_kernel":
+        return {"config": base_decode_config(), "kernel": 0, "selected": Out("int32_t*")}
     if fn == "snapmla_decode_plan":
         return {
             "config": base_decode_config(),
@@ -463,6 +466,7 @@ ACCEPTED = {
     "snapmla_quantize_q": VALIDATED,
     "snapmla_quantize_q2": VALIDATED,
     "snapmla_decode_buffer_sizes": SUCCESS,  # num_sm_parts given: no device query
+    "snapmla_decode_select_kernel": SUCCESS,  # host only
     "snapmla_decode_plan": VALIDATED,
     "snapmla_decode": VALIDATED,
 }
@@ -1270,6 +1274,23 @@ def _all_cases() -> list[Case]:
         (f"{fn}/plan_bytes-null", fn, {"plan_bytes": 0}, "plan_bytes", "is NULL"),
         (f"{fn}/workspace_bytes-null", fn, {"workspace_bytes": 0}, "workspace_bytes", "is NULL"),
     ]
+    fn = "snapmla_decode_select_kernel"
+    cases += _decode_config_cases(fn)
+    cases += [
+        (f"{fn}/selected-null", fn, {"selected": 0}, "selected", "is NULL"),
+        (f"{fn}/kernel-3", fn, {"kernel": 3}, "kernel", "expected 0 .auto., 1 .reference. or 2"),
+        (f"{fn}/kernel--1", fn, {"kernel": -1}, "kernel", "got -1"),
+    ]
+    cases += [
+        (
+            f"{fn}/q_precision-fp8x2-kernel-{k}-rows-33",
+            fn,
+            {"config.q_precision": 1, "config.q_len": 1, "config.num_heads": 33, "kernel": k},
+            "kernel",
+            r"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\)",
+        )
+        for k in (0, 2)
+    ]
     fn = "snapmla_decode_plan"
     cases += _decode_config_cases(fn)
     cases += _pointer_cases(fn, "cache_seqlens", 4) + _pointer_cases(fn, "plan", 16)
@@ -1930,6 +1951,13 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     if fn == "snapmla_decode_buffer_sizes":
         bad = {n for n in ("plan_bytes", "workspace_bytes") if v[n] == 0}
         return bad, SUCCESS if parts > 0 else VALIDATED
+    if fn == "snapmla_decode_select_kernel":
+        if v["selected"] == 0:
+            bad.add("selected")
+        rows = c["q_len"] * c["num_heads"]
+        if v["kernel"] not in (0, 1, 2) or (c["q_precision"] == 1 and rows > 32 and v["kernel"] != 1):
+            bad.add("kernel")
+        return bad, SUCCESS
     b, s_q, h, max_pages = c["batch_size"], c["q_len"], c["num_heads"], c["max_pages"]
     if fn == "snapmla_decode_plan":
         if pointer_bad(v, "cache_seqlens", 4):
@@ -2321,6 +2349,13 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
             "config": DECODE_CONFIG,
             "plan_bytes": OUT_SIZE,
             "workspace_bytes": OUT_SIZE,
+        }
+    ),
+    "snapmla_decode_select_kernel": st.fixed_dictionaries(
+        {
+            "config": DECODE_CONFIG,
+            "kernel": _maybe_valid(st.integers(0, 2), st.one_of(st.integers(-1, 3), INT32)),
+            "selected": often(Out("int32_t*"), st.just(0), 90),
         }
     ),
     "snapmla_gather_dequant": st.fixed_dictionaries(

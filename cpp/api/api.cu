@@ -23,6 +23,7 @@
 #include "common/numerics.cuh"
 #include "common/repeated_launch.h"
 #include "decode/decode.h"
+#include "decode/dispatch.h"
 #include "fetch_dequant/fetch_dequant.h"
 #include "quantize/quantize_q.h"
 #include "snapmla/snapmla.h"
@@ -58,7 +59,6 @@ constexpr int kMaxDevices = 64;
 constexpr int kMaxQuantizeHeads = 1024;
 constexpr int kMaxBatch = 65536;
 constexpr int kMaxSmParts = 65535;
-constexpr int kTwoTermFastRows = 32;  // the seesaw kernel's two-term query: q_len x heads
 constexpr int kMaxPages = ((int64_t{1} << 31) - 1) / kPageSize;  // num_pages * 64 fits int32
 constexpr int64_t kMaxBytes = INT64_MAX;                         // every byte offset is an int64
 constexpr size_t kMaxStructSize = SNAPMLA_MAX_STRUCT_SIZE;
@@ -442,6 +442,28 @@ constexpr int64_t kWorstPlanWords =
 static_assert(kWorstWorkspace < (int64_t{1} << 40) && kWorstPlanWords < (int64_t{1} << 20),
               "decode buffer sizes stay far from int64 overflow");
 
+// decode::select_kernel for a checked config and kernel option.
+decode::Kernel select_kernel(const snapmla_decode_config_t& c, int32_t option,
+                             int64_t chain_blocks) {
+  return decode::select_kernel({static_cast<decode::KernelOption>(option),
+                                int64_t{c.q_len} * c.num_heads,
+                                c.q_precision == SNAPMLA_Q_PRECISION_FP8X2, chain_blocks});
+}
+
+// The option is one of snapmla_decode_kernel_t and can run the config (decode::select_kernel).
+snapmla_status_t check_kernel_option(const char* op, const char* name,
+                                     const snapmla_decode_config_t& c, int32_t option) {
+  SNAPMLA_REQUIRE(option >= SNAPMLA_DECODE_KERNEL_AUTO && option <= SNAPMLA_DECODE_KERNEL_FAST,
+                  "%s: argument '%s': expected 0 (auto), 1 (reference) or 2 (fast), got %d", op,
+                  name, option);
+  SNAPMLA_REQUIRE(select_kernel(c, option, 0) != decode::Kernel::kRefused,
+                  "%s: argument '%s': expected 1 (reference) for config.q_precision 1 (fp8x2) "
+                  "where q_len * num_heads > %d (the fast kernel takes it only up to %d; here %d), got %d",
+                  op, name, decode::kTwoTermMaxRows, decode::kTwoTermMaxRows, c.q_len * c.num_heads,
+                  option);
+  return SNAPMLA_SUCCESS;
+}
+
 int row_tiles_of(const snapmla_decode_config_t& c) {
   return ceil_div(int64_t{c.q_len} * c.num_heads, decode::kTileRows);
 }
@@ -454,8 +476,7 @@ int row_tiles_of(const snapmla_decode_config_t& c) {
 int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
   const int64_t rows_per_request = int64_t{c.q_len} * c.num_heads;
   if (c.num_sm_parts > 0 || row_tiles_of(c) != 1) return parts;
-  const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
-  if (!two_term && decode::seesaw_fuses_q(decode::seesaw_pv_width(rows_per_request))) return parts;
+  if (!decode::is_sm90(select_kernel(c, SNAPMLA_DECODE_KERNEL_AUTO, 0))) return parts;
   const int64_t held = warp_per_item_grid(int64_t{c.batch_size} * rows_per_request,
                                           kQuantizeQWarps, kQuantizeQBlocksPerSm, sms);
   return held < parts ? parts - static_cast<int>(held) : parts;
@@ -1056,17 +1077,29 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   return SNAPMLA_SUCCESS;
 }
 
-// A decode call's launches in stream order: the Q-quant kernel (unless the attention kernel
-// quantizes its own Q tile), the attention kernel (the reference kernel by name, else the
-// seesaw kernel: it passes the contract's tensor-core tier and was faster than the reference
-// kernel at every measured shape), the split combine. The first error stops the sequence.
+// A decode call's launches in stream order: the Q-quant kernel, the attention kernel, the split
+// combine. The first error stops the sequence.
 static cudaError_t launch_decode_kernels(const decode::DecodeParams& p, const QuantizeQParams& qp,
-                                         bool fused_q, bool reference, cudaStream_t s) {
-  cudaError_t err = fused_q ? cudaSuccess : launch_quantize_q(qp, s);
+                                         decode::Kernel kernel, cudaStream_t s) {
+  cudaError_t err = launch_quantize_q(qp, s);
   if (err == cudaSuccess) {
-    err = reference ? decode::launch_reference_decode(p, s) : decode::launch_seesaw_decode(p, s);
+    err = kernel == decode::Kernel::kReference ? decode::launch_reference_decode(p, s)
+                                               : decode::launch_sm90_decode(kernel, p, s);
   }
   return err == cudaSuccess ? decode::launch_combine(p, s) : err;
+}
+
+extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_select_kernel(
+    const snapmla_decode_config_t* config, int32_t kernel, int32_t* selected) {
+  const char* op = "snapmla_decode_select_kernel";
+  snapmla_decode_config_t c;
+  SNAPMLA_TRY(check_decode_config(op, config, &c));
+  SNAPMLA_REQUIRE(selected != nullptr, "%s: argument 'selected' is NULL", op);
+  SNAPMLA_TRY(check_kernel_option(op, "kernel", c, kernel));
+  *selected = select_kernel(c, kernel, 0) == decode::Kernel::kReference
+                  ? SNAPMLA_DECODE_KERNEL_REFERENCE
+                  : SNAPMLA_DECODE_KERNEL_FAST;
+  return SNAPMLA_SUCCESS;
 }
 
 extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
@@ -1090,21 +1123,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   SNAPMLA_REQUIRE(std::isfinite(a.softmax_scale) && a.softmax_scale > 0.f,
                   "%s: argument 'args.softmax_scale': expected a finite value > 0, got %g", op,
                   static_cast<double>(a.softmax_scale));
-  SNAPMLA_REQUIRE(a.kernel >= SNAPMLA_DECODE_KERNEL_AUTO && a.kernel <= SNAPMLA_DECODE_KERNEL_FAST,
-                  "%s: argument 'args.kernel': expected 0 (auto), 1 (reference) or 2 (fast), "
-                  "got %d",
-                  op, a.kernel);
-  // The two-term query: the reference kernel at every shape (REFERENCE); the seesaw kernel
-  // (FAST or AUTO) where its QK tile holds both terms, q_len x heads <= 32, near the one-term
-  // kernel's time (bench/NOTES.md, sessions 20-21). Past that AUTO refuses rather than fall back to
-  // the reference kernel, several times slower: that is a choice the caller makes by name.
+  SNAPMLA_TRY(check_kernel_option(op, "args.kernel", c, a.kernel));
   const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
-  const bool two_term_fast = c.q_len * c.num_heads <= kTwoTermFastRows;
-  SNAPMLA_REQUIRE(!two_term || a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE || two_term_fast,
-                  "%s: argument 'args.kernel': expected 1 (reference) for config.q_precision 1 "
-                  "(fp8x2) where q_len * num_heads > 32 (the fast kernel takes it only up to 32; "
-                  "here %d), got %d",
-                  op, c.q_len * c.num_heads, a.kernel);
   SNAPMLA_REQUIRE(a.out_dtype == SNAPMLA_OUT_BF16 || a.out_dtype == SNAPMLA_OUT_FP32,
                   "%s: argument 'args.out_dtype': expected 0 (bf16) or 1 (fp32), got %d", op,
                   a.out_dtype);
@@ -1202,16 +1222,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     qp.q_lo = ws + w.q_lo;
     qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
   }
-  // The seesaw kernel quantizes its own Q tile where seesaw_fuses_q says so (one-term,
-  // 16-byte-readable rows); the reference kernel and the rest take the Q-quant kernel's output.
-  const bool fused_q =
-      a.kernel != SNAPMLA_DECODE_KERNEL_REFERENCE && !two_term &&
-      decode::seesaw_fuses_q(decode::seesaw_pv_width(int64_t{c.q_len} * c.num_heads)) &&
-      quantize_q_vectorizable(qp);
-
   decode::DecodeParams p;
   std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes
-  if (fused_q) p.q_in = qp;
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
@@ -1242,15 +1254,16 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     p.q_lo = qp.q_lo;
     p.q_lo_scale = qp.q_lo_scale;
   }
-  const bool reference = a.kernel == SNAPMLA_DECODE_KERNEL_REFERENCE;
+  const decode::Kernel kernel =
+      select_kernel(c, a.kernel, decode::typical_chain(p.batch, p.max_pages, p.num_parts));
 #if SNAPMLA_DECODE_GRAPHS
   // The call's launches through launch_repeated (common/repeated_launch.h): the key is every
   // value they read on the host.
   struct Launches {
     decode::DecodeParams p;
     QuantizeQParams qp;
-    int32_t fused_q;
-    int32_t reference;
+    decode::Kernel kernel;
+    int32_t pad;
   };
   static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
                 "QuantizeQParams is compared byte for byte: no padding");
@@ -1259,15 +1272,14 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   std::memset(&key, 0, sizeof(key));
   std::memcpy(&key.p, &p, sizeof(p));
   std::memcpy(&key.qp, &qp, sizeof(qp));
-  key.fused_q = fused_q ? 1 : 0;
-  key.reference = reference ? 1 : 0;
+  key.kernel = kernel;
   auto launch_all = [](void* ctx, cudaStream_t st) -> cudaError_t {
     const Launches& k = *static_cast<const Launches*>(ctx);
-    return launch_decode_kernels(k.p, k.qp, k.fused_q != 0, k.reference != 0, st);
+    return launch_decode_kernels(k.p, k.qp, k.kernel, st);
   };
   SNAPMLA_CUDA(op, launch_repeated(&key, sizeof(key), launch_all, &key, s));
 #else
-  SNAPMLA_CUDA(op, launch_decode_kernels(p, qp, fused_q, reference, s));
+  SNAPMLA_CUDA(op, launch_decode_kernels(p, qp, kernel, s));
 #endif
   return SNAPMLA_SUCCESS;
 }

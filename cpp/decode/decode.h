@@ -202,8 +202,9 @@ cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_he
                         int num_parts, int free_parts, int min_part_cost, int32_t* plan,
                         cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
-// The tensor-core kernel (seesaw/): FP8 wgmma QK and transposed PV, two warpgroups.
-cudaError_t launch_seesaw_decode(const DecodeParams& params, cudaStream_t stream);
+// The tensor-core kernels (sm90/): FP8 wgmma QK and transposed PV, two warpgroups.
+enum class Kernel : int32_t;
+cudaError_t launch_sm90_decode(Kernel kernel, const DecodeParams& params, cudaStream_t stream);
 cudaError_t launch_combine(const DecodeParams& params, cudaStream_t stream);
 
 }  // namespace decode

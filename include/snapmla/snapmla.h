@@ -158,7 +158,7 @@ extern "C" {
 /* ----------------------------------------------------------------- version and constants */
 
 #define SNAPMLA_VERSION_MAJOR 0
-#define SNAPMLA_VERSION_MINOR 2
+#define SNAPMLA_VERSION_MINOR 3
 #define SNAPMLA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define SNAPMLA_VERSION \
@@ -517,6 +517,14 @@ typedef struct snapmla_decode_args {
   {sizeof(snapmla_decode_args_t), 0, 1, 0.0f, SNAPMLA_DECODE_KERNEL_AUTO, NULL, 0, 0, 0, NULL, 0, \
    NULL, NULL, NULL, NULL, 0, 0, 0, SNAPMLA_OUT_BF16}
 /* clang-format on */
+
+/* Since 0.3: the kernel snapmla_decode runs for `config` and the option `kernel`
+ * (snapmla_decode_kernel_t), into *selected: SNAPMLA_DECODE_KERNEL_REFERENCE or
+ * SNAPMLA_DECODE_KERNEL_FAST (AUTO resolved). An option the call would refuse (FP8X2 past
+ * q_len * num_heads = 32 without REFERENCE) is refused here with the same message.
+ * [host, any thread; touches no device] */
+SNAPMLA_API snapmla_status_t snapmla_decode_select_kernel(const snapmla_decode_config_t* config,
+                                                          int32_t kernel, int32_t* selected);
 
 /* Device bytes for the plan and the workspace of a decode config. The caller allocates both
  * (cudaMalloc's 256-byte alignment suits both: the plan needs 16, the workspace 256). [host,

@@ -34,7 +34,7 @@ __all__ = [
 # The header version these declarations mirror (SNAPMLA_VERSION_MAJOR / _MINOR). A library of
 # the same major and a minor at least this one provides every declared function and field.
 ABI_MAJOR = 0
-ABI_MINOR = 2
+ABI_MINOR = 3
 
 # The header's constants (SNAPMLA_*; tests/test_cdef.py checks them against it).
 PAGE_SIZE = 64
@@ -191,6 +191,9 @@ typedef struct snapmla_decode_args {
   int64_t q_pe_stride_head;
   int32_t out_dtype;
 } snapmla_decode_args_t;
+
+snapmla_status_t snapmla_decode_select_kernel(const snapmla_decode_config_t* config,
+                                              int32_t kernel, int32_t* selected);
 
 snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_config_t* config,
                                              size_t* plan_bytes,
