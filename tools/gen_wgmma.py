@@ -1,4 +1,4 @@
-"""Writes cpp/decode/wgmma_ops.cuh: the wgmma.mma_async wrappers the seesaw decode kernel uses.
+"""Writes cpp/decode/sm90/wgmma.cuh: the wgmma.mma_async wrappers the seesaw decode kernel uses.
 
 The accumulator of an m64nN wgmma is N/2 fp32 registers per thread; spelling 128 operands by
 hand is error-prone, so they are generated. Run: python3 tools/gen_wgmma.py
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "wgmma_ops.cuh"
+OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "sm90" / "wgmma.cuh"
 # bench/pv_rate.cu's wider PV forms (O = P V with N = the latent) and bench/power_probe.cu's SS
 # stream, which no kernel uses.
 BENCH_OUT = Path(__file__).resolve().parent.parent / "bench" / "wgmma_wide_ops.cuh"

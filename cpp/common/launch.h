@@ -40,50 +40,31 @@ inline bool bf16_rows_vectorizable(const void* c_kv, int64_t c_kv_stride, const 
          k_pe_stride % 8 == 0;
 }
 
-// SNAPMLA_PDL: programmatic dependent launch along a decode call's kernels (Q-quant ->
-// attention -> combine). The attention kernel and the combine are launched with programmatic
-// stream serialization; the Q-quant kernel is launched as before, so it starts only after
-// everything before it in the stream has completed (it must not overwrite the Q workspace
-// before the previous call's attention kernel has read it).
-//   2 (the default since session 14): the Q-quant kernel lets the attention kernel launch at
-//     its start. The seesaw kernel runs its prologue (barriers, the plan, the block table, the
-//     first pages' TMA) without waiting, and waits (griddep_wait) only before its first read of
-//     the Q-quant kernel's output (the Q tile, its scales): everything else it reads was written
-//     before the Q-quant kernel started. It lets the combine launch at each CTA's end; the
-//     combine waits before reading the partials. Where the seesaw kernel is the call's first
-//     kernel (the fused Q: no Q-quant kernel before it) it waits at entry. (The reference
-//     kernel is launched without the attribute.) Graph replays on the H200, a build with 0
-//     against 2 in one call (bench/results/2026-12-02-s14/decode-cases-9231717-nopdl.json,
-//     decode-auto-9231717.json): 1x1x128x4096 19.3 -> 17.3 us, 1x1x128x8192 23.4 -> 21.4,
-//     1x1x16x8192 17.0 -> 16.0, 8x1x128x1024 22.0 -> 21.0.
-//   1 (session 11, slower): every kernel waits at entry and triggers at its start (the combine's
-//     CTAs then sat on SMs the attention kernel needed: 1x128x8192 kernel + combine 83 us).
-//   0: plain launches; both device instructions are no-ops.
-#ifndef SNAPMLA_PDL
-#define SNAPMLA_PDL 2
-#endif
-
+// Programmatic dependent launch along a decode call's kernels (Q-quant -> attention ->
+// combine). The attention kernel and the combine are launched with programmatic stream
+// serialization; the Q-quant kernel is launched plainly, so it starts only after everything
+// before it in the stream has completed (it must not overwrite the Q workspace before the
+// previous call's attention kernel has read it). The Q-quant kernel lets the attention kernel
+// launch at its start; the attention kernel runs its prologue (barriers, the plan, the block
+// table, the first page) and waits (griddep_wait) only before its first read of the Q-quant
+// kernel's output: everything else it reads was written before the Q-quant kernel started. The
+// attention kernel lets the combine launch from its CTAs' last epilogue; the combine waits
+// before reading the partials.
 #ifdef __CUDACC__
 // Wait until the grids this one depends on programmatically have completed and their memory
 // is visible (griddepcontrol.wait).
 __device__ __forceinline__ void griddep_wait() {
-#if SNAPMLA_PDL >= 1
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
 }
 // Let the dependent grid launch once every CTA of this one has started or exited.
 __device__ __forceinline__ void griddep_launch_dependents() {
-#if SNAPMLA_PDL >= 1
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
 }
 
-// <<<grid, block, smem, stream>>>(args...), with programmatic stream serialization under
-// SNAPMLA_PDL.
+// <<<grid, block, smem, stream>>>(args...), with programmatic stream serialization.
 template <typename... Params, typename... Args>
 inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, Args&&... args) {
-#if SNAPMLA_PDL >= 1
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
@@ -97,10 +78,6 @@ inline cudaError_t launch_dependent(void (*kernel)(Params...), dim3 grid, dim3 b
   const cudaError_t err = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears a failed launch's error, as below
   return err != cudaSuccess ? err : last;
-#else
-  kernel<<<grid, block, smem, stream>>>(static_cast<Params>(args)...);
-  return cudaGetLastError();
-#endif
 }
 #endif  // __CUDACC__
 

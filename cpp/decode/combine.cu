@@ -31,45 +31,17 @@ __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* f
   return nb_word > 0 && *first != *last;
 }
 
-// SNAPMLA_COMBINE_PLAN_FIRST (1, the default since session 22; 0: after the wait): the combine
-// reads the plan's words (split_parts) before it waits for the attention kernel, so that its L2
-// round trip overlaps the attention kernel's end instead of following it (measured with
-// SNAPMLA_SEESAW_EARLY_TRIGGER: seesaw/kernel.cuh has the figures). The plan is older than that
-// wait: the plan kernel completed before the call's first kernel began (a plain launch, or the
-// seesaw kernel's entry wait where it is the first), and the combine starts only after every
-// attention CTA triggered, past that kernel's own wait.
-#ifndef SNAPMLA_COMBINE_PLAN_FIRST
-#define SNAPMLA_COMBINE_PLAN_FIRST 1
-#endif
-// SNAPMLA_COMBINE_EARLY_EXIT (1, the default since session 23; 0: every CTA waits; needs
-// SNAPMLA_COMBINE_PLAN_FIRST): a CTA whose rows are not split leaves without waiting for the
-// attention kernel, except CTA (0, 0), whose wait keeps the combine from completing before the
-// attention kernel does (a kernel after the combine may read the rows the attention kernel
-// wrote itself). Graph replays of the whole call on the H200, same call
-// (bench/results/2026-12-03-s23/): 64x1x128x1024, where nothing is split, 41.3 -> 40.7 us
-// (no combine launched at all: 40.2); 64x1x128x4096 122.6 -> 121.5; the split cases level.
-#ifndef SNAPMLA_COMBINE_EARLY_EXIT
-#define SNAPMLA_COMBINE_EARLY_EXIT 1
-#endif
-// SNAPMLA_COMBINE_SKIP (0; 1 for a measurement only: split requests come out wrong): the combine
-// is not launched, the floor of a call's time without it. Same call as above: 8x1x128x4096
-// 30.0 -> 25.7 us, 1x1x128x8192 18.3 -> 13.3, 8x1x128x1024 18.0 -> 14.2, 32x1x128x16384
-// 234.5 -> 227.5: in split calls the combine (its wait for the grid and its pass over the fp32
-// partials) is 4-7 us.
-#ifndef SNAPMLA_COMBINE_SKIP
-#define SNAPMLA_COMBINE_SKIP 0
-#endif
-// The wait for the attention kernel's partials and request b's parts, in the order
-// SNAPMLA_COMBINE_PLAN_FIRST says; false where the request is not split (nothing to merge).
+// The wait for the attention kernel's partials and request b's parts; false where the request
+// is not split (nothing to merge). The plan's words are read before the wait, so that their L2
+// round trip overlaps the attention kernel's end (the plan kernel completed before the call's
+// first kernel began). A CTA whose rows are not split leaves without waiting, except CTA (0, 0),
+// whose wait keeps the combine from completing before the attention kernel does (a kernel after
+// the combine may read the rows the attention kernel wrote itself).
 __device__ __forceinline__ bool wait_and_split_parts(const DecodeParams& p, int b, int* first,
                                                      int* last) {
-  if constexpr (SNAPMLA_COMBINE_PLAN_FIRST == 0) {
-    griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
-    return split_parts(p, b, first, last);
-  }
   const bool split = split_parts(p, b, first, last);
-  if (SNAPMLA_COMBINE_EARLY_EXIT != 0 && !split && (blockIdx.x | blockIdx.y) != 0) return false;
-  griddep_wait();  // SNAPMLA_PDL: the attention kernel's partials (common/launch.h)
+  if (!split && (blockIdx.x | blockIdx.y) != 0) return false;
+  griddep_wait();  // the attention kernel's partials
   return split;
 }
 
@@ -78,12 +50,10 @@ __device__ __forceinline__ int64_t partial_slot(int part, int first) {
   return 2 * part + (part == first ? 1 : 0);
 }
 
-// Columns [4 c, 4 c + 4) of row fr's partial in `slot`, loaded: fp32 as stored, or the FP16
-// record's four values and their group's exponent (SNAPMLA_PARTIAL_F16, segment.cuh); value()
-// gives the fp32 values (the FP16 ones times 2^-e, exactly). Load first, decode later, so that a
-// chunk's loads are all in flight at once.
+// Columns [4 c, 4 c + 4) of row fr's partial in `slot`, loaded: the FP16 record's four values
+// and their group's exponent (segment.cuh); value() gives the fp32 values (the FP16 ones times
+// 2^-e, exactly). Load first, decode later, so that a chunk's loads are all in flight at once.
 struct Partial4 {
-#if SNAPMLA_PARTIAL_F16
   uint2 h;
   uint32_t e2;  // the int8 exponents of columns 4 c, 4 c + 1 (low byte) and 4 c + 2, 4 c + 3
   __device__ __forceinline__ float4 value() const {
@@ -93,21 +63,13 @@ struct Partial4 {
     const float2 a = unpack_f16x2(h.x), b = unpack_f16x2(h.y);
     return make_float4(a.x * s0, a.y * s0, b.x * s1, b.y * s1);
   }
-#else
-  float4 x;
-  __device__ __forceinline__ float4 value() const { return x; }
-#endif
 };
 __device__ __forceinline__ Partial4 load_partial4(const DecodeParams& p, int64_t slot, int fr,
                                                   int c) {
-#if SNAPMLA_PARTIAL_F16
   const uint8_t* rec = partial_record(p, slot, fr);
   // (partial_group(4 c) is even, partial_group(4 c + 2) the next: one 2-byte load)
   return {reinterpret_cast<const uint2*>(rec)[c],
           *reinterpret_cast<const uint16_t*>(rec + kPartialExpByte + partial_group(4 * c))};
-#else
-  return {reinterpret_cast<const float4*>(partial_record(p, slot, fr))[c]};
-#endif
 }
 
 // acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
@@ -197,15 +159,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
 
 // The wide combine: one CTA per query row, its 8 warps taking every 8th part, then one warp
 // adds the 8 partial sums. The one-warp-per-row kernel above walks a row's parts in series, a
-// dependent L2 round trip each: with 66 parts (batch 1, 128 heads, 8k context) it took ~19 us,
-// as long as the attention kernel itself. The wide one has 8x the CTAs, which costs where the
-// grid is large already. Same-run A/B on the H200 (2026-12-01, combine alone): batch 1, 128
-// heads, 8k: 19.0 -> 7.8 us; batch 1, 16 heads, 8k: 17.0 -> 7.4 us; 8 x 128 heads, 4k: 12.3 ->
-// 14.2 us; 128 x 16 heads, 16k: 8.6 -> 14.7 us. SNAPMLA_COMBINE_WIDE_MAX_ROWS: the wide kernel
-// where batch x rows is at most this (0: never).
-#ifndef SNAPMLA_COMBINE_WIDE_MAX_ROWS
-#define SNAPMLA_COMBINE_WIDE_MAX_ROWS 512
-#endif
+// dependent L2 round trip each, which at batch 1 takes as long as the attention kernel itself;
+// the wide one has 8x the CTAs, which costs where the grid is large already: it runs where
+// batch x rows is at most kWideMaxRows.
+constexpr int64_t kWideMaxRows = 512;
 constexpr int kWideWarps = kThreads / 32;
 
 __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodeParams p) {
@@ -279,19 +236,13 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   store_row(p, b, rows_total, fr, lane, acc, lse);
 }
 
-// The grouped combine (SNAPMLA_COMBINE_GROUPED, on): one CTA a row, kGroups groups of 128
-// threads; thread c of a group owns latent columns [4c, 4c + 4) (a row's partial, 2 KB, read by
-// one float4 a thread, coalesced); group g walks parts first + g, first + g + kGroups, ... in
-// chunks of kChunk with every load of a chunk (its LSEs and its float4s) in flight at once, one
-// L2 round trip a chunk, merging chunk by chunk online (the running maximum rescales what it
-// has added); then the groups merge through shared memory, in group order. The launcher picks
-// kGroups for about one chunk a group and uses it only where its CTAs fit one wave: with 8
-// groups at 2x128x4096 and 4x128x1024 (256 and 512 CTAs of 1024 threads, 2 and 4 waves) it was
-// 2.9 and 7.7 us slower than the wide kernel in graph replays; at batch 1, 0.7-1.6 us faster
-// at 8k (bench/results/2026-12-02-s19/).
-#ifndef SNAPMLA_COMBINE_GROUPED
-#define SNAPMLA_COMBINE_GROUPED 1
-#endif
+// The grouped combine: one CTA a row, kGroups groups of 128 threads; thread c of a group owns
+// latent columns [4c, 4c + 4) (a row's partial read by one 8-byte load a thread, coalesced);
+// group g walks parts first + g, first + g + kGroups, ... in chunks of kChunk with every load of
+// a chunk (its LSEs and its values) in flight at once, one L2 round trip a chunk, merging chunk
+// by chunk online (the running maximum rescales what it has added); then the groups merge
+// through shared memory, in group order. The launcher picks kGroups for about one chunk a group
+// and uses it only where its CTAs fit one wave (beyond, the wide kernel is faster).
 constexpr int kRowThreads = kContentDim / 4;  // 128: a float4 each
 constexpr int kChunk = 8;
 
@@ -426,7 +377,6 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
 }  // namespace
 
 cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
-  if constexpr (SNAPMLA_COMBINE_SKIP != 0) return cudaSuccess;
   const int rows_total = p.q_len * p.num_heads;
   const int64_t rows = int64_t{p.batch} * rows_total;
   if (rows_total <= 65535) {  // (the grid's y)
@@ -439,7 +389,7 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
     // The grouped CTAs in one wave: 1024 threads an SM at their 64 registers, and the plan's
     // num_parts x row_tiles CTAs are about the SMs (no device query on the decode path).
     const int64_t sms = int64_t{p.num_parts} * p.row_tiles;
-    if (SNAPMLA_COMBINE_GROUPED && rows * groups * kRowThreads <= sms * 1024) {
+    if (rows * groups * kRowThreads <= sms * 1024) {
       auto launch = [&](auto kernel) {
         return launch_dependent(kernel, dim3(p.batch, rows_total), dim3(groups * kRowThreads), 0,
                                 stream, p);
@@ -451,7 +401,7 @@ cudaError_t launch_combine(const DecodeParams& p, cudaStream_t stream) {
         default: return launch(combine_grouped_kernel<8>);
       }
     }
-    if (rows <= SNAPMLA_COMBINE_WIDE_MAX_ROWS) {
+    if (rows <= kWideMaxRows) {
       return launch_dependent(combine_wide_kernel, dim3(p.batch, rows_total), dim3(kThreads), 0,
                               stream, p);
     }

@@ -23,22 +23,18 @@ __device__ int last_le(const int32_t* prefix, int n, int32_t value) {
   return lo;
 }
 
-// SNAPMLA_PLAN_ALIGN (1: on; 0: the plain cost line): a batch whose requests each fit in k
-// parts of cost T_k = ceil(max cost / k), with batch x k parts at most num_parts and T_k at most
-// 9/8 of the balanced part cost T, gets k parts of its own per request (the cost line padded to
-// request b at b k T_k) instead of parts cut at multiples of T across requests. A part then runs
-// one segment of one request, and each request is split in k partials (none at k = 1), where
-// the plain line gives a request's blocks to k or k + 1 parts, each part's segment paying a
-// request's fixed costs (its Q tile, its epilogue) again. For example 64 x 128 heads x 4k
-// (cost 66 a request, T = 64 over 66 parts): one part per request, no combine.
-#ifndef SNAPMLA_PLAN_ALIGN
-#define SNAPMLA_PLAN_ALIGN 1
-#endif
-
+// The aligned cost line: a batch whose requests each fit in k parts of cost T_k = ceil(max cost
+// / k), with batch x k parts at most num_parts and T_k at most 9/8 of the balanced part cost T,
+// gets k parts of its own per request (the cost line padded to request b at b k T_k) instead of
+// parts cut at multiples of T across requests. A part then runs one segment of one request, and
+// each request is split in k partials (none at k = 1), where the plain line gives a request's
+// blocks to k or k + 1 parts, each part's segment paying a request's fixed costs (its Q tile,
+// its epilogue) again. For example 64 x 128 heads x 4k (cost 66 a request, T = 64 over 66
+// parts): one part per request, no combine.
 // The aligned cost line's stride k T_k per request (and T = T_k), or 0 to keep the plain line.
 __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, int32_t max_cost,
                                   int32_t* T) {
-  if (!SNAPMLA_PLAN_ALIGN || max_cost <= 0) return 0;
+  if (max_cost <= 0) return 0;
   const int32_t k0 = (max_cost + *T - 1) / *T;  // T_k0 <= T
   for (int32_t k = k0; k >= 1 && k >= k0 - 1; --k) {
     const int32_t t_k = max((max_cost + k - 1) / k, min_part_cost);
@@ -51,34 +47,21 @@ __device__ int32_t aligned_stride(int batch, int num_parts, int min_part_cost, i
   return 0;
 }
 
-// SNAPMLA_PLAN_QQ_ROOM (1: on; 0: every part may take work): where the Q-quant kernel holds
-// G SMs when the attention kernel launches (its programmatic launch: common/launch.h), the
-// attention CTAs dispatched last (the highest parts, where a request is one row tile) wait for
-// those SMs and start after the Q-quant kernel has ended, behind the others by its remaining
-// time and their own prologue (the plan, the first pages' loads); a part that ends last then
-// ends the call. Where the parts are short (at most kQqRoomShortPart cost units, 64-token
-// blocks, each) and giving each up to kQqRoomExtra more units leaves the last G parts empty,
-// the plan does so (free_parts = num_parts - G; the empty parts' CTAs exit at once). Session
-// 42 (bench/results/2026-12-04-s42/: placement_probe.py, bench_decode.py A/B/A, graph replays
-// on the H200): 8x1x16x4096 (132 parts of 4 blocks -> 112 of 5) 16.7 -> 15.8 us one-term and
-// 17.0 -> 15.8 two-term, 8x1x32x4096 (4 -> 6 blocks) 18.8 -> 18.3 and 18.85 -> 18.45; the
-// 132-part plans also ran in a second state from one graph capture to the next, where the
-// one-term call alone was faster (16.2 and 18.1 us) and the two-term cost 7.7% and 5.7%; the
-// plans with the empty tail ran in one state in every trial (twelve with 112-124 parts at
-// 8x1x16x4096, six at 8x1x32x4096, and the bench's runs). Longer parts lose: 4x1x16x16384
-// (8 -> 9 blocks) 21.5 -> 22.1 us, 16x1x16x4096 (9 -> 11) 21.8 -> 22.2, where the late CTAs'
-// start is a smaller share. (The plan cannot tell which kernel a call runs: where it is the
-// reference kernel, launched without the early start, the empty tail only costs.)
-#ifndef SNAPMLA_PLAN_QQ_ROOM
-#define SNAPMLA_PLAN_QQ_ROOM 1
-#endif
+// Room for the Q-quant kernel: it holds G SMs when the attention kernel launches (its
+// programmatic launch, common/launch.h), so the attention CTAs dispatched last (the highest
+// parts, where a request is one row tile) start only after it ends, behind the others by its
+// remaining time and their own prologue; a part that ends last then ends the call. Where the
+// parts are short (at most kQqRoomShortPart cost units, 64-token blocks, each) and giving each
+// up to kQqRoomExtra more units leaves the last G parts empty, the plan does so (free_parts =
+// num_parts - G; the empty parts' CTAs exit at once). On longer parts the late start is a
+// smaller share than the extra blocks cost.
 constexpr int32_t kQqRoomShortPart = 4;
 constexpr int32_t kQqRoomExtra = 2;
 
 // The parts the cost line may use: free_parts where the parts are short and that costs each
 // at most kQqRoomExtra units more, else num_parts.
 __device__ int usable_parts(int32_t total, int num_parts, int free_parts, int min_part_cost) {
-  if (!SNAPMLA_PLAN_QQ_ROOM || free_parts <= 0 || free_parts >= num_parts) return num_parts;
+  if (free_parts <= 0 || free_parts >= num_parts) return num_parts;
   const int32_t t_all = max((total + num_parts - 1) / num_parts, min_part_cost);
   const int32_t t_free = max((total + free_parts - 1) / free_parts, min_part_cost);
   return t_all <= kQqRoomShortPart && t_free <= t_all + kQqRoomExtra ? free_parts : num_parts;

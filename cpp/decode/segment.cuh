@@ -39,25 +39,16 @@ __device__ __forceinline__ void store_out2(const DecodeParams& p, int64_t i, flo
   }
 }
 
-// SNAPMLA_PARTIAL_F16 (1, the default since session 32; 0: fp32): how a split request's part
-// stores its partial O / l. A row's record keeps its 2 KB workspace slot: bytes [0, 1024) are
-// the 512 values as FP16 (round to nearest even) times 2^e_G, and bytes [1024, 1088) the 64
-// exponents e_G as int8, one a group of 8 columns: G = partial_group(d), the columns one thread
-// of the seesaw epilogue holds (d0 + 64 m and d0 + 64 m + 1, m < 4, d0 = 256 wg + 16 warp + 2 g),
-// so that no exponent needs a value from another lane (with a maximum over the 8 lanes of a
-// 16-column group, the N = 64 kernel's main loop spilled 372 bytes against 32). e_G puts the
-// group's largest |value| in [2^14, 2^15) (partial_exponent); its other values keep FP16's 11
-// bits down to 2^-28 of it (2^-11 relative, far under the contract's bounds), and a tiny,
-// infinite or NaN value stays what it was. The combine multiplies 2^-e_G back (exact). Half the
-// bytes of the fp32 partials that the epilogue writes and the combine reads (8x1x128x4096:
-// 16.8 MB of each, as many as the KV cache). Graph replays on the H200, A/B/A/B in one call
-// (bench/results/2026-12-03-s32/call3, us, fp32 -> FP16): 8x1x128x4096 29.5 / 29.6 -> 28.6 /
-// 28.6, 1x1x128x8192 18.4 / 18.4 -> 17.1 / 17.1, 1x1x128x1024 12.7 / 12.7 -> 12.3 / 12.3,
-// 32x1x128x16384 217.9 / 217.9 -> 214.6 / 214.2, 8x1x128x1024 17.9 -> 17.6; but 1x1x16x8192
-// 12.3 / 12.2 -> 12.9 / 12.9 (the N = 16 kernel alone 0.1-0.4 us slower: bench/NOTES.md).
-#ifndef SNAPMLA_PARTIAL_F16
-#define SNAPMLA_PARTIAL_F16 1
-#endif
+// How a split request's part stores its partial O / l. A row's record keeps its 2 KB workspace
+// slot: bytes [0, 1024) are the 512 values as FP16 (round to nearest even) times 2^e_G, and
+// bytes [1024, 1088) the 64 exponents e_G as int8, one a group of 8 columns: G =
+// partial_group(d), the columns one thread of the sm90 epilogue holds (d0 + 64 m and d0 + 64 m +
+// 1, m < 4, d0 = 256 wg + 16 warp + 2 g), so that no exponent needs a value from another lane.
+// e_G puts the group's largest |value| in [2^14, 2^15) (partial_exponent); its other values keep
+// FP16's 11 bits down to 2^-28 of it (2^-11 relative, far under the contract's bounds), and a
+// tiny, infinite or NaN value stays what it was. The combine multiplies 2^-e_G back (exact). Half
+// the bytes of fp32 partials, which the epilogue writes and the combine reads (at 8x1x128x4096
+// as many as the KV cache).
 constexpr int kPartialExpByte = 2 * kContentDim;  // a record's first exponent byte
 
 // Row fr's record in partial slot `slot`.
@@ -223,7 +214,7 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
   if (fr >= rows_total) return;
   const RowResult res = row_result(l, m, sig, bad_page, seg.split);
   const float inv_l = res.inv_l;
-  if (seg.split && SNAPMLA_PARTIAL_F16) {
+  if (seg.split) {
     // Column col0 + 8 n + 2 t4 (+ 1) is in group partial_group(col0) + 8 (n % 8 / 2) + 4 (n % 2)
     // + t4: this thread holds all 8 values of each of its 8 groups (n % 8 fixed, n / 8 < 4).
     uint8_t* rec = partial_record(p, seg.slot, fr);
@@ -242,14 +233,6 @@ __device__ __forceinline__ void write_row(const DecodeParams& p, int b, int fr, 
     for (int n = 0; n < kColTiles; ++n) {
       store_partial_pair(rec, col0 + 8 * n + 2 * t4, o[n][2 * I], o[n][2 * I + 1], inv_l,
                          pow2i(e[n % 8]));
-    }
-  } else if (seg.split) {
-    const int rows_pad = p.row_tiles * kTileRows;
-    float* dst = p.partial_o + (int64_t{seg.slot} * rows_pad + fr) * kContentDim + col0;
-#pragma unroll
-    for (int n = 0; n < kColTiles; ++n) {
-      *reinterpret_cast<float2*>(dst + 8 * n + 2 * t4) =
-          make_float2(o[n][2 * I] * inv_l, o[n][2 * I + 1] * inv_l);
     }
   } else {
     const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + col0;

@@ -1,4 +1,4 @@
-"""The seesaw kernel's fragment bindings, bit-exact on integer data (tests/cuda/seesaw_fragments.cu).
+"""The decode kernel's fragment bindings, bit-exact on integer data (tests/cuda/seesaw_fragments.cu).
 
 The CUDA program runs the kernel's own helpers (ldmatrix.trans + byte permutes for V^T, P8 packed
 from S fragments and stored with stmatrix, the PV wgmma at N = 16, 32, 64) on small integers, so

@@ -1,5 +1,5 @@
-// The seesaw kernel's host side: tensor maps over the layer and the quantized queries, and the
-// choice of PV width from the query rows per request.
+// The sm90 decode kernel's host side: tensor maps over the layer and the quantized queries, and
+// the launch of the variant decode::select_kernel chose.
 #include <cudaTypedefs.h>
 
 #include <algorithm>
@@ -8,10 +8,16 @@
 
 #include "decode/decode.h"
 #include "decode/dispatch.h"
-#include "decode/seesaw/config.h"
+#include "decode/sm90/traits.h"
 
 namespace snapmla {
 namespace decode {
+namespace seesaw {
+// instantiations/: one translation unit a variant.
+template <class T>
+cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
+}  // namespace seesaw
+
 namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
@@ -128,10 +134,10 @@ cudaError_t launch_sm90_decode(Kernel kernel, const DecodeParams& p, cudaStream_
   const cudaError_t err = cached_maps(p, &maps);
   if (err != cudaSuccess) return err;
   switch (kernel) {
-    case Kernel::kSm90N16: return seesaw::run<16, true>(p, maps, stream);
-    case Kernel::kSm90N32: return seesaw::run<32, true>(p, maps, stream);
-    case Kernel::kSm90N64: return seesaw::run<64>(p, maps, stream);
-    case Kernel::kSm90N64Scaled: return seesaw::run<64, false, false, true>(p, maps, stream);
+    case Kernel::kSm90N16: return seesaw::run<seesaw::KernelTraits<16>>(p, maps, stream);
+    case Kernel::kSm90N32: return seesaw::run<seesaw::KernelTraits<32>>(p, maps, stream);
+    case Kernel::kSm90N64: return seesaw::run<seesaw::KernelTraits<64>>(p, maps, stream);
+    case Kernel::kSm90N64Scaled: return seesaw::run<seesaw::KernelTraits<64, true>>(p, maps, stream);
     default: return cudaErrorInvalidValue;
   }
 }

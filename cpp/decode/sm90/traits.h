@@ -1,8 +1,8 @@
-// The seesaw decode kernel: every tile constant, the shared-memory plan and the named barriers.
+// The sm90 decode kernel ("the seesaw"): tile constants, the shared-memory plan, the named
+// barriers and the traits of each variant.
 //
 // One CTA = 64 query rows (s_q x heads, flattened, heads fastest) of one part of the split-KV
-// schedule; two consumer warpgroups, and at N = 32 and 64 a producer warpgroup (kernel.cuh,
-// kProducerAt) that issues every load. Per 64-token block (one page):
+// schedule: two consumer warpgroups and a producer warpgroup. Per 64-token block (one page):
 //   QK       S[64 rows x 64 tokens] = Q K^T: 16 FP8 wgmma m64n64k32 over the content and 4 BF16
 //            wgmma m64n64k16 over the pre-scaled RoPE, in two fp32 halves (content 0-255 and
 //            256-511 + RoPE) that the CUDA cores add: FP8 wgmma does not accumulate in fp32.
@@ -13,18 +13,13 @@
 //            [256 w, 256 w + 256) for every block: 4 m-tiles of 64 latent rows x 2 k-steps of
 //            32 tokens. V^T is built straight into wgmma A registers from the TMA'd content
 //            tile (ldmatrix.trans + one byte permute per register): no transpose pass, no V^T
-//            buffer. The product goes in groups of (m-tile, half the rows), two in flight, each
-//            into a zeroed fp32 temporary that the CUDA cores add into O = gamma O + T (the
-//            rescale every online softmax pays anyway). Order: the owner's softmax of block i,
-//            then its PV of block i - 1 (the other's) and of block i.
-//   TMA      a ring of kStages pages, each refilled in three parts (the two content halves, then
-//            the RoPE tile and the scales); full[stage] counts those three arrivals. With a
-//            producer warpgroup its elected thread issues all three once both consumer
-//            warpgroups have arrived on empty[stage] (after their PVs of the block). Without one
-//            (N = 16) an elected thread of the warpgroup that last read each part refills it:
-//            each warpgroup its content half after its PV, the owner the RoPE tile and the
-//            scales after its softmax (past the softmax's proxy fence), or warp 3, which runs
-//            no softmax at N = 16, during the softmax.
+//            buffer. Each product goes into a zeroed fp32 temporary that the CUDA cores add into
+//            O = gamma O + T (the rescale every online softmax pays anyway). Order: the owner's
+//            softmax of block i, then its PV of block i - 1 (the other's) and of block i.
+//   TMA      a ring of kStages pages, each loaded in three parts (the two content halves, then
+//            the RoPE tile and the scales); full[stage] counts those three arrivals. The
+//            producer's elected thread refills a stage once both consumer warpgroups have
+//            arrived on empty[stage] (after their PVs of the block).
 //   P8 and the row statistics live in kPBuffers buffers, handed over by named barriers.
 //
 // Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
@@ -41,6 +36,7 @@
 
 #include "common/numerics.cuh"
 #include "decode/decode.h"
+#include "decode/dispatch.h"
 
 namespace snapmla {
 namespace decode {
@@ -48,6 +44,9 @@ namespace seesaw {
 
 constexpr int kThreads = 256;  // two consumer warpgroups
 constexpr int kWgThreads = 128;
+constexpr int kCtaThreads = kThreads + kWgThreads;  // and the producer warpgroup
+constexpr int kProducerWg = 2;
+constexpr int kLoaderTid = kThreads;  // the producer's thread that issues every load
 constexpr int kRowsM = 64;                          // QK's M: query rows per CTA
 constexpr int kStages = 4;                          // pages in flight
 constexpr int kChunkBytes = 128;                    // one 128-byte swizzle row of FP8 content
@@ -58,7 +57,7 @@ constexpr int kMTiles = kHalfDim / 64;              // PV m-tiles of 64 latent r
 constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byte swizzle
 // P8 tiles and row statistics in flight: the owner of block i reuses the buffer of block
 // i - kPBuffers, so it waits for the other warpgroup's PV of that block only when that PV is
-// kPBuffers blocks behind (with 2 the wait sat on the critical path: bench/NOTES.md).
+// kPBuffers blocks behind (with 2 that wait sits on the critical path).
 constexpr int kPBuffers = 4;
 constexpr int kQkChunkSteps = kChunkBytes / 32;     // k32 FP8 steps per content chunk
 constexpr int kRopeSteps = kRopeDim / 16;           // k16 BF16 steps over the RoPE
@@ -77,8 +76,11 @@ enum Barrier : int {
   kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics
   kBarPfree = 3,   // + (i % kPBuffers): the other warpgroup finished its PV of block i
   kBarWg = kBarPfree + kPBuffers,  // + wg: one warpgroup, its own P8 and statistics written
+  kBarConsumers = kBarWg + 2,      // the two consumer warpgroups
+  kBarCta = kBarWg + 3,            // all three, at a request's end
+  kBarStart = kBarWg + 4,          // all three at a request's start (the producer arrives)
 };
-static_assert(kBarWg + 2 <= 16, "16 named barriers per CTA");
+static_assert(kBarStart < 16, "16 named barriers per CTA");
 static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
 static_assert(kPBuffers >= 4, "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
                               "from the last block's (n - 1) % kPBuffers");
@@ -106,8 +108,7 @@ struct alignas(1024) SharedStorage {
   int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
   uint64_t q_bar;
-  uint64_t empty_bar[kStages];  // with a producer: both consumer warpgroups done with a stage
-  int32_t refill_page[2 * kStages];  // roles.cuh: the page block i + kStages loads, at i % 8
+  uint64_t empty_bar[kStages];  // both consumer warpgroups done with a stage
 };
 
 struct TensorMaps {
@@ -118,49 +119,51 @@ struct TensorMaps {
   CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
 };
 
+// setmaxnreg's split of the CTA's registers: the launch gives each of the 384 threads
+// kLaunchRegs (__launch_bounds__(384, 1)), and the consumers' setmaxnreg.inc takes only what the
+// producer's .dec returned to the CTA's pool, or they wait forever.
+constexpr int kLaunchRegs = 65536 / kCtaThreads / 8 * 8;
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
+static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <= kLaunchRegs * kCtaThreads,
+              "the consumers' registers come from the producer's");
+// The producer's wait for an empty stage suspends its thread up to this long between tries
+// (try_wait's time hint) instead of spinning on the scheduler that also issues consumer warps.
+constexpr uint32_t kProducerSuspendNs = 10000000;
+
+// A kernel variant. kN: the query rows of a CTA that reach PV (16, 32 or 64; QK always computes
+// the 64 rows of one wgmma M tile).
+//   kInterleaved (N = 16, 32): one query row a thread. Tile row 16 j + g holds the high row of
+//     query row 8 j + g and tile row 16 j + 8 + g its low row (the two-term query; zero for the
+//     one-term query, zero RoPE), so one 64-row QK computes both and thread (g, t) of warp w holds
+//     the high and the low logits of query row 8 w + g: z = fmaf(rho, lo, hi) (rho = s2 / s1).
+//     Every warp below kN / 8 runs the softmax. The consumers load this tile themselves.
+//   N = 64: two query rows a thread (rows g and g + 8 of its warp's 16), the one-term query only,
+//     the Q tile by TMA.
+//   kScaledPv (N = 64): the promotion O^T = gamma O^T + T in two steps, O^T *= gamma once a block
+//     under the first m-tile's wgmmas, then O^T += T an m-tile, so that no gamma load follows a
+//     wgmma wait; it pays on long chains of blocks (dispatch.h, kScaledPvMinChain).
+template <int kN_, bool kScaledPv_ = false>
+struct KernelTraits {
+  static constexpr int kN = kN_;
+  static constexpr bool kScaledPv = kScaledPv_;
+  static constexpr bool kInterleaved = kN <= 32;
+  static constexpr int kRowsPerWarp = kInterleaved ? 8 : 16;  // query rows of a warp's S
+  static constexpr int kRowsPerThread = kInterleaved ? 1 : 2;
+  static constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
+  static constexpr int kNTiles = kN / 8;
+  // The PV of a block: every m-tile's wgmmas in flight at once, each into its own whole-N
+  // temporary (N = 32); or two groups in flight, whole-N m-tiles where every row sees the block
+  // (N = 64), else half-N groups.
+  static constexpr bool kPvAllTiles = kN == 32;
+  static constexpr bool kPvWholeTiles = kN == 64;
+  static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
+  static_assert(!kScaledPv || kN == 64, "the scaled PV: N = 64");
+};
+
 // Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
 constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
-
-// SNAPMLA_SEESAW_PV_DIRECT (experimental, off): N = 64's PV into O^T itself (kernel.cuh,
-// kPvDirect; instantiations/n64_direct.cu, compiled only under this switch). 1: where no CTA's
-// chain of blocks can pass 256 (launch.cu); 2: at every N = 64 call. 10-13% faster at N = 64 on
-// the H200, but the FP8 tensor cores' accumulation (13 bits, cut toward zero) then spans a
-// CTA's whole chain: on the workload layers at 128 heads its error against exact attention is
-// 1.10x the model's at the default split and 8.6x with one CTA a context (64-256 blocks), far
-// past the contract's 1.15x (bench/NOTES.md, session 13).
-#ifndef SNAPMLA_SEESAW_PV_DIRECT
-#define SNAPMLA_SEESAW_PV_DIRECT 0
-#endif
-
-// SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN (8, the default since session 32): N = 64 calls whose
-// parts run about this many blocks or more (launch.cu's estimate from the launch's shape) take
-// the kernel whose PV scales O^T by the block's gamma once, under the first m-tile's wgmmas,
-// and then adds each m-tile's product (kScaledPv, kernel.cuh; instantiations/n64_scaled.cu).
-// Its promotion reads no gamma after a wgmma wait (ncu, session 31: the promoted PV's issue
-// stalled there), so long chains run ~2% faster; calls of one or two blocks a part ran ~0.4
-// us slower (the first block's softmax, bench/NOTES.md, session 32), hence the bound. Graph
-// replays, A/B/A/B in one call: 8x1x128x4096 (8 blocks a part) 29.1 / 29.1 us with the bound at
-// 16, 28.8 / 28.8 at 8. 0: every N = 64 call; -1: none (the instantiation is not built).
-#ifndef SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN
-#define SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN 8
-#endif
-
-// Launches the kernel of PV width kN (instantiations/n<kN>.cu; kTwoTerm: n<kN>_two_term.cu;
-// kPvDirect, N = 64 only, experimental: n64_direct.cu; kScaledPv, N = 64 one-term only:
-// n64_scaled.cu; kernel.cuh says what each changes).
-template <int kN, bool kTwoTerm = false, bool kPvDirect = false, bool kScaledPv = false>
-cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
-
-// SNAPMLA_SEESAW_ROLES (experimental, off): the N = 64 one-term query on the role-split kernel
-// (roles.cuh: two S warpgroups for QK and softmax, two PV warpgroups for O^T;
-// instantiations/n64_roles.cu, compiled only under the switch).
-#ifndef SNAPMLA_SEESAW_ROLES
-#define SNAPMLA_SEESAW_ROLES 0
-#endif
-namespace roles {
-cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stream);
-}  // namespace roles
 
 }  // namespace seesaw
 }  // namespace decode

@@ -1,0 +1,88 @@
+// The epilogue of the sm90 decode kernel: each row's 1/l and lse, and the stores of O^T / l
+// into out or a split partial.
+#pragma once
+
+#include "common/launch.h"
+#include "decode/sm90/context.cuh"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+// The stores of a thread's O^T (latent d0 + 64 m, + 1 of query rows 8 nn + 2 t + c1), times the
+// row's 1/l: into the split partial of seg.slot (FP16 with a per-group exponent, segment.cuh),
+// or into out (BF16 or fp32).
+template <int kMTiles, int kNRegs>
+__device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float (&o)[kMTiles][kNRegs],
+                                             const float* inv_l_of, int b, int tile,
+                                             int rows_total, int d0, int t, const Segment& seg) {
+  // Row (nn, c1): query row 8 nn + 2 t + c1, its values o[m][4 nn + c1] and o[m][4 nn + 2 + c1]
+  // (latent d0 + 64 m and + 1). One loop per destination (a uniform branch outside them).
+  auto each_row = [&](auto&& store_row) {
+#pragma unroll
+    for (int nn = 0; nn < kNRegs / 4; ++nn) {
+#pragma unroll
+      for (int c1 = 0; c1 < 2; ++c1) {
+        const int row = 8 * nn + 2 * t + c1, fr = tile * kRowsM + row;
+        if (fr < rows_total) store_row(nn, c1, fr, inv_l_of[row]);
+      }
+    }
+  };
+  if (seg.split) {
+    // (segment.cuh) The thread's 8 values of a row are its group partial_group(d0), all of it.
+    const int64_t slot = seg.slot;
+    const int group = partial_group(d0);
+    each_row([&](int nn, int c1, int fr, float inv_l) {
+      // (max |O| times 1/l > 0 is max |O / l| exactly: rounding is monotonic)
+      float amax = 0.f;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        amax = fmaxf(amax, fmaxf(fabsf(o[m][4 * nn + c1]), fabsf(o[m][4 * nn + 2 + c1])));
+      }
+      const int e = partial_exponent(amax * inv_l);
+      uint8_t* rec = partial_record(p, slot, fr);
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {
+        store_partial_pair(rec, d0 + 64 * m, o[m][4 * nn + c1], o[m][4 * nn + 2 + c1], inv_l,
+                           pow2i(e));
+      }
+      store_partial_exponent(rec, group, e);
+    });
+  } else {
+    each_row([&](int nn, int c1, int fr, float inv_l) {
+      const int64_t at = (int64_t{b} * rows_total + fr) * kContentDim + d0;
+#pragma unroll
+      for (int m = 0; m < kMTiles; ++m) {  // BF16, or fp32 where asked (store_out2)
+        store_out2(p, at + 64 * m, o[m][4 * nn + c1] * inv_l, o[m][4 * nn + 2 + c1] * inv_l);
+      }
+    });
+  }
+}
+
+
+// The request's epilogue, after every PV. A row's 1/l and lse are computed once per row and
+// warpgroup (thread wtid of each warpgroup, row wtid) into a statistics buffer no block uses any
+// more (n >= 1, so (n + wg) % kPBuffers is neither warpgroup's last (n - 1) % kPBuffers), where
+// its warpgroup reads them.
+template <class T>
+__device__ __forceinline__ void epilogue(SharedStorage& s, const DecodeParams& p,
+                                         const Request& req, const ConsumerThread<T>& th,
+                                         const float (&o)[kMTiles][T::kNRegs]) {
+  const int rows_total = p.q_len * p.num_heads;
+  const RowStats& fin = s.stats[(req.n - 1) % kPBuffers];
+  RowStats& res_of = s.stats[(req.n + th.wg) % kPBuffers];
+  const int fr = req.tile * kRowsM + th.wtid;
+  if (th.wtid < T::kN && fr < rows_total) {
+    const RowResult res = row_result(fin.l[th.wtid], fin.m[th.wtid], fin.sig[th.wtid],
+                                     s.bad_page != 0, req.seg.split);
+    res_of.l[th.wtid] = res.inv_l;
+    if (th.wg == 0) store_lse(p, req.b, fr, req.seg, res.lse);
+  }
+  sm90::named_barrier_unaligned(kBarWg + th.wg, kWgThreads);
+  store_o_rows(p, o, res_of.l, req.b, req.tile, rows_total, kHalfDim * th.wg + 16 * th.warp + 2 * th.g,
+               th.t, req.seg);
+}
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla

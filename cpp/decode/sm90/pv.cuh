@@ -1,0 +1,223 @@
+// PV of the sm90 decode kernel and its promotion: O^T[latent half wg] = gamma O^T + V^T P8^T
+// for each block, V^T built in registers from the content tile, the product accumulated by
+// the FP8 tensor cores in fp32 temporaries and added into O^T by the CUDA cores every block.
+#pragma once
+
+#include "decode/sm90/context.cuh"
+#include "decode/sm90/wgmma.cuh"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+// O^T[64 latent x N rows] (+)= V^T[64 x 32 tokens] (registers) P8^T (shared memory).
+// kInit: D = product (D write-only), else D += product.
+template <int N, bool kInit>
+__device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
+  if constexpr (N == 64) {
+    kInit ? sm90::wgmma_m64n64k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
+  } else if constexpr (N == 32) {
+    kInit ? sm90::wgmma_m64n32k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
+  } else if constexpr (N == 16) {
+    kInit ? sm90::wgmma_m64n16k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
+  } else {
+    kInit ? sm90::wgmma_m64n8k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n8k32_e4m3_rs(d, a, desc, 1);
+  }
+}
+
+// wgmma.wait_group with a count the unrolled loop makes constant.
+__device__ __forceinline__ void wgmma_wait_upto3(int n) {
+  switch (n) {
+    case 0: sm90::wgmma_wait<0>(); break;
+    case 1: sm90::wgmma_wait<1>(); break;
+    case 2: sm90::wgmma_wait<2>(); break;
+    default: sm90::wgmma_wait<3>(); break;
+  }
+}
+
+// Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
+__device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
+  return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
+         (tb + 8 < valid ? 0xff0000u : 0u) | (tb + 9 < valid ? 0xff000000u : 0u);
+}
+
+// Zero the E4M3 NaN codes (0x7f, 0xff) of four packed bytes.
+__device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
+  return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
+}
+
+// V^T A fragments (both k-steps) at `addr` (a content chunk's shared address plus the lane's
+// ldmatrix offset). kEdge (a block some row does not see whole): tokens from `valid` up and NaN
+// codes are zeroed, so that a NaN there cannot reach rows whose P8 is 0 (elsewhere a NaN in V
+// reaches every row through its logit anyway).
+template <bool kEdge>
+__device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int valid,
+                                                    uint32_t (&a)[2][4]) {
+  uint32_t vmask[2][2];
+  if constexpr (kEdge) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ++ks) {
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) {
+    vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
+    if constexpr (kEdge) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+    }
+  }
+}
+
+// V^T A fragments of m-tile m (both k-steps) of warpgroup wg's latent half of block i: content
+// chunk 2 wg + m / 2, its 16-byte units from 4 (m % 2); warp v takes units v (+ 4).
+template <bool kEdge, class T>
+__device__ __forceinline__ void v_fragments(const Request& req, const ConsumerThread<T>& th, int i,
+                                            int m, uint32_t (&a)[2][4]) {
+  const uint32_t addr =
+      sm90::smem_u32(req.ring.stage(i).content[2 * th.wg + m / 2]) + th.ldsm_off[m & 1];
+  const int valid = kEdge ? min(max(req.seqlen - req.tok0(i), 0), kBlockN) : 0;
+  vt_fragments_masked<kEdge>(addr, th.t, valid, a);
+}
+
+// The promotion: O^T m-tile `o` = gamma O^T + T over its 8-column tiles [col0, col0 + kCols)
+// (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read from the
+// block's statistics where it is used.
+template <int kNRegs, int kTmpRegs>
+__device__ __forceinline__ void promote_cols(float (&o)[kNRegs], int col0, float (&tmp)[kTmpRegs],
+                                             const float* gamma, int t) {
+  constexpr int kCols = kTmpRegs / 4;
+  sm90::fence_regs(tmp);
+#pragma unroll
+  for (int nn = 0; nn < kCols; ++nn) {
+    const int col = col0 + nn;
+    const float2 gm = *reinterpret_cast<const float2*>(&gamma[8 * col + 2 * t]);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      o[4 * col + c] = fmaf(o[4 * col + c], c & 1 ? gm.y : gm.x, tmp[4 * nn + c]);
+    }
+  }
+}
+
+// The scaled promotion's two steps (KernelTraits::kScaledPv): O^T *= gamma for every m-tile,
+// then O^T m-tile m += T after its wait.
+template <int kNRegs>
+__device__ __forceinline__ void scale_o(float (&o)[kMTiles][kNRegs], const float* gamma, int t) {
+#pragma unroll
+  for (int col = 0; col < kNRegs / 4; ++col) {
+    const float2 g = *reinterpret_cast<const float2*>(&gamma[8 * col + 2 * t]);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[m][4 * col + c] *= c & 1 ? g.y : g.x;
+    }
+  }
+}
+template <int kNRegs>
+__device__ __forceinline__ void add_to_o(float (&o)[kNRegs], float (&tmp)[kNRegs]) {
+  sm90::fence_regs(tmp);
+#pragma unroll
+  for (int e = 0; e < kNRegs; ++e) o[e] += tmp[e];
+}
+
+// PV of block i on the thread's latent half, every m-tile, with its promotion.
+template <bool kEdge, class T>
+__device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
+                                         const ConsumerThread<T>& th, int i,
+                                         float (&o)[kMTiles][T::kNRegs]) {
+  constexpr int kN = T::kN, kNRegs = T::kNRegs;
+  sm90::mbar_wait(req.ring.full(i), req.ring.phase(i));
+  const RowStats& ps = s.stats[i % kPBuffers];
+  const sm90::SmemDesc p_desc =
+      sm90::make_desc_base(s.p8[i % kPBuffers], sm90::Swizzle::k64B, kPRowBytes);
+  if constexpr (T::kPvAllTiles) {
+    // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
+    float tmp[kMTiles][kNRegs];
+    uint32_t a[kMTiles][2][4];
+#pragma unroll
+    for (int q = 0; q < kMTiles; ++q) {
+      v_fragments<kEdge>(req, th, i, q, a[q]);
+      sm90::wgmma_fence();
+      wgmma_pv<kN, true>(tmp[q], a[q][0], p_desc.at(0));
+      wgmma_pv<kN, false>(tmp[q], a[q][1], p_desc.at(32));
+      sm90::wgmma_commit();
+    }
+#pragma unroll
+    for (int q = 0; q < kMTiles; ++q) {
+      wgmma_wait_upto3(kMTiles - 1 - q);
+      promote_cols(o[q], 0, tmp[q], ps.gamma, th.t);
+    }
+  } else if constexpr (T::kPvWholeTiles && !kEdge) {
+    // Whole-N groups (an m-tile's two k-steps into one temporary), two in flight.
+    float tmp[2][kNRegs];
+    uint32_t a[2][2][4];
+    auto promote = [&](int q) {
+      if constexpr (T::kScaledPv) {
+        add_to_o(o[q], tmp[q % 2]);
+      } else {
+        promote_cols(o[q], 0, tmp[q % 2], ps.gamma, th.t);
+      }
+    };
+#pragma unroll
+    for (int q = 0; q < kMTiles; ++q) {
+      v_fragments<kEdge>(req, th, i, q, a[q % 2]);
+      sm90::wgmma_fence();
+      wgmma_pv<kN, true>(tmp[q % 2], a[q % 2][0], p_desc.at(0));
+      wgmma_pv<kN, false>(tmp[q % 2], a[q % 2][1], p_desc.at(32));
+      sm90::wgmma_commit();
+      if (T::kScaledPv && q == 0) scale_o(o, ps.gamma, th.t);
+      if (q > 0) {
+        sm90::wgmma_wait<1>();
+        promote(q - 1);
+      }
+    }
+    sm90::wgmma_wait<0>();
+    promote(kMTiles - 1);
+  } else {
+    // Groups of (m-tile, half of the N rows), each into a zeroed temporary, two in flight: the
+    // tensor cores run group q + 1 while the CUDA cores add group q. (The edge blocks' masks
+    // beside whole-N temporaries would spill at N = 64.)
+    constexpr int kHalfN = kN / 2;
+    float tmp[2][kHalfN / 2];
+    auto promote = [&](int q) {
+      promote_cols(o[q / 2], (q % 2) * kHalfN / 8, tmp[q % 2], ps.gamma, th.t);
+    };
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m) {
+      uint32_t a[2][4];
+      v_fragments<kEdge>(req, th, i, m, a);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int q = 2 * m + h;
+        const uint32_t rows = h * kHalfN * kPRowBytes;  // P8 rows of this half
+        sm90::wgmma_fence();
+        wgmma_pv<kHalfN, true>(tmp[q % 2], a[0], p_desc.at(rows));
+        wgmma_pv<kHalfN, false>(tmp[q % 2], a[1], p_desc.at(rows + 32));
+        sm90::wgmma_commit();
+        if (q > 0) {
+          sm90::wgmma_wait<1>();
+          promote(q - 1);
+        }
+      }
+    }
+    sm90::wgmma_wait<0>();
+    promote(2 * kMTiles - 1);
+  }
+}
+
+// pv_block with the block's edge variant chosen at run time.
+template <class T>
+__device__ __forceinline__ void pv(SharedStorage& s, const Request& req, const ConsumerThread<T>& th,
+                                   int i, float (&o)[kMTiles][T::kNRegs]) {
+  if (req.is_edge(i)) {
+    pv_block<true>(s, req, th, i, o);
+  } else {
+    pv_block<false>(s, req, th, i, o);
+  }
+}
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla

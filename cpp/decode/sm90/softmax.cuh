@@ -1,0 +1,233 @@
+// QK and the softmax of the sm90 decode kernel: the owner warpgroup's S = Q K^T of a block,
+// then the contract's block step on it, publishing P8 and the row statistics for both
+// warpgroups' PV.
+#pragma once
+
+#include "decode/sm90/context.cuh"
+#include "decode/sm90/wgmma.cuh"
+
+namespace snapmla {
+namespace decode {
+namespace seesaw {
+
+// 2^x, flushing results below 2^-126 to zero (MUFU.EX2 as it is).
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rcp_approx_ftz(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// The softmax evaluates e = 2^(z - m) <= 1 as 2^(z - m + 24) 2^-24: results down to 2^-150
+// (below which fp32 holds nothing) stay above the flush threshold.
+constexpr float kExpShift = 24.f;
+constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
+constexpr float kInvFp8Max = 1.f / 448.f;
+
+// A row's maximum and sum over the four threads (t = lane % 4) that hold it in an S fragment.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// QK of block i (asynchronous, one commit group): content chunks 0-1 into sa, chunks 2-3 and
+// the RoPE into sb. Descriptors once per block; each wgmma moves its start by an immediate.
+__device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::SmemDesc& q_desc,
+                                         const sm90::SmemDesc& qr_desc, float (&sa)[32],
+                                         float (&sb)[32]) {
+  const SharedStorage::Stage& st = ring.stage(i);
+  sm90::mbar_wait(ring.full(i), ring.phase(i));
+  const sm90::SmemDesc k_desc = sm90::make_desc_base(st.content[0], sm90::Swizzle::k128B, kChunkBytes);
+  const sm90::SmemDesc kr_desc = sm90::make_desc_base(st.rope, sm90::Swizzle::k128B, kChunkBytes);
+  sm90::wgmma_fence();
+#pragma unroll
+  for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+    for (int k = 0; k < kQkChunkSteps; ++k) {
+      const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
+      const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
+      float(&acc)[32] = c < 2 ? sa : sb;
+      if (c % 2 == 0 && k == 0) {
+        sm90::wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
+      } else {
+        sm90::wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kRopeSteps; ++k) {
+    sm90::wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+  }
+  sm90::wgmma_commit();
+}
+
+// The softmax's first pass over a thread's S fragment (kElems = 2 x its rows: elements c <
+// kElems of each 8-token group nn): u = logit(e) s_k in z[e] (e = 4 nn + c; tokens 8 nn + 2 t
+// + c % 2, row c / 2), -inf where the row does not see the token (kFull: every token visible),
+// and each row's maximum into mx. `scale` is the stage's 64 token scales.
+template <int kElems, bool kFull, typename Logit>
+__device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const float* scale,
+                                              int t, int tok0, const int (&limit)[2],
+                                              float (&mx)[2]) {
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn) {
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = 4 * nn + c;
+      const float u = logit(e) * (c & 1 ? k2.y : k2.x);
+      if constexpr (kFull) {
+        z[e] = u;
+      } else {
+        z[e] = tok0 + 8 * nn + 2 * t + (c & 1) < limit[c / 2] ? u : -INFINITY;
+      }
+      mx[c / 2] = fmaxf(mx[c / 2], z[e]);
+    }
+  }
+}
+
+// Its second pass: e = 2^(z rf + bias) (bias carries the 2^24 shift and the row's maximum),
+// P' = e s_k 2^-24 in z (exactly 0 where the token is invisible: a select, its scale may be
+// NaN), the rows' sums of e and maxima of P' into e_sum and p_max (thread-local).
+template <int kElems, bool kFull>
+__device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_factor)[2],
+                                           const float (&bias)[2], const float* scale, int t,
+                                           float (&e_sum)[2], float (&p_max)[2]) {
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn) {
+    const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
+    const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+#pragma unroll
+    for (int c = 0; c < kElems; ++c) {
+      const int e = 4 * nn + c, ri = c / 2;
+      const float ex = ex2_ftz(fmaf(z[e], row_factor[ri], bias[ri]));
+      e_sum[ri] += ex;
+      float pp = ex * ks[c & 1];
+      if constexpr (!kFull) pp = z[e] == -INFINITY ? 0.f : pp;
+      z[e] = pp;
+      p_max[ri] = fmaxf(p_max[ri], pp);
+    }
+  }
+}
+
+// The softmax of block i by its owner: the contract's block step on S (sa + sb), P8 into the
+// block's P tile and the row statistics (m, sigma, l, gamma; paper eq. 12) into its stats
+// buffer, after the previous block's statistics (the other warpgroup's). The row factor
+// s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the row maximum of
+// z is max(u) rf exactly. Interleaved rows: the logit is fmaf(rho, S_lo, S_hi), one row a thread.
+template <class T>
+__device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodeParams& p,
+                                              const Request& req, const ConsumerThread<T>& th,
+                                              int i, float (&sa)[32], float (&sb)[32]) {
+  constexpr int kRows = T::kRowsPerThread;
+  constexpr int kElems = 2 * kRows;  // fragment elements per 8 tokens: c < kElems
+  sm90::wgmma_wait<0>();
+  sm90::fence_regs(sa);
+  sm90::fence_regs(sb);
+  const SharedStorage::Stage& st = req.ring.stage(i);
+  const int tok0 = req.tok0(i);
+  const bool full = !req.is_edge(i);
+  float m_new[2], sig[2], l[2], gamma[2];
+  if constexpr (T::kInterleaved) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;
+  uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
+  float(&z)[32] = sa;
+  float mx[2] = {-INFINITY, -INFINITY};
+  float row_factor[2];
+  float rho = 0.f;  // interleaved: s2 / s1 of the thread's query row
+  if (th.softmax_warp) {
+    // Per-row constants, re-read each block rather than held in registers across PV.
+    row_factor[0] = s.q_scale[th.r0] * p.scale_log2;
+    if constexpr (T::kInterleaved) {
+      rho = s.q_scale[32 + th.r0];
+    } else {
+      row_factor[1] = s.q_scale[th.r0 + 8] * p.scale_log2;
+    }
+    auto logit = [&](int e) {
+      return T::kInterleaved ? fmaf(rho, sa[e + 2] + sb[e + 2], sa[e] + sb[e]) : sa[e] + sb[e];
+    };
+    const int fr0 = req.tile * kRowsM + th.r0;
+    if (full) {
+      const int limit[2] = {0, 0};
+      scaled_logits<kElems, true>(z, logit, st.scale, th.t, tok0, limit, mx);
+    } else {
+      int limit[2];
+      limit[0] = visibility_limit(p, fr0, req.seqlen);
+      if constexpr (!T::kInterleaved) limit[1] = visibility_limit(p, fr0 + 8, req.seqlen);
+      scaled_logits<kElems, false>(z, logit, st.scale, th.t, tok0, limit, mx);
+    }
+#pragma unroll
+    for (int ri = 0; ri < kRows; ++ri) mx[ri] = quad_max(mx[ri]) * row_factor[ri];
+  }
+  // The previous block's statistics (its owner is the other warpgroup).
+  float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
+  if (i > 0) {
+    sm90::named_barrier(kBarPready + ((i - 1) & 1), kThreads);
+    if (th.softmax_warp) {
+      const RowStats& ps = s.stats[(i - 1) % kPBuffers];
+#pragma unroll
+      for (int ri = 0; ri < kRows; ++ri) {
+        m_prev[ri] = ps.m[th.row_of(ri)];
+        sig_prev[ri] = ps.sig[th.row_of(ri)];
+        l_prev[ri] = ps.l[th.row_of(ri)];
+      }
+    }
+  }
+  if (th.softmax_warp) {
+    // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0.
+    float m_use[2], inv_sig[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
+#pragma unroll
+    for (int ri = 0; ri < kRows; ++ri) {
+      m_new[ri] = fmaxf(m_prev[ri], mx[ri]);
+      m_use[ri] = m_new[ri] == -INFINITY ? 0.f : m_new[ri];  // nothing visible yet: e = 0
+    }
+    const float bias[2] = {kExpShift - m_use[0], T::kInterleaved ? 0.f : kExpShift - m_use[1]};
+    if (full) {
+      exp_scaled<kElems, true>(z, row_factor, bias, st.scale, th.t, e_sum, p_max);
+    } else {
+      exp_scaled<kElems, false>(z, row_factor, bias, st.scale, th.t, e_sum, p_max);
+    }
+    e_sum[0] *= kExpUnshift;
+    e_sum[1] *= kExpUnshift;
+#pragma unroll
+    for (int ri = 0; ri < kRows; ++ri) {
+      e_sum[ri] = quad_sum(e_sum[ri]);
+      p_max[ri] = quad_max(p_max[ri]);
+      // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k; one MUFU reciprocal and
+      // exponent each (within an ulp or two: the tensor-core tier's tolerance)
+      sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+      inv_sig[ri] = rcp_approx_ftz(sig[ri]);
+      gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
+      l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
+    }
+    p8_words<kRows>(z, inv_sig, w);
+  }
+  // PV(i - kPBuffers) by the other warpgroup read this P tile
+  if (i >= kPBuffers) sm90::named_barrier(kBarPfree + i % kPBuffers, kThreads);
+  if (th.softmax_warp) {
+    store_p8<kRows>(sm90::smem_u32(s.p8[i % kPBuffers]) + th.stsm_off, w);
+    if (th.t == 0) {
+      RowStats& ps = s.stats[i % kPBuffers];
+#pragma unroll
+      for (int ri = 0; ri < kRows; ++ri) {
+        ps.m[th.row_of(ri)] = m_new[ri];
+        ps.sig[th.row_of(ri)] = sig[ri];
+        ps.l[th.row_of(ri)] = l[ri];
+        ps.gamma[th.row_of(ri)] = gamma[ri];
+      }
+    }
+  }
+  sm90::fence_proxy_async();  // P8 (generic stores) is read next by wgmma (async proxy)
+  sm90::named_barrier_arrive(kBarPready + (i & 1), kThreads);
+  sm90::named_barrier(kBarWg + th.wg, kWgThreads);  // own P8 and statistics; the scales read
+}
+
+}  // namespace seesaw
+}  // namespace decode
+}  // namespace snapmla
