@@ -1,8 +1,8 @@
 """Decode outputs of the installed build, saved or compared bit for bit: an A/B of two builds
 that should compute the same bits (a kernel layout change, an experimental switch).
 
-    python3 bench/dump_decode.py --save /tmp/a.npz     # with build A installed
-    python3 bench/dump_decode.py --compare /tmp/a.npz  # with build B: exit 1 on any bit change
+    python3 bench/probes/dump_decode.py --save /tmp/a.npz     # with build A installed
+    python3 bench/probes/dump_decode.py --compare /tmp/a.npz  # with build B: exit 1 on any change
 
 Cases (fixed seeds; the test suite's random caches with shuffled pages, NaN-filled unused slots
 and NaN-poisoned outputs, tests/gpu/_util.py): every PV width, odd head counts, MTP, page edges
@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "gpu"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu"))
 
 from _util import BF16, make_cache, make_case, run_decode, to_numpy  # noqa: E402
 

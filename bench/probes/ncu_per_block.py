@@ -1,14 +1,14 @@
 """Instructions per warp per 64-token tile-block of the seesaw kernel, from Nsight Compute.
 
-Issue #7 asks for the steady-state instruction count per warp and block, per shape class (the
-design study's estimate: ~430; the old fast kernel: 2834). `bench/gpu_session.sh ncu` profiles
-one launch per case with the metric ``smsp__inst_executed.sum`` (warp instructions executed,
-the whole grid); this divides it by the case's tile-blocks (requests x row tiles x 64-token
-blocks) and by the 8 consumer warps that share each tile-block's work. The producer warpgroup's
-instructions (N = 32 and 64), the idle CTAs' and the epilogue's are in the total, so the figure
-is an upper bound on the loop's own count, close to it at long contexts.
+The steady-state instruction count per warp and block, per shape class, is what a change to
+the kernel's main loop moves. `bench/gpu_session.sh ncu` profiles one launch per case with the
+metric ``smsp__inst_executed.sum`` (warp instructions executed, the whole grid); this divides it
+by the case's tile-blocks (requests x row tiles x 64-token blocks) and by the 8 consumer warps
+that share each tile-block's work. The producer warpgroup's instructions (N = 32 and 64), the
+idle CTAs' and the epilogue's are in the total, so the figure is an upper bound on the loop's
+own count, close to it at long contexts.
 
-    python3 bench/ncu_per_block.py 32x1x128x16384=ncu-32x1x128x16384.txt [CASE=FILE ...]
+    python3 bench/probes/ncu_per_block.py 32x1x128x16384=ncu-32x1x128x16384.txt [CASE=FILE ...]
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 
 from bench_decode import Case
 
-CONSUMER_WARPS = 8  # two consumer warpgroups per CTA (cpp/decode/seesaw/config.h)
+CONSUMER_WARPS = 8  # two consumer warpgroups per CTA
 TILE_ROWS = 64
 BLOCK_TOKENS = 64
 METRIC = "smsp__inst_executed.sum"
 
 
 def pv_width(case: Case) -> int:
-    """The kernel instantiation's PV width N (cpp/decode/seesaw/launch.cu)."""
+    """The PV width N of the kernel instantiation the library launches for the case."""
     rows = case.q_len * case.heads
     return 16 if rows <= 16 else 32 if rows <= 32 else 64
 

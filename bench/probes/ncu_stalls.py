@@ -1,12 +1,12 @@
 """Warp-stall samples of an ncu SASS source export, summed over instruction ranges.
 
-    python3 bench/ncu_stalls.py ncu-sass-32x1x128x16384.csv.gz             # landmarks, top lines
-    python3 bench/ncu_stalls.py FILE 480:617:qk 617:992:logits ...          # ranges' breakdowns
+    python3 bench/probes/ncu_stalls.py ncu-sass-32x1x128x16384.csv.gz     # landmarks, top lines
+    python3 bench/probes/ncu_stalls.py FILE 480:617:qk 617:992:logits ...  # ranges' breakdowns
 
 The file is what `gpu_session.sh ncu` writes (`ncu --page source --csv --print-source sass`).
 Landmarks are the synchronization instructions (barriers, wgmma fences and waits, shuffles) of
-the hot code, so that ranges can be chosen by reading them (session 31 used this to split the
-N = 64 kernel's block into QK, logits, exp, P8, publish and the two PVs).
+the hot code, so that ranges can be chosen by reading them (e.g. the N = 64 kernel's block split
+into QK, logits, exp, P8, publish and the two PVs).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-// What the H200 does under sustained load with only the work every MLA decode kernel must do
-// (session 40, issue 7). A decode server runs the GPU continuously, where the board holds its
-// 700 W limit by lowering the SM clock; this probe asks how long a decode's unavoidable work
-// takes there, with nothing else:
+// The power-limited floor: how long the work every MLA decode kernel must do takes on a board
+// held at its power limit. A decode server runs the GPU continuously, where the H200 holds its
+// 700 W limit by lowering the SM clock; this probe runs a decode's unavoidable work there, with
+// nothing else:
 //
 //   tensor  the tile-blocks' tensor work as FP8 wgmmas in the most efficient form the hardware
 //           has (m64n256k32, both operands in shared memory: no softmax, no promotion, no V
@@ -31,9 +31,11 @@
 // 112, so that 4 sigma reach 448, as a per-token-scaled cache holds them: operands and pages),
 // `zero` (the least switching any data can cause: a bound below what real data costs).
 //
-//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp -Iinclude -Ibench \
-//        bench/power_probe.cu -o power_probe
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp -Iinclude \
+//        bench/probes/power_probe.cu -o .carry/bin/power_probe
 //   ./power_probe all 124 62 3 [256|64]      # mode tile_blocks pages seconds [wgmma N]
+// bench/sustained.sh runs it with nvidia-smi sampling the clock, power and throttle reasons, and
+// `bench/gpu_session.sh power-floor` at the shares of the 128-head cases.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -42,10 +44,11 @@
 #include <cstring>
 #include <vector>
 
-#include "cuda_check.h"
+#include "../cuda_check.h"
+#include "common/numerics.cuh"
 #include "decode/sm90.cuh"
 #include "decode/wgmma_ops.cuh"
-#include "probe_pv.cuh"
+#include "probe_common.cuh"
 #include "wgmma_wide_ops.cuh"
 
 using namespace snapmla;

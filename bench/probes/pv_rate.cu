@@ -1,22 +1,20 @@
-// What one 64-token block's PV costs a warpgroup of the seesaw kernel, by the PV's structure
-// (session 15, issue 7): the kernel's timeline puts a block's PV at 1,100-1,900 cycles against 256
-// (FP8) or 512 (FP16) of tensor work, and the FP16 PV into O^T (session 15's
-// SNAPMLA_SEESAW_PV_F16, removed in session 16) was no faster than the promoted FP8 one. This
-// measures the PV alone, on resident shared memory, with the kernel's own fragment helpers and
-// wgmma wrappers, one or both warpgroups of a CTA running it at once (the kernel's other warpgroup
-// runs its softmax or its own PV meanwhile):
+// What one 64-token block's PV costs a warpgroup of the seesaw kernel, by the PV's form: the PV
+// alone on resident shared memory, with the kernel's own fragment helpers and wgmma wrappers,
+// one or both warpgroups of a CTA running it at once (in the kernel the other warpgroup runs its
+// softmax or its own PV meanwhile). Tensor work per block and warpgroup: 256 cycles in FP8, 512
+// in FP16.
 //
-//   0 fp8-halfN-promoted  the default: 8 groups (m-tile, half the rows) of 2 m64n32k32 into a
-//                         zeroed temporary, two in flight, each added into O = gamma O + T
+//   0 fp8-halfN-promoted  8 groups (m-tile, half the rows) of 2 m64n32k32 into a zeroed
+//                         temporary, two in flight, each added into O = gamma O + T
 //   1 fp8-wholeN-promoted 4 groups (m-tile) of 2 m64n64k32, two in flight, promoted the same way
 //   2 f16-direct          the FP16 PV: O *= gamma, then 4 m64n64k16 f16 an m-tile into O
 //   3 fp8-n32-raw         the 16 m64n32k32 of variant 0 back to back, one wait (no promotion)
 //   4 fp8-n64-raw         the 8 m64n64k32 of variant 1 back to back, one wait
 //   5 f16-raw             the 16 m64n64k16 of variant 2 back to back, one wait
 //   6 fp8-n64-ss-raw      8 m64n64k32 with both operands in shared memory (the QK's form)
-// The other orientation, O[64 rows x 256 latent] = P V (session 29: is the A-in-registers rate a
-// matter of N?), P as the A operand in registers and V^T as a K-major B in shared memory
-// ([latent][64 tokens], 64-byte swizzle), which the kernel would have to build (variant 9):
+// The other orientation, O[64 rows x 256 latent] = P V: P as the A operand in registers and V^T
+// as a K-major B in shared memory ([latent][64 tokens], 64-byte swizzle), which a kernel would
+// have to build (variant 9):
 //   7 fp8-n256-rs-raw     2 m64n256k32 (the block's two k-steps), one wait
 //   8 fp8-n128-promoted   2 groups (half the latent each) of 2 m64n128k32 into a zeroed 64-register
 //                         temporary, one at a time, each added into O = gamma O + T
@@ -24,23 +22,122 @@
 //                         (4 chunks of [64 tokens][128 B], 128-byte swizzle) into V^T
 //                         [512 latent][64 tokens] (64-byte swizzle) in another buffer: per
 //                         m-tile and k-step one ldmatrix.trans x4, four byte permutes and one
-//                         stmatrix x4 a warp (session 15's in-place form, 65899d9), then the
-//                         async-proxy fence and a warpgroup barrier, as a producer would
+//                         stmatrix x4 a warp, then the async-proxy fence and a warpgroup barrier,
+//                         as a producer warpgroup would
 //
 // Every CTA of a full grid (one per SM) runs `reps` blocks; CTA 0's warpgroups time them with
-// clock64 (cycles per block and warpgroup, median of the CTA's warpgroups). The numbers are what
-// matters, not the values (random E4M3 codes, small P).
+// clock64 (cycles per block and warpgroup, the least of three launches). Only the time counts
+// (random E4M3 codes, small P).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 -Icpp -Iinclude \
-//        bench/pv_rate.cu -o pv_rate && ./pv_rate [reps]
+//        bench/probes/pv_rate.cu -o pv_rate && ./pv_rate [reps]
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
 
-#include "cuda_check.h"
-#include "probe_pv.cuh"
+#include "../cuda_check.h"
+#include "decode/seesaw/fragments.cuh"
+#include "decode/seesaw/steps.cuh"
+#include "decode/wgmma_ops.cuh"
+#include "probe_common.cuh"
 #include "wgmma_wide_ops.cuh"
+
+// ---- The kernel's PV of one block, on synthetic operands
+
+namespace snapmla {
+namespace bench_probe {
+
+// O^T of a warpgroup's latent half (4 m-tiles of 32 registers), zeroed.
+__device__ __forceinline__ void zero_o(float (&o)[4][32]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) o[m][e] = 0.f;
+  }
+}
+
+// Finite E4M3 codes (no NaN) in n bytes (`shift` varies the pattern), thread tid of `threads`.
+__device__ __forceinline__ void fill_e4m3(void* p, int n, unsigned shift, int tid, int threads) {
+  for (int i = tid; i < n; i += threads) {
+    static_cast<uint8_t*>(p)[i] = uint8_t((i * 2654435761u >> shift) & 0xbf);
+  }
+}
+// Small P8 codes (below 1.0) in n bytes.
+__device__ __forceinline__ void fill_small_p8(void* p, int n, int tid, int threads) {
+  for (int i = tid; i < n; i += threads) static_cast<uint8_t*>(p)[i] = uint8_t((i * 40503u >> 7) & 0x3f);
+}
+
+// V^T A fragments of m-tile m (both k-steps) of a warpgroup's two content chunks
+// ([64 tokens][128 B] each, 128B swizzle, `chunk_addr[c]` their shared addresses), as the
+// kernel's PV builds them; ldsm_off = {vt_lane_offset(lane, warp), vt_lane_offset(lane, warp + 4)}.
+__device__ __forceinline__ void vt_mtile(const uint32_t (&chunk_addr)[2],
+                                         const uint32_t (&ldsm_off)[2], int m,
+                                         uint32_t (&a)[2][4]) {
+  const uint32_t chunk = chunk_addr[m / 2] + ldsm_off[m & 1];
+  decode::seesaw::vt_fragment(chunk, a[0]);
+  decode::seesaw::vt_fragment(chunk + 32 * 128, a[1]);
+}
+
+// The kernel's promoted PV of one block for one warpgroup: 4 whole-N groups (an m-tile's two
+// m64n64k32 with A in registers) two in flight, each promoted as O^T m-tile = gamma O^T + T.
+__device__ __forceinline__ void pv_block_promoted(float (&o)[4][32], const uint32_t (&chunk_addr)[2],
+                                                  const uint32_t (&ldsm_off)[2],
+                                                  const sm90::SmemDesc& p8_desc,
+                                                  const float* gamma, int t) {
+  float tmp[2][32];
+  uint32_t a[2][2][4];
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    vt_mtile(chunk_addr, ldsm_off, m, a[m % 2]);
+    sm90::wgmma_fence();
+    sm90::wgmma_m64n64k32_e4m3_rs_init(tmp[m % 2], a[m % 2][0], p8_desc.at(0));
+    sm90::wgmma_m64n64k32_e4m3_rs(tmp[m % 2], a[m % 2][1], p8_desc.at(32), 1);
+    sm90::wgmma_commit();
+    if (m > 0) {
+      sm90::wgmma_wait<1>();
+      decode::seesaw::promote_cols(o[m - 1], 0, tmp[(m - 1) % 2], gamma, t);
+    }
+  }
+  sm90::wgmma_wait<0>();
+  decode::seesaw::promote_cols(o[3], 0, tmp[1], gamma, t);
+}
+
+// The same block as 8 half-N groups (an m-tile's two m64n32k32 over half of the query rows), two
+// in flight, each promoted (16 temporary registers a group instead of 32).
+__device__ __forceinline__ void pv_block_promoted_halfn(float (&o)[4][32],
+                                                        const uint32_t (&chunk_addr)[2],
+                                                        const uint32_t (&ldsm_off)[2],
+                                                        const sm90::SmemDesc& p8_desc,
+                                                        const float* gamma, int t) {
+  float tmp[2][16];
+  auto promote = [&](int q) {
+    decode::seesaw::promote_cols(o[q / 2], 4 * (q % 2), tmp[q % 2], gamma, t);
+  };
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    uint32_t a[2][4];
+    vt_mtile(chunk_addr, ldsm_off, m, a);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int q = 2 * m + h;
+      const uint32_t rows = h * 32 * 64;
+      sm90::wgmma_fence();
+      sm90::wgmma_m64n32k32_e4m3_rs_init(tmp[q % 2], a[0], p8_desc.at(rows));
+      sm90::wgmma_m64n32k32_e4m3_rs(tmp[q % 2], a[1], p8_desc.at(rows + 32), 1);
+      sm90::wgmma_commit();
+      if (q > 0) {
+        sm90::wgmma_wait<1>();
+        promote(q - 1);
+      }
+    }
+  }
+  sm90::wgmma_wait<0>();
+  promote(7);
+}
+
+}  // namespace bench_probe
+}  // namespace snapmla
 
 using namespace snapmla;
 using namespace snapmla::decode::seesaw;
@@ -117,7 +214,7 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
       for (int m = 0; m < 4; ++m) {
         uint32_t a8[2][4];
         frags(m, a8);
-        sm90::wgmma_wait<3>();  // as the kernel (a no-op: 3 groups at most are in flight)
+        sm90::wgmma_wait<3>();  // (a no-op: 3 groups at most are in flight)
         sm90::fence_regs(o[m]);
 #pragma unroll
         for (int col = 0; col < 8; ++col) {
@@ -206,7 +303,7 @@ __global__ void __launch_bounds__(256, 1) pv_rate_kernel(int reps, int wgs, floa
       }
     } else if constexpr (kVariant == 9) {
       // stmatrix row address of `lane` within an m-tile of V^T (k-step 1: ^ 32): matrix i holds
-      // M-rows 16 warp + 8 (i % 2) .. + 7, bytes 16 (i / 2) .. + 15 of the k-step (65899d9).
+      // M-rows 16 warp + 8 (i % 2) .. + 7, bytes 16 (i / 2) .. + 15 of the k-step.
       const uint32_t i4 = lane >> 3, row = 16 * warp + 8 * (i4 & 1) + (lane & 7);
       const uint32_t st_off = row * 64 + (((i4 >> 1) ^ ((row >> 1) & 3)) << 4);
       const uint32_t src = sm90::smem_u32(s.tile[wg][0]);

@@ -1,5 +1,4 @@
-// What the FP8 tensor cores' accumulation does to QK logits and to PV, measured (issue 9's and
-// SNAPMLA_SEESAW_PV_DIRECT's probe).
+// What the FP8 tensor cores' accumulation does to QK logits and to PV, measured on the GPU.
 //
 // One warpgroup computes D = A B^T for 64 rows of A and 64 rows of B of E4M3 codes over a
 // reduction of `kdim` (a multiple of 256), with the seesaw kernel's own wgmma (m64n64k32,
@@ -8,19 +7,18 @@
 // the k = 32 steps in different ways: one accumulator over `chain` steps, the chains added in
 // fp32 (chain = kdim / 32: everything in one accumulator).
 //
-//   qk: kdim 512 (Q rows against K tokens), chains 16, 8 (the seesaw kernel's QK today), 4
-//       (the two-term kernel's four accumulators, tried in session 16: no gain), 2 and 1
+//   qk: kdim 512 (Q rows against K tokens), chains 16, 8 (the seesaw kernel's QK), 4, 2 and 1
 //   pv: kdim 16384 tokens (V^T rows = latent channels against P rows = query rows, P in
-//       (0, 1]), chains 512 (SNAPMLA_SEESAW_PV_DIRECT: O^T takes every block), 2 (today: one
-//       64-token block into a temporary, promoted in fp32), 16 and 64
+//       (0, 1]), chains 512 (a PV accumulating into O^T across every block), 2 (the seesaw
+//       kernel: one 64-token block into a temporary, promoted in fp32), 16 and 64
 //
-// and writes the codes and every D to a folder, for bench/qgmma_probe.py to compare with exact
-// float64 products and with the emulation of bench/qgmma_precision.py (which accumulator width,
-// whether the chain length moves the error, and whether it is biased).
+// and writes the codes and every D to a folder, for qgmma_probe.py to compare with exact float64
+// products and with the emulation of qgmma_precision.py (which accumulator width, whether the
+// chain length moves the error, and whether it is biased).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -std=c++17 -O2 -Icpp -Iinclude \
-//        bench/qgmma_probe.cu -o qgmma_probe
-//   ./qgmma_probe OUT_DIR [tiles] [seed]      # then: python3 bench/qgmma_probe.py OUT_DIR
+//        bench/probes/qgmma_probe.cu -o .carry/bin/qgmma_probe
+//   ./qgmma_probe OUT_DIR [tiles] [seed]      # then: python3 bench/probes/qgmma_probe.py OUT_DIR
 //
 // Data per tile (even tiles N(0, 1), odd ones Student-t with 3 degrees of freedom): qk: Q rows
 // and K tokens quantized as the contract does (scale = amax / 448, codes = e4m3(x / scale));

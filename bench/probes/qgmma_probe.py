@@ -1,6 +1,5 @@
-"""Read bench/qgmma_probe.cu's output: what the FP8 wgmma's accumulation does to QK logits and to
-PV, against exact products and against the emulation of bench/qgmma_precision.py, per chain
-length (issue 9's probe, and SNAPMLA_SEESAW_PV_DIRECT's).
+"""Read qgmma_probe.cu's output: what the FP8 wgmma's accumulation does to QK logits and to PV,
+against exact products and against the emulation of qgmma_precision.py, per chain length.
 
 For each product (``qk``: 512 channels; ``pv``: 16384 tokens) and accumulation scheme (one
 accumulator over ``chain`` k = 32 steps, the chains added in fp32) it prints the error against
@@ -13,8 +12,8 @@ aligned products (``f``: toward -inf, ``z``: toward zero), the share of outputs 
 reproduces bit for bit. If one reproduces every output at every chain length, the emulation is
 the hardware.
 
-Run: ``python3 bench/qgmma_probe.py OUT_DIR [--bits 13 14]`` (CPU; the pv emulation takes a
-few seconds a tile and width).
+Run: ``PYTHONPATH=python python3 bench/probes/qgmma_probe.py OUT_DIR [--bits 13 14]`` (CPU; the
+pv emulation takes a few seconds a tile and width).
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ STEPS = {"f": qgmma_step, "z": qgmma_step_zero}  # products toward -inf, toward 
 def emulate(a: np.ndarray, b: np.ndarray, chain: int, bits: int, cut: str = "f") -> np.ndarray:
     """D [64, 64] = A B^T as the emulated wgmma computes it with `chain` k = 32 steps an
     accumulator, the chains added in fp32 in order; `cut`: "f" (the aligned products toward
-    -inf, qgmma_precision's reading) or "z" (toward zero)."""
+    -inf, qgmma_precision's reading) or "z" (toward zero, what the H200 does)."""
     step_fn = STEPS[cut]
     kdim = a.shape[1]
     total = None
@@ -76,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     manifest = args.folder / "manifest.txt"
     if not manifest.exists():
-        raise SystemExit(f"no {manifest} (run bench/qgmma_probe.cu first)")
+        raise SystemExit(f"no {manifest} (run qgmma_probe first)")
     bits = [] if args.no_emulation else args.bits
     print("FP8 wgmma products against exact float64 ones; emuN: share of outputs the N-bit")
-    print("emulation (bench/qgmma_precision.py) reproduces exactly")
+    print("emulation (qgmma_precision.py) reproduces exactly")
     head = f"{'mode':>4} {'tile':>4} {'data':>6} {'chain':>5} {'relRMS':>9} {'bias':>9}"
     emus = [(n, cut) for n in bits for cut in "fz"]
     head += f" {'max/max':>9} {'shrink':>9}"

@@ -1,6 +1,6 @@
 """Medians of a seesaw_timeline log's per-block segments (cycles), one table per timeline.
 
-    python3 bench/timeline_stats.py timeline.log [--from 6 --to 29]
+    python3 bench/probes/timeline_stats.py timeline.log [--from 6 --to 29]
 
 For each `### <binary> ...` section of the log (CTA (0, 0)'s events, bench/seesaw_trace.cu
 with -DSNAPMLA_SEESAW_TRACE), the owner warpgroup's segments of its blocks in [from, to]: the
