@@ -18,9 +18,11 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu"))
+sys.path.insert(
+    0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "gpu")
+)
 
-from _util import BF16, make_cache, make_case, run_decode, to_numpy  # noqa: E402
+from _util import BF16, make_cache, make_case, run_decode, to_numpy
 
 # (heads, q_len, context lengths): rows s_q x h per request pick the PV width (16, 32, 64)
 CASES = [
@@ -57,8 +59,9 @@ def outputs() -> dict[str, np.ndarray]:
         case = make_case(rng, lens, num_heads=h, q_len=s_q)
         cache = make_cache(case)
         for parts in (0, 1):
-            out, lse = run_decode(cache, case, num_sm_parts=parts, kernel="fast",
-                                  q_precision="fp8x2")
+            out, lse = run_decode(
+                cache, case, num_sm_parts=parts, kernel="fast", q_precision="fp8x2"
+            )
             name = f"fp8x2_h{h}_sq{s_q}_parts{parts}"
             got[name + "_out"] = to_numpy(out, BF16).view(np.uint16)
             got[name + "_lse"] = to_numpy(lse).view(np.uint32)
@@ -67,6 +70,7 @@ def outputs() -> dict[str, np.ndarray]:
 
 def _same(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Bitwise equal, or both NaN (a NaN's payload is not part of the contract)."""
+
     def as_f32(x: np.ndarray) -> np.ndarray:
         if x.dtype == np.uint16:
             return (x.astype(np.uint32) << 16).view(np.float32)

@@ -16,8 +16,15 @@ import csv
 import gzip
 import sys
 
-MARKS = ("WARPGROUP.DEPBAR", "BAR.ARV", "BAR.SYNC", "MEMBAR", "SYNCS.PHASECHK", "WARPGROUP.ARRIVE",
-         "SHFL.BFLY")
+MARKS = (
+    "WARPGROUP.DEPBAR",
+    "BAR.ARV",
+    "BAR.SYNC",
+    "MEMBAR",
+    "SYNCS.PHASECHK",
+    "WARPGROUP.ARRIVE",
+    "SHFL.BFLY",
+)
 
 
 def load(path: str) -> list[tuple[str, int, int, dict[str, int]]]:

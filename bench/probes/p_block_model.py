@@ -11,6 +11,7 @@ against exact float64 attention, and its ratio to the 64-token block's.
 
 (defaults: 16,128 heads; 4096,16384 tokens; /tmp/p_block_model.json). Emulation only: no GPU.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,15 +49,28 @@ def main(argv: list[str]) -> int:
                     out, _ = acc.emulate("ours", w, ops)
                     errs[block] = ref.rel_l2(out, exact_out)
                 acc._BLOCK = ref.PAGE_SIZE
-                rows.append({"heads": h, "layer": profile.name, "context": n,
-                             **{f"rel_l2_p{b}": errs[b] for b in BLOCKS}})
-                print(f"h {h:3d} {profile.name:10s} {n:6d}  " + "  ".join(
-                    f"p{b} {errs[b] * 100:.3f}% ({errs[b] / errs[64]:.4f}x)" for b in BLOCKS),
-                    f"[{time.time() - t0:.0f} s]", flush=True)
+                rows.append(
+                    {
+                        "heads": h,
+                        "layer": profile.name,
+                        "context": n,
+                        **{f"rel_l2_p{b}": errs[b] for b in BLOCKS},
+                    }
+                )
+                print(
+                    f"h {h:3d} {profile.name:10s} {n:6d}  "
+                    + "  ".join(
+                        f"p{b} {errs[b] * 100:.3f}% ({errs[b] / errs[64]:.4f}x)" for b in BLOCKS
+                    ),
+                    f"[{time.time() - t0:.0f} s]",
+                    flush=True,
+                )
     for block in BLOCKS[1:]:
         ratios = [r[f"rel_l2_p{block}"] / r["rel_l2_p64"] for r in rows]
-        print(f"P block {block}: error / the 64-token block's, max {max(ratios):.4f}x, "
-              f"geomean {float(np.exp(np.mean(np.log(ratios)))):.4f}x, min {min(ratios):.4f}x")
+        print(
+            f"P block {block}: error / the 64-token block's, max {max(ratios):.4f}x, "
+            f"geomean {float(np.exp(np.mean(np.log(ratios)))):.4f}x, min {min(ratios):.4f}x"
+        )
     with open(out_path, "w") as f:
         json.dump(rows, f, indent=1)
     return 0

@@ -107,8 +107,14 @@ def random_case(rng, n: int, h: int, std: float = 0.5, spread: float = 1.0):
 
     content, rope, scale = ref.quantize_kv(sample((n, 512)), sample((n, 64)))
     q8, qr, sq = ref.quantize_q(sample((1, 1, h, 576)))
-    return (_f64(q8[0, 0]), _f64(qr[0, 0]), _f64(sq[0]).reshape(h), _f64(content), _f64(rope),
-            _f64(scale))
+    return (
+        _f64(q8[0, 0]),
+        _f64(qr[0, 0]),
+        _f64(sq[0]).reshape(h),
+        _f64(content),
+        _f64(rope),
+        _f64(scale),
+    )
 
 
 def decode(case, scheme: str, bits: int, segments=None) -> np.ndarray:
@@ -144,16 +150,26 @@ def workload_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[
     for w in wl.generate(context, heads, seed=seed):
         content, rope, scale = ref.quantize_kv(w.c_kv, w.k_pe)
         q8, qr, sq = ref.quantize_q(w.q)
-        case = (_f64(q8[0, 0]), _f64(qr[0, 0]), _f64(sq[0, 0]).reshape(heads), _f64(content),
-                _f64(rope), _f64(scale))
+        case = (
+            _f64(q8[0, 0]),
+            _f64(qr[0, 0]),
+            _f64(sq[0, 0]).reshape(heads),
+            _f64(content),
+            _f64(rope),
+            _f64(scale),
+        )
         exact, _ = ref.exact_attention(w.q, [w.c_kv], [w.k_pe], [context], w.softmax_scale, True)
         want = exact[0, 0]
         errs = []
         for scheme in ("exact", "chain4", "k32"):
             q8_, qr_, sq_, c8, kr, s = case
             z = np.concatenate(  # token chunks bound the emulation's memory
-                [logits(q8_, c8[t : t + 512], qr_, kr[t : t + 512], scheme, bits)
-                 for t in range(0, context, 512)], axis=1)
+                [
+                    logits(q8_, c8[t : t + 512], qr_, kr[t : t + 512], scheme, bits)
+                    for t in range(0, context, 512)
+                ],
+                axis=1,
+            )
             z = z * (sq_ * np.float32(w.softmax_scale))[:, None] * s[None, :]
             errs.append(ref.rel_l2(_bf16(ref.attend_logits(z, s, c8)[0]), want))
         rows.append((w.profile.name, *errs))
@@ -178,12 +194,16 @@ def two_term_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[
         s1, s2 = s1.reshape(heads), s2.reshape(heads)
         rho = (s2.astype(np.float32) / s1.astype(np.float32)).astype(np.float64)  # fp32 IEEE
         zero_rope = np.zeros_like(qr)
-        pv = lambda p8, v: emulated_pv(p8, v, bits)  # noqa: E731
+        pv = lambda p8, v: emulated_pv(p8, v, bits)
 
         def qk(q8, rq, scheme):  # raw S [heads, context], in 512-token chunks (memory)
             return np.concatenate(
-                [logits(q8, c8[t : t + 512], rq, kr[t : t + 512], scheme, bits)
-                 for t in range(0, context, 512)], axis=1)
+                [
+                    logits(q8, c8[t : t + 512], rq, kr[t : t + 512], scheme, bits)
+                    for t in range(0, context, 512)
+                ],
+                axis=1,
+            )
 
         def out(z_raw, row_scale, emulate_pv):
             z = z_raw * (row_scale * sm)[:, None] * s[None, :]
@@ -196,8 +216,13 @@ def two_term_errors(context: int, heads: int, bits: int, seed: int = 0) -> list[
         e_one_model = out(qk(q_hi, qr, "exact"), s1, False)
         e_one_kernel = out(qk(q_hi, qr, "chain8"), s1, True)
         errs = [e_bf16, e_one_model, e_one_kernel]
-        for scheme, emulate_pv in (("exact", False), ("chain8", True), ("chain4", True),
-                                   ("chain2", True), ("k32", True)):
+        for scheme, emulate_pv in (
+            ("exact", False),
+            ("chain8", True),
+            ("chain4", True),
+            ("chain2", True),
+            ("k32", True),
+        ):
             hi = qk(q_hi, qr, scheme)
             lo = qk(q_lo, zero_rope, scheme)
             z_raw = (hi + rho[:, None] * lo).astype(np.float32).astype(np.float64)  # fmaf
@@ -210,26 +235,43 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bits", type=int, nargs="+", default=[13, 14])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workload-context", type=int, default=2048,
-                    help="context of the snapmla.workload comparison (0: skip it)")
-    ap.add_argument("--two-term", action="store_true",
-                    help="only the two-term query's comparison, on snapmla.workload")
+    ap.add_argument(
+        "--workload-context",
+        type=int,
+        default=2048,
+        help="context of the snapmla.workload comparison (0: skip it)",
+    )
+    ap.add_argument(
+        "--two-term",
+        action="store_true",
+        help="only the two-term query's comparison, on snapmla.workload",
+    )
     args = ap.parse_args()
     np.seterr(all="ignore")
     if args.two_term:
         n = args.workload_context
         for bits in args.bits:
-            print(f"accumulation kept to {bits} bits; snapmla.workload, {n} tokens, 16 heads: "
-                  "relative L2 against exact attention (x: / the BF16-query diagnostic)")
-            print(f"    {'layer':12s} {'bf16-q':>9s} {'1t model':>9s} {'1t kernel':>14s} "
-                  f"{'2t model':>14s} {'2t chain8':>14s} {'2t chain4':>14s} {'2t chain2':>14s} "
-                  f"{'2t k32':>14s}")
+            print(
+                f"accumulation kept to {bits} bits; snapmla.workload, {n} tokens, 16 heads: "
+                "relative L2 against exact attention (x: / the BF16-query diagnostic)"
+            )
+            print(
+                f"    {'layer':12s} {'bf16-q':>9s} {'1t model':>9s} {'1t kernel':>14s} "
+                f"{'2t model':>14s} {'2t chain8':>14s} {'2t chain4':>14s} {'2t chain2':>14s} "
+                f"{'2t k32':>14s}"
+            )
             for name, eb, e1m, *es in two_term_errors(n, 16, bits, args.seed):
                 cells = "".join(f" {e:.2e} {e / eb:4.2f}x" for e in es)
                 print(f"    {name:12s} {eb:.2e} {e1m:.2e}{cells}", flush=True)
         return
-    shapes = [(64, 1, False), (64, 16, False), (1024, 16, False), (1024, 16, True),
-              (1024, 128, False), (4096, 16, False)]
+    shapes = [
+        (64, 1, False),
+        (64, 16, False),
+        (1024, 16, False),
+        (1024, 16, True),
+        (1024, 128, False),
+        (4096, 16, False),
+    ]
     np.seterr(all="ignore")
     for bits in args.bits:
         print(f"accumulation kept to {bits} bits: relative L2 of out against the model")
@@ -238,8 +280,10 @@ def main() -> None:
             case = random_case(rng, n, h)
             segs = [(i, min(i + 64, n)) for i in range(0, n, 64)] if split else None
             want = _bf16(decode(case, "exact", bits, segs))
-            got = {s: ref.rel_l2(_bf16(decode(case, s, bits, segs)), want)
-                   for s in ("chain4", "k32", "chain16")}
+            got = {
+                s: ref.rel_l2(_bf16(decode(case, s, bits, segs)), want)
+                for s in ("chain4", "k32", "chain16")
+            }
             label = f"QK, random, {n} tokens, h={h}" + (", one-block segments" if split else "")
             print(f"  {label:52s}" + "  ".join(f"{k} {v:.1e}" for k, v in got.items()), flush=True)
         rng = np.random.default_rng(args.seed + 1)
@@ -252,7 +296,7 @@ def main() -> None:
             q[:, 0] = 448
             z = (q[:, :512] @ content.T + q[:, 512:] @ rope.T) * np.float32(SM_SCALE) * scale
             want = _bf16(ref.attend_logits(z, scale, content)[0])
-            pv = lambda p8, v: emulated_pv(p8, v, bits)  # noqa: E731
+            pv = lambda p8, v: emulated_pv(p8, v, bits)
             got = _bf16(ref.attend_logits(z, scale, content, pv=pv)[0])
             label = f"PV, exact logits, {n} tokens, h={h}"
             print(f"  {label:52s}kernel PV {ref.rel_l2(got, want):.1e}", flush=True)
@@ -260,8 +304,10 @@ def main() -> None:
             n = args.workload_context
             print(f"  snapmla.workload, {n} tokens, 16 heads: relative L2 against exact attention")
             for name, e_model, e_c4, e_k32 in workload_errors(n, 16, bits, args.seed):
-                print(f"    {name:22s} model (exact S) {e_model:.2e}  chain4 {e_c4:.2e}  k32 {e_k32:.2e}",
-                      flush=True)
+                print(
+                    f"    {name:22s} model (exact S) {e_model:.2e}  chain4 {e_c4:.2e}  k32 {e_k32:.2e}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
