@@ -1077,6 +1077,36 @@ def table(cases: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def markdown_table(doc: dict[str, Any]) -> str:
+    """A results JSON as the Markdown table the docs quote: a caption naming the GPU, commit,
+    date and timing, then per case our time, FlashInfer's (and FlashMLA's, where the run had
+    it), the speedups, the FP8 floor and the target, in microseconds."""
+    cases = doc["cases"]
+    with_fm = any((c.get("flashmla") or {}).get("median_us") for c in cases)
+    s = doc.get("settings") or {}
+    caption = (
+        f"{(doc.get('device') or {}).get('name', '?')}, commit {str(doc.get('commit'))[:7]}, "
+        f"{str(doc.get('date', '?'))[:10]}, {_fmt(s.get('timing_s_per_kernel'), 'g')} s of "
+        "CUDA-graph replays a kernel and case; times in us"
+    )
+    head = ["case", "snapmla", "FlashInfer BF16", "speedup"]
+    if with_fm:
+        head += ["FlashMLA BF16", "vs FlashMLA"]
+    head += ["FP8 floor", "target"]
+    lines = [caption, "", "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for c in cases:
+        o, f, m = (c.get(k) or {} for k in ("snapmla", "flashinfer", "flashmla"))
+        x = c.get("speedup_vs_flashinfer")
+        row = [c["name"], _fmt(o.get("median_us")), _fmt(f.get("median_us"))]
+        row.append("-" if x is None else f"{x:.2f}x")
+        if with_fm:
+            xm = c.get("speedup_vs_flashmla")
+            row += [_fmt(m.get("median_us")), "-" if xm is None else f"{xm:.2f}x"]
+        row += [_fmt((c.get("floor") or {}).get("floor_us")), _fmt(c.get("target_us"), "g")]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
@@ -1154,11 +1184,20 @@ def _parser() -> argparse.ArgumentParser:
         "default from the SM count)",
     )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument(
+        "--markdown",
+        metavar="JSON",
+        help="print the results JSON's table in Markdown (as docs/performance.md has it) and exit",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.markdown:
+        with open(args.markdown, encoding="utf-8") as f:
+            print(markdown_table(json.load(f)))
+        return 0
     if args.timing_s is None:
         args.timing_s = 0.05 if args.quick else 0.3
     cases = select_cases(args.cases)

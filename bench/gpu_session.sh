@@ -28,7 +28,7 @@
 #   ab                    the kernel alone (.carry/bin binaries of bench/build_trace.sh): time per
 #                         launch and block, two-term lines, then CTA timelines
 #   ncu                   Nsight Compute on the seesaw kernel, one launch per case
-#   qgmma                 the FP8 wgmma's accumulation per chain length (bench/probes/qgmma_probe)
+#   qgmma                 the FP8 wgmma's accumulation per chain length (.carry/bin/qgmma_probe)
 #   power-floor           the power-limited floor (.carry/bin/power_probe) at the 128-head shares
 #   dump-save, dump-compare  decode outputs of this build saved, or compared bit for bit with
 #                         those saved earlier in the call (an A/B of two builds: use:<name>)
