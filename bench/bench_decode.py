@@ -318,6 +318,18 @@ def environment(torch: Any) -> dict[str, Any]:
     return info
 
 
+def open_gpu(tool: str) -> tuple[Any, Any, dict[str, Any]] | None:
+    """torch, snapmla and the environment record; None (said on stderr) without a CUDA device."""
+    import torch
+
+    snapmla = import_snapmla()
+    if not torch.cuda.is_available():
+        print(f"{tool}: no CUDA device", file=sys.stderr)
+        return None
+    torch.cuda.init()
+    return torch, snapmla, environment(torch)
+
+
 def import_snapmla() -> Any:
     """``import snapmla``, falling back to the source tree's python/ folder."""
     try:
@@ -709,15 +721,19 @@ def run_case(
         torch.cuda.synchronize()
 
         # ---- our plan, once per case.
+        def new_plan(**options: Any) -> Any:
+            return snapmla.DecodePlan(
+                seqlens_t,
+                num_heads=h,
+                q_len=case.q_len,
+                max_pages=max_pages,
+                num_sm_parts=args.num_sm_parts,
+                stream=stream(),
+                **options,
+            )
+
         t0 = time.perf_counter()
-        plan = snapmla.DecodePlan(
-            seqlens_t,
-            num_heads=h,
-            q_len=case.q_len,
-            max_pages=max_pages,
-            num_sm_parts=args.num_sm_parts,
-            stream=stream(),
-        )
+        plan = new_plan()
         torch.cuda.synchronize()
         plan_create_ms = (time.perf_counter() - t0) * 1e3
 
@@ -839,15 +855,7 @@ def run_case(
             doc: dict[str, Any] = {"kernel": kernel}
             plan2 = None
             try:
-                plan2 = snapmla.DecodePlan(
-                    seqlens_t,
-                    num_heads=h,
-                    q_len=case.q_len,
-                    max_pages=max_pages,
-                    num_sm_parts=args.num_sm_parts,
-                    q_precision="fp8x2",
-                    stream=stream(),
-                )
+                plan2 = new_plan(q_precision="fp8x2")
 
                 def run(i: int) -> None:
                     ours(i, plan2, kernel)
@@ -939,30 +947,25 @@ def run_case(
             result["error"].setdefault("snapmla", short_error(exc))
         if args.two_term:
             result["snapmla_fp8x2"] = two_term()
+
+        def time_bf16(name: str, call: Callable[[int], Any]) -> None:
+            """Times a BF16 library's call into result[name] (its TB/s: the BF16 bytes)."""
+            try:
+                t = time_calls(
+                    torch, call, variants=copies, target_s=target_s, use_graph=not args.no_graph
+                )
+                t["gpu_after"] = gpu_state()
+                t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
+                t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
+                result[name].update(t)
+            except Exception as exc:  # noqa: BLE001 (recorded in the results)
+                torch.cuda.synchronize()
+                result["error"][name] = short_error(exc)
+
         if fi_ok:
-            try:
-                t = time_calls(
-                    torch, theirs, variants=copies, target_s=target_s, use_graph=not args.no_graph
-                )
-                t["gpu_after"] = gpu_state()
-                t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
-                t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
-                result["flashinfer"].update(t)
-            except Exception as exc:  # noqa: BLE001 (recorded in the results)
-                torch.cuda.synchronize()
-                result["error"]["flashinfer"] = short_error(exc)
+            time_bf16("flashinfer", theirs)
         if fm_call is not None:
-            try:
-                t = time_calls(
-                    torch, fm_call, variants=copies, target_s=target_s, use_graph=not args.no_graph
-                )
-                t["gpu_after"] = gpu_state()
-                t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
-                t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
-                result["flashmla"].update(t)
-            except Exception as exc:  # noqa: BLE001 (recorded in the results)
-                torch.cuda.synchronize()
-                result["error"]["flashmla"] = short_error(exc)
+            time_bf16("flashmla", fm_call)
         ours_t = (result["snapmla"] or {}).get("median_us")
         fi_t = (result["flashinfer"] or {}).get("median_us")
         fm_t = (result["flashmla"] or {}).get("median_us")
@@ -1207,14 +1210,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:<17} target {_fmt(a.target_us if a else None)} us")
         return 0
 
-    import torch
-
-    snapmla = import_snapmla()
-    if not torch.cuda.is_available():
-        print("bench_decode: no CUDA device", file=sys.stderr)
+    gpu = open_gpu("bench_decode")
+    if gpu is None:
         return 2
-    torch.cuda.init()
-    env = environment(torch)
+    torch, snapmla, env = gpu
     fi = None
     fi_error = None
     if not args.no_flashinfer:
