@@ -153,7 +153,7 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
 
 
 def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
-    """bench/probes/ncu_per_block.py: smsp__inst_executed.sum over (tile-blocks x 8 consumer warps)."""
+    """bench/probes/ncu_per_block.py: smsp__inst_executed.sum over tile-blocks x 8 warps."""
     ncu = _module("probes/ncu_per_block")
     report = tmp_path / "ncu.txt"
     report.write_text(
@@ -318,10 +318,9 @@ def test_gpu_session_stages_and_paths() -> None:
     path it names exists."""
     script = (BENCH / "gpu_session.sh").read_text(encoding="utf-8")
     stages = _stages(script)
-    required = set(
-        "use:* tests sanitize bench bench-quick bench-cases bench-cases:* ab accuracy demo "
-        "host-c soak frag ctest power-floor host-py accuracy-f32out".split()
-    )
+    required = {"use:*", "tests", "sanitize", "bench", "bench-quick", "bench-cases"}
+    required |= {"bench-cases:*", "ab", "accuracy", "demo", "host-c", "soak", "frag", "ctest"}
+    required |= {"power-floor", "host-py", "accuracy-f32out"}
     assert required <= stages, required - stages
     paths = set(re.findall(r"\b((?:bench|tests|examples)/[\w./-]*\w)", script))
     assert "tests/gpu/smoke.py" in paths and "bench/bench_decode.py" in paths
@@ -342,3 +341,49 @@ def test_readmes_name_every_file() -> None:
     listed = set(re.findall(r"^\| `([\w.-]+)` \|", index, re.MULTILINE))
     present = {f.name for f in results.iterdir() if f.name != "README.md"}
     assert listed == present
+
+
+def test_flashmla_call(bench_decode: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashMLA's decode gets FlashMLA's arguments: q, the [pages, 64, 1, 576] cache of content
+    and RoPE, the block table of copy i % copies, the lengths, dv 512, the metadata made from
+    (lengths, s_q x h, 1 KV head), the softmax scale and causality."""
+    calls: list[tuple] = []
+
+    def get_mla_metadata(*args: object) -> tuple:
+        calls.append(("meta", *args))
+        return "META", "SPLITS"
+
+    def flash_mla_with_kvcache(*args: object, **kwargs: object) -> tuple:
+        calls.append(("run", args, kwargs))
+        return "OUT", "LSE"
+
+    fake = ModuleType("flash_mla")
+    fake.__dict__.update(
+        get_mla_metadata=get_mla_metadata, flash_mla_with_kvcache=flash_mla_with_kvcache
+    )
+    monkeypatch.setitem(sys.modules, "flash_mla", fake)
+
+    class Tables:
+        shape = (3, 7)
+
+        def __getitem__(self, i: int) -> str:
+            return f"table{i}"
+
+    class Cat:
+        def unsqueeze(self, dim: int) -> tuple:
+            return ("kv", dim)
+
+    def cat(parts: list, dim: int) -> Cat:
+        calls.append(("cat", tuple(parts), dim))
+        return Cat()
+
+    torch = ModuleType("torch")
+    torch.__dict__["cat"] = cat
+    case = bench_decode.Case.parse("4x2x16x4096")
+    call = bench_decode.FlashMLABF16().prepare(torch, case, "ckv", "kpe", Tables(), "lens", "q")
+    assert call(4) == "OUT"
+    assert calls[0] == ("cat", ("ckv", "kpe"), -1)
+    assert calls[1] == ("meta", "lens", 32, 1)
+    _, args, kwargs = calls[2]
+    assert args == ("q", ("kv", 2), "table1", "lens", 512, "META", "SPLITS")
+    assert kwargs == {"softmax_scale": 192**-0.5, "causal": True}
