@@ -35,9 +35,8 @@ from bench_decode import (  # the sibling script's helpers
     _fmt,
     _free_memory,
     _rel_l2,
-    environment,
     git_commit,
-    import_snapmla,
+    open_gpu,
     short_error,
     time_calls,
     write_json,
@@ -249,14 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_dataflow: unknown ops {unknown}; choose from {OPS}", file=sys.stderr)
         return 2
 
-    import torch
-
-    snapmla = import_snapmla()
-    if not torch.cuda.is_available():
-        print("bench_dataflow: no CUDA device", file=sys.stderr)
+    gpu = open_gpu("bench_dataflow")
+    if gpu is None:
         return 2
-    torch.cuda.init()
-    env = environment(torch)
+    torch, snapmla, env = gpu
     doc: dict[str, Any] = {
         "schema": "snapmla.bench_dataflow/1",
         **git_commit(),

@@ -1,10 +1,11 @@
-"""Decode latency: snapmla's FP8 MLA decode against FlashInfer's FA3 BF16 MLA path.
+"""Decode latency: snapmla's FP8 MLA decode against FlashInfer's FA3 BF16 MLA path (and
+FlashMLA's BF16 decode where ``flash_mla`` is importable).
 
 Every case of the two tables in ``bench/ANCHORS.md`` (batch x q_len x heads x context, with
 ``R32768`` = lengths uniform in 1..32768 from a fixed seed) runs on the same random data
-(``normal(0, 0.5)``, never zeros) in both kernels: the BF16 pages FlashInfer reads are appended
-to snapmla's FP8 cache through ``KVCache.append``; page size 64, ``softmax_scale = 192**-0.5``,
-causal for ``q_len > 1``, block tables in shuffled page order.
+(``normal(0, 0.5)``, never zeros) in every kernel: the BF16 pages FlashInfer and FlashMLA read
+are appended to snapmla's FP8 cache through ``KVCache.append``; page size 64,
+``softmax_scale = 192**-0.5``, causal for ``q_len > 1``, block tables in shuffled page order.
 
 Timing: CUDA-graph replay (``torch.cuda.CUDAGraph`` capturing N calls), median over >= 20
 replays after warm-up, each replay divided by N. Cases whose KV is smaller than a few L2 sizes
@@ -261,8 +262,8 @@ def _nvidia_smi(
         return {}
 
 
-# The GPU's state right after a timed loop (bench/NOTES.md: the medians of long memory-bound
-# cases sit 5-15% above their minimum; a lower SM clock or a throttle reason here says why).
+# The GPU's state right after a timed loop: at the long cases the board reaches its power limit
+# within the timing and lowers the SM clock; the clock and throttle reasons here say so.
 _STATE_FIELDS = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
@@ -315,6 +316,18 @@ def environment(torch: Any) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 (recorded, the run goes on)
         info["snapmla"] = f"unavailable: {exc}"
     return info
+
+
+def open_gpu(tool: str) -> tuple[Any, Any, dict[str, Any]] | None:
+    """torch, snapmla and the environment record; None (said on stderr) without a CUDA device."""
+    import torch
+
+    snapmla = import_snapmla()
+    if not torch.cuda.is_available():
+        print(f"{tool}: no CUDA device", file=sys.stderr)
+        return None
+    torch.cuda.init()
+    return torch, snapmla, environment(torch)
 
 
 def import_snapmla() -> Any:
@@ -460,10 +473,7 @@ def interleaved_times(
     ``max_calls``, so that every variant weighs the same), then ``pairs`` rounds replay every
     graph once between events, the order rotated each round. A replay lasts milliseconds, so
     the calls of one round see the same clock, where two long timings one after the other may
-    not (the power cap lowers it over tens of milliseconds at the long cases). Session 42: at
-    the short cases it agreed with the long timings within about 0.01 (in most runs 0.005),
-    also where the cost moved from run to run: that was a state of the graphs' kernels, not
-    of the clock (bench/NOTES.md).
+    not (the power cap lowers it over tens of milliseconds at the long cases).
     Returns ``times[k][j]``, call k's time in round j; None if capture fails.
     ``keep_graphs``: a list the graphs are appended to (for a caller that replays them again).
     """
@@ -562,6 +572,52 @@ class FlashInferBF16:
         )
 
 
+class FlashMLABF16:
+    """FlashMLA's BF16 dense decode (``flash_mla``, built from its sources: it is not on the
+    package registry). Its cache holds a token's 512 content and 64 RoPE values in one row of
+    576, so each case builds that cache from the same BF16 pages."""
+
+    def __init__(self) -> None:
+        import flash_mla
+
+        self.module = flash_mla
+        self.version = getattr(flash_mla, "__version__", "?")
+
+    def prepare(
+        self,
+        torch: Any,
+        case: Case,
+        ckv: Any,
+        kpe: Any,
+        block_tables: Any,
+        seqlens_t: Any,
+        q: Any,
+    ) -> Callable[[int], Any]:
+        """``call(i)``: the decode on block table copy ``i % copies``, returning the output. The
+        call holds the [pages, 64, 1, 576] cache it reads."""
+        kv = torch.cat([ckv, kpe], dim=-1).unsqueeze(2)
+        # Metadata from the lengths; FlashMLA versions that schedule on the first call ignore
+        # these arguments and fill the returned object then (the first call is eager here).
+        meta, splits = self.module.get_mla_metadata(seqlens_t, case.q_len * case.heads, 1)
+        copies = block_tables.shape[0]
+
+        def call(i: int) -> Any:
+            out, _ = self.module.flash_mla_with_kvcache(
+                q,
+                kv,
+                block_tables[i % copies],
+                seqlens_t,
+                CONTENT_DIM,
+                meta,
+                splits,
+                softmax_scale=SOFTMAX_SCALE,
+                causal=case.q_len > 1,
+            )
+            return out
+
+        return call
+
+
 def run_case(
     torch: Any,
     snapmla: Any,
@@ -569,8 +625,9 @@ def run_case(
     args: argparse.Namespace,
     fi: FlashInferBF16 | None,
     fi_error: str | None,
+    fm: FlashMLABF16 | None = None,
 ) -> dict[str, Any]:
-    """Build the data of one case, check both kernels' outputs, time them."""
+    """Build the data of one case, check every kernel's output, time them."""
     import numpy as np
 
     seed = args.seed + zlib.crc32(case.name.encode())
@@ -616,6 +673,8 @@ def run_case(
         "snapmla": None,
         "flashinfer": None,
         "speedup_vs_flashinfer": None,
+        "flashmla": None,
+        "speedup_vs_flashmla": None,
         "pass": None,
         "error": {},
     }
@@ -662,15 +721,19 @@ def run_case(
         torch.cuda.synchronize()
 
         # ---- our plan, once per case.
+        def new_plan(**options: Any) -> Any:
+            return snapmla.DecodePlan(
+                seqlens_t,
+                num_heads=h,
+                q_len=case.q_len,
+                max_pages=max_pages,
+                num_sm_parts=args.num_sm_parts,
+                stream=stream(),
+                **options,
+            )
+
         t0 = time.perf_counter()
-        plan = snapmla.DecodePlan(
-            seqlens_t,
-            num_heads=h,
-            q_len=case.q_len,
-            max_pages=max_pages,
-            num_sm_parts=args.num_sm_parts,
-            stream=stream(),
-        )
+        plan = new_plan()
         torch.cuda.synchronize()
         plan_create_ms = (time.perf_counter() - t0) * 1e3
 
@@ -734,6 +797,19 @@ def run_case(
         elif fi_error is not None:
             result["flashinfer"] = {"supported": False, "error": fi_error}
 
+        # ---- FlashMLA BF16 (where importable): the same pages and block tables.
+        fm_call, fm_out = None, None
+        if fm is not None:
+            try:
+                fm_call = fm.prepare(torch, case, ckv, kpe, block_tables, seqlens_t, q)
+                fm_out = fm_call(0)
+                torch.cuda.synchronize()
+                result["flashmla"] = {"supported": True}
+            except Exception as exc:  # noqa: BLE001 (e.g. a shape FlashMLA refuses)
+                torch.cuda.synchronize()
+                fm_call = fm_out = None
+                result["flashmla"] = {"supported": False, "error": short_error(exc)}
+
         # ---- sanity: outputs of both on copy 0, and an fp32 reference for a few requests.
         checks: dict[str, Any] = {}
         try:
@@ -741,7 +817,7 @@ def run_case(
             torch.cuda.synchronize()
             ours_ok = True
             checks["ours_nan"] = bool(torch.isnan(out).any())
-        except Exception as exc:  # noqa: BLE001 (e.g. --kernel fast before it ships)
+        except Exception as exc:  # noqa: BLE001 (recorded in the results)
             torch.cuda.synchronize()
             ours_ok = False
             result["error"]["snapmla"] = short_error(exc)
@@ -763,63 +839,23 @@ def run_case(
                 checks["ours_vs_fp32_ref"] = _rel_l2(torch, torch.stack(mine), fp32_ref)
             if fi_ok:
                 checks["flashinfer_vs_fp32_ref"] = _rel_l2(torch, torch.stack(theirs_), fp32_ref)
+            if fm_out is not None:
+                fm_rows = torch.stack([fm_out[r] for r in sample])
+                checks["flashmla_vs_fp32_ref"] = _rel_l2(torch, fm_rows, fp32_ref)
             del refs
         result["checks"] = checks
 
-        def grid_query_times(run_two_term: Any) -> dict[str, Any]:
-            """--two-term-grid: both queries timed again on a query whose content is on the FP8
-            grid (a power-of-two row scale, e4m3 values): its low rows are all zero, so the
-            two-term call runs its whole code path on the data the one-term call's zero low
-            rows hold. Against the random query's cost this separates the code's cost from the
-            data's (the tensor cores' power on nonzero rows)."""
-            saved = q.clone()
-            try:
-                content = (q[..., :CONTENT_DIM].float() * 8.0).clamp_(-448.0, 448.0)
-                content = content.to(torch.float8_e4m3fn).float()
-                content[..., 0] = 448.0  # amax 448: the row scale s1 is exactly 2^-3
-                q[..., :CONTENT_DIM] = (content * 0.125).to(torch.bfloat16)
-                torch.cuda.synchronize()
-                t1 = time_calls(
-                    torch,
-                    ours,
-                    variants=copies,
-                    target_s=args.timing_s,
-                    use_graph=not args.no_graph,
-                )
-                t2 = time_calls(
-                    torch,
-                    run_two_term,
-                    variants=copies,
-                    target_s=args.timing_s,
-                    use_graph=not args.no_graph,
-                )
-                return {
-                    "fp8_us": t1["median_us"],
-                    "fp8x2_us": t2["median_us"],
-                    "cost_vs_fp8": t2["median_us"] / t1["median_us"],
-                }
-            finally:
-                q.copy_(saved)
-                torch.cuda.synchronize()
-
         def two_term() -> dict[str, Any]:
-            """The two-term query (q_precision "fp8x2", issue 9) on the same data, timed like
-            the one-term call: its kernel, time, cost against this run's one-term time, and its
-            error against the fp32 reference next to the one-term error."""
+            """The two-term query (q_precision "fp8x2") on the same data, timed like the one-term
+            call: its kernel, time, cost against this run's one-term time (also interleaved and
+            in alternating rounds), and its error against the fp32 reference next to the
+            one-term error."""
             rows_fast = case.q_len * h <= TWO_TERM_FAST_ROWS
             kernel = "auto" if rows_fast else "reference"
             doc: dict[str, Any] = {"kernel": kernel}
             plan2 = None
             try:
-                plan2 = snapmla.DecodePlan(
-                    seqlens_t,
-                    num_heads=h,
-                    q_len=case.q_len,
-                    max_pages=max_pages,
-                    num_sm_parts=args.num_sm_parts,
-                    q_precision="fp8x2",
-                    stream=stream(),
-                )
+                plan2 = new_plan(q_precision="fp8x2")
 
                 def run(i: int) -> None:
                     ours(i, plan2, kernel)
@@ -838,8 +874,6 @@ def run_case(
                 one = (result["snapmla"] or {}).get("median_us")
                 if one:
                     doc["cost_vs_fp8"] = t2["median_us"] / one
-                if args.two_term_grid:
-                    doc["grid"] = grid_query_times(run)
                 if args.two_term_pairs > 1 and ours_ok and not args.no_graph:
                     times = interleaved_times(
                         torch,
@@ -860,37 +894,17 @@ def run_case(
                             "fp8x2_us": statistics.median(times[1]) * 1e6,
                         }
                 if args.two_term_rounds > 0 and ours_ok:
-                    # The same cost from alternating rounds (one-term, then two-term, each a
-                    # shorter timing): a long case's clocks drift with the power cap between
-                    # the one-term timing above and this one, and alternating takes the drift
-                    # out of the ratio (session 25: back to back, the whole call 1.009-1.020x).
-                    def alternating_ratios() -> list[float]:
-                        ratios = []
-                        for _ in range(args.two_term_rounds):
-                            kw = {"variants": copies, "target_s": target_s / 2}
-                            a = time_calls(torch, ours, use_graph=not args.no_graph, **kw)
-                            b = time_calls(torch, run, use_graph=not args.no_graph, **kw)
-                            ratios.append(b["median_us"] / a["median_us"])
-                        return ratios
-
-                    ratios = alternating_ratios()
+                    # Alternating rounds (one-term, then two-term, each a shorter timing): a long
+                    # case's clock drifts with the power cap between the two timings above, and
+                    # alternating takes most of the drift out of the ratio.
+                    ratios = []
+                    for _ in range(args.two_term_rounds):
+                        kw = {"variants": copies, "target_s": target_s / 2}
+                        a = time_calls(torch, ours, use_graph=not args.no_graph, **kw)
+                        b = time_calls(torch, run, use_graph=not args.no_graph, **kw)
+                        ratios.append(b["median_us"] / a["median_us"])
                     doc["cost_alternating"] = statistics.median(ratios)
                     doc["alternating_ratios"] = ratios
-                    # The same rounds with the one-term call on the two-term plan's workspace
-                    # (its layout is the one-term one plus the low rows at the end:
-                    # WorkspaceLayout), so that both calls read and write the same addresses
-                    # (the Q tile, ~35 MB of partials) and the ratio does not also carry where
-                    # two separate workspaces landed. (Session 41: it did not remove
-                    # 8x1x16x4096's dependence on the cases run before it in the process,
-                    # 1.034-1.036x after 1x1x16x8192 against 1.020x alone.)
-                    own = plan._workspace_ptr
-                    try:
-                        plan._workspace_ptr = plan2._workspace_ptr
-                        same = alternating_ratios()
-                    finally:
-                        plan._workspace_ptr = own
-                    doc["cost_same_workspace"] = statistics.median(same)
-                    doc["same_workspace_ratios"] = same
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
                 doc["error"] = short_error(exc)
@@ -933,22 +947,34 @@ def run_case(
             result["error"].setdefault("snapmla", short_error(exc))
         if args.two_term:
             result["snapmla_fp8x2"] = two_term()
-        if fi_ok:
+
+        def time_bf16(name: str, call: Callable[[int], Any]) -> None:
+            """Times a BF16 library's call into result[name] (its TB/s: the BF16 bytes)."""
             try:
                 t = time_calls(
-                    torch, theirs, variants=copies, target_s=target_s, use_graph=not args.no_graph
+                    torch, call, variants=copies, target_s=target_s, use_graph=not args.no_graph
                 )
                 t["gpu_after"] = gpu_state()
                 t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
                 t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
-                result["flashinfer"].update(t)
+                result[name].update(t)
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
-                result["error"]["flashinfer"] = short_error(exc)
+                result["error"][name] = short_error(exc)
+
+        if fi_ok:
+            time_bf16("flashinfer", theirs)
+        if fm_call is not None:
+            time_bf16("flashmla", fm_call)
         ours_t = (result["snapmla"] or {}).get("median_us")
         fi_t = (result["flashinfer"] or {}).get("median_us")
+        fm_t = (result["flashmla"] or {}).get("median_us")
         if ours_t and fi_t:
             result["speedup_vs_flashinfer"] = fi_t / ours_t
+        if ours_t and fm_t:
+            result["speedup_vs_flashmla"] = fm_t / ours_t
+        if fm_t and anchor is not None and anchor.flashmla_us:
+            result["flashmla_vs_anchor"] = fm_t / anchor.flashmla_us
         if ours_t and anchor is not None and anchor.target_us is not None:
             result["pass"] = ours_t <= anchor.target_us
         if fi_t and anchor is not None and anchor.flashinfer_us:
@@ -956,7 +982,7 @@ def run_case(
     finally:
         torch.cuda.synchronize()
         cache.close()
-        ckv = kpe = plan = None
+        ckv = kpe = plan = fm_call = fm_out = None
         _free_memory(torch)
     return result
 
@@ -1022,6 +1048,19 @@ def table(cases: list[dict[str, Any]]) -> str:
     )
     if eager:
         lines.append("* eager launches timed between events (graph capture failed)")
+    fm = [c for c in cases if (c.get("flashmla") or {}).get("supported") is not None]
+    if fm:
+        lines.append("")
+        lines.append("FlashMLA BF16, same run:")
+        for c in fm:
+            f = c["flashmla"]
+            err = (c.get("checks") or {}).get("flashmla_vs_fp32_ref")
+            lines.append(
+                f"{c['name']:<17} {_us(f):>8} us  ours {_fmt(c.get('speedup_vs_flashmla'), '.2f')}x"
+                f"  FM/anc {_fmt(c.get('flashmla_vs_anchor'), '.2f')}"
+                f"  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
+                + (f"  {f['error'][:100]}" if "error" in f else "")
+            )
     two = [c for c in cases if c.get("snapmla_fp8x2")]
     if two:
         lines.append("")
@@ -1033,18 +1072,41 @@ def table(cases: list[dict[str, Any]]) -> str:
                 f"{c['name']:<17} {t['kernel']:<9} {_fmt(t.get('median_us')):>8} us "
                 f"cost {_fmt(t.get('cost_vs_fp8'), '.3f')}x "
                 f"(interleaved {_fmt(t.get('cost_interleaved'), '.3f')}x, "
-                f"alternating {_fmt(t.get('cost_alternating'), '.3f')}x, same workspace "
-                f"{_fmt(t.get('cost_same_workspace'), '.3f')}x)  err%ref "
+                f"alternating {_fmt(t.get('cost_alternating'), '.3f')}x)  err%ref "
                 f"{_fmt(None if err is None else 100 * err, '.3f')} "
                 f"(fp8 {_fmt(None if err1 is None else 100 * err1, '.3f')})"
                 + (f"  {t['error'][:100]}" if "error" in t else "")
             )
-            g = t.get("grid")
-            if g:
-                lines.append(
-                    f"{'':<17} on the FP8 grid (zero low rows): fp8 {_fmt(g['fp8_us'])} us, "
-                    f"fp8x2 {_fmt(g['fp8x2_us'])} us, cost {_fmt(g['cost_vs_fp8'], '.3f')}x"
-                )
+    return "\n".join(lines)
+
+
+def markdown_table(doc: dict[str, Any]) -> str:
+    """A results JSON as the Markdown table the docs quote: a caption naming the GPU, commit,
+    date and timing, then per case our time, FlashInfer's (and FlashMLA's, where the run had
+    it), the speedups, the FP8 floor and the target, in microseconds."""
+    cases = doc["cases"]
+    with_fm = any((c.get("flashmla") or {}).get("median_us") for c in cases)
+    s = doc.get("settings") or {}
+    caption = (
+        f"{(doc.get('device') or {}).get('name', '?')}, commit {str(doc.get('commit'))[:7]}, "
+        f"{str(doc.get('date', '?'))[:10]}, {_fmt(s.get('timing_s_per_kernel'), 'g')} s of "
+        "CUDA-graph replays a kernel and case; times in us"
+    )
+    head = ["case", "snapmla", "FlashInfer BF16", "speedup"]
+    if with_fm:
+        head += ["FlashMLA BF16", "vs FlashMLA"]
+    head += ["FP8 floor", "target"]
+    lines = [caption, "", "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for c in cases:
+        o, f, m = (c.get(k) or {} for k in ("snapmla", "flashinfer", "flashmla"))
+        x = c.get("speedup_vs_flashinfer")
+        row = [c["name"], _fmt(o.get("median_us")), _fmt(f.get("median_us"))]
+        row.append("-" if x is None else f"{x:.2f}x")
+        if with_fm:
+            xm = c.get("speedup_vs_flashmla")
+            row += [_fmt(m.get("median_us")), "-" if xm is None else f"{xm:.2f}x"]
+        row += [_fmt((c.get("floor") or {}).get("floor_us")), _fmt(c.get("target_us"), "g")]
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
@@ -1065,7 +1127,10 @@ def _parser() -> argparse.ArgumentParser:
         choices=("auto", "reference", "fast"),
         help="snapmla decode kernel (default auto)",
     )
-    p.add_argument("--no-flashinfer", action="store_true", help="time snapmla only")
+    p.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out")
+    p.add_argument(
+        "--no-flashmla", action="store_true", help="leave FlashMLA out (timed where importable)"
+    )
     p.add_argument("--out", help="write the JSON results here")
     p.add_argument(
         "--quick",
@@ -1088,23 +1153,16 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--two-term",
         action="store_true",
-        help="also time the two-term query (q_precision fp8x2; issue 9) in the same run: AUTO "
+        help="also time the two-term query (q_precision fp8x2) in the same run: AUTO "
         f"(the fast kernel) where q_len * heads <= {TWO_TERM_FAST_ROWS}, else the reference "
         "kernel",
-    )
-    p.add_argument(
-        "--two-term-grid",
-        action="store_true",
-        help="with --two-term: also time both queries on a query on the FP8 grid (zero low "
-        "rows), to tell the two-term code's cost from its data's",
     )
     p.add_argument(
         "--two-term-rounds",
         type=int,
         default=3,
         help="with --two-term: rounds of one-term then two-term timing whose median ratio is "
-        "cost_alternating, and as many with the one-term call on the two-term plan's workspace "
-        "(cost_same_workspace) (0: none)",
+        "cost_alternating (0: none)",
     )
     p.add_argument(
         "--two-term-pairs",
@@ -1129,11 +1187,20 @@ def _parser() -> argparse.ArgumentParser:
         "default from the SM count)",
     )
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument(
+        "--markdown",
+        metavar="JSON",
+        help="print the results JSON's table in Markdown (as docs/performance.md has it) and exit",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.markdown:
+        with open(args.markdown, encoding="utf-8") as f:
+            print(markdown_table(json.load(f)))
+        return 0
     if args.timing_s is None:
         args.timing_s = 0.05 if args.quick else 0.3
     cases = select_cases(args.cases)
@@ -1143,14 +1210,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{c.name:<17} target {_fmt(a.target_us if a else None)} us")
         return 0
 
-    import torch
-
-    snapmla = import_snapmla()
-    if not torch.cuda.is_available():
-        print("bench_decode: no CUDA device", file=sys.stderr)
+    gpu = open_gpu("bench_decode")
+    if gpu is None:
         return 2
-    torch.cuda.init()
-    env = environment(torch)
+    torch, snapmla, env = gpu
     fi = None
     fi_error = None
     if not args.no_flashinfer:
@@ -1161,6 +1224,13 @@ def main(argv: list[str] | None = None) -> int:
             fi_error = short_error(exc)
             env["flashinfer"] = f"unavailable: {fi_error}"
             print(f"bench_decode: FlashInfer unavailable: {fi_error}", file=sys.stderr)
+    fm = None
+    if not args.no_flashmla:
+        try:
+            fm = FlashMLABF16()
+            env["flashmla"] = fm.version
+        except Exception as exc:  # noqa: BLE001 (not built on this machine)
+            env["flashmla"] = f"unavailable: {short_error(exc)}"
     doc: dict[str, Any] = {
         "schema": "snapmla.bench_decode/1",
         **git_commit(),
@@ -1178,6 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
             "data": "normal(0, 0.5), BF16; appended to the FP8 cache with KVCache.append",
             "seed": args.seed,
             "flashinfer": not args.no_flashinfer,
+            "flashmla": fm is not None,
             "two_term": args.two_term,
             "page_stride": args.page_stride,
             "num_sm_parts": args.num_sm_parts,
@@ -1197,7 +1268,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases):
         t0 = time.perf_counter()
         try:
-            res = run_case(torch, snapmla, case, args, fi, fi_error)
+            res = run_case(torch, snapmla, case, args, fi, fi_error, fm)
         except Exception as exc:  # noqa: BLE001 (one case's failure is recorded)
             traceback.print_exc()
             res = {
@@ -1224,7 +1295,11 @@ def main(argv: list[str] | None = None) -> int:
         "with_target": len(measured),
         "passed": sum(1 for c in measured if c["pass"]),
         "failed": [c["name"] for c in measured if not c["pass"]],
-        "errors": [c["name"] for c in doc["cases"] if set(c.get("error") or {}) - {"flashinfer"}],
+        "errors": [
+            c["name"]
+            for c in doc["cases"]
+            if set(c.get("error") or {}) - {"flashinfer", "flashmla"}
+        ],
         "flashinfer_unsupported": [
             c["name"] for c in doc["cases"] if (c.get("flashinfer") or {}).get("supported") is False
         ],

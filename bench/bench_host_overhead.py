@@ -1,4 +1,4 @@
-"""Host overhead of the Python API: microseconds of CPU per call, issue #10.
+"""Host overhead of the Python API: microseconds of CPU per call.
 
 Times N calls each of ``decode`` (outputs given), ``DecodePlan.update``, ``KVCache.append``,
 ``KVCache.fetch_dequant`` (outputs given) and ``quantize_q`` (outputs given), at each batch size
@@ -19,9 +19,9 @@ Two modes:
   ctypes allows (one ``PyCapsule_New`` around a prebuilt ``DLManagedTensorVersioned``); its
   cost per call is reported as ``producer_us`` so that it can be told apart.
 - ``--real``: torch tensors on ``cuda:0``, real launches (needs torch and cupy, a Hopper GPU).
-  ``torch.cuda.synchronize()`` is called every 64 calls, outside the timed calls (since
-  session 25: a call faster on the host than its GPU work would otherwise fill the launch
-  queue, and the figure would be the GPU's), so the per-call time is the host's.
+  ``torch.cuda.synchronize()`` is called every 64 calls, outside the timed calls (a call
+  faster on the host than its GPU work would otherwise fill the launch queue, and the figure
+  would be the GPU's), so the per-call time is the host's.
 
     python3 bench/bench_host_overhead.py                      # fake on CPU, batches 1 and 64
     python3 bench/bench_host_overhead.py --real --out bench/results/host-overhead-h200.json
@@ -248,7 +248,7 @@ def build_calls(
     keep = (cache, plan, cache_buffer, q, block_table, seqlens, out, lse)
     if mode == "real":
         # The same calls through snapmla.torch's custom ops (torch tensors, torch's current
-        # stream, no DLPack): the path issue #10 wants at or under 10 us.
+        # stream, no DLPack): the serving engines' path.
         import snapmla.torch as smt
 
         t_cache = cache_buffer.view(NUM_LAYERS, NUM_PAGES, snapmla.PAGE_BYTES)

@@ -1,7 +1,7 @@
-// Host time of the C API's calls alone, without Python (issue #10: where the ~90 us of a
-// Python decode call go). Times each call with a steady clock around it (median and p90 of
-// `iters` calls), draining the stream every 64 calls outside the timed region so that a full
-// launch queue never blocks a timed call; an empty kernel's launch is the floor.
+// Host time of the C API's calls alone, without Python. Times each call with a steady clock
+// around it (median and p90 of `iters` calls), draining the stream every 64 calls outside the
+// timed region so that a full launch queue never blocks a timed call; an empty kernel's launch
+// is the floor.
 //
 //   nvcc -std=c++17 -O2 -Iinclude bench/host_overhead_c.cu -L<dir of libsnapmla.so> -lsnapmla \
 //        -Xlinker -rpath,<that dir> -o host_overhead_c
@@ -116,12 +116,11 @@ int main(int argc, char** argv) {
   std::printf("snapmla C API host time per call: batch %d, heads %d, %d calls each\n", batch,
               heads, iters);
   report("empty kernel launch", [&] { empty_kernel<<<1, 32, 0, stream>>>(); }, iters, stream);
-  // What a decode call's launches cost as such, and whether one graph launch of them costs less
-  // (issue 10: the C call is about three launches; a library-side graph of a repeated call's
-  // launches is the lever this measures before it is built): three empty kernels launched as a
-  // decode call launches its three (the second and third with the programmatic-serialization
-  // attribute, common/launch.h's launch_dependent), then the same three captured once into a
-  // graph and replayed by cudaGraphLaunch, and a captured snapmla_decode call likewise.
+  // What a decode call's launches cost as such, against one graph launch of them (the library
+  // replays a repeated decode call as a graph): three empty kernels launched as a decode call
+  // launches its three (the second and third with the programmatic-serialization attribute,
+  // common/launch.h's launch_dependent), then the same three captured once into a graph and
+  // replayed by cudaGraphLaunch, and a captured snapmla_decode call likewise.
   cudaLaunchAttribute pdl{};
   pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   pdl.val.programmaticStreamSerializationAllowed = 1;

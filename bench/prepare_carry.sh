@@ -3,8 +3,8 @@
 # into .carry/<name> (default: dist), with the commit it was built from in .carry/<name>/COMMIT.
 #
 #   bash bench/prepare_carry.sh                      # .carry/dist: the default build
-#   SNAPMLA_EXPERIMENTAL="SNAPMLA_SEESAW_FUSED_Q=1;SNAPMLA_PDL=1" \
-#     bash bench/prepare_carry.sh dist-exp           # kernel variants under evaluation
+#   SNAPMLA_EXPERIMENTAL="NAME=1;OTHER=2" \
+#     bash bench/prepare_carry.sh dist-exp           # a kernel variant under evaluation
 #
 # SNAPMLA_EXPERIMENTAL: CMakeLists.txt's SNAPMLA_EXPERIMENTAL_DEFINES. Each named wheel builds in
 # its own folder (build/carry-<name>), so an experimental build never leaves its switches in the

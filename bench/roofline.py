@@ -1,7 +1,8 @@
-"""Roofline plot of a bench_decode.py JSON: TFLOPS against FLOP per KV byte, ours and FlashInfer's.
+"""Roofline plot of a bench_decode.py JSON: TFLOPS against FLOP per KV byte, ours and the BF16
+libraries' (FlashInfer's, and FlashMLA's where the run had it).
 
 x = arithmetic intensity (the case's FLOPs, ``2 * b * s_q * h * S * (576 + 512)``, per KV byte
-read: 644 per token for snapmla's FP8 cache, 1152 for FlashInfer's BF16 cache); y = achieved
+read: 644 per token for snapmla's FP8 cache, 1152 for the BF16 cache); y = achieved
 TFLOPS. Ceilings from bench/ANCHORS.md: HBM 4.2 TB/s, FP8 1351 TFLOPS, BF16 765 TFLOPS.
 
     python3 bench/roofline.py results.json [--out roofline.png]
@@ -43,66 +44,66 @@ def draw(doc: dict[str, Any], path: str, annotate: bool = True) -> None:
     hbm = float(consts.get("hbm_tbps", HBM_TBPS))
     fp8 = float(consts.get("fp8_tflops", FP8_TFLOPS))
     bf16 = float(consts.get("bf16_tflops", BF16_TFLOPS))
-    ours = points(doc, "snapmla", "snapmla")
-    theirs = points(doc, "flashinfer", "flashinfer")
-    xs = [p[1] for p in ours + theirs] or [100.0, 1000.0]
+    kernel = (doc.get("settings") or {}).get("kernel", "?")
+    # (points, label, marker style, label offset), ours first
+    series = [
+        (
+            points(doc, "snapmla", "snapmla"),
+            f"snapmla FP8 ({kernel})",
+            {"marker": "o", "color": "tab:red"},
+            (4, 3),
+        ),
+        (
+            points(doc, "flashinfer", "flashinfer"),
+            "FlashInfer FA3 BF16",
+            {"marker": "s", "facecolors": "none", "edgecolors": "tab:blue"},
+            (4, -8),
+        ),
+        (
+            points(doc, "flashmla", "flashinfer"),
+            "FlashMLA BF16",
+            {"marker": "^", "facecolors": "none", "edgecolors": "tab:green"},
+            (4, -8),
+        ),
+    ]
+    measured = [p for pts, *_ in series for p in pts]
+    xs = [p[1] for p in measured] or [100.0, 1000.0]
     x_lo = min(min(xs) / 2, bf16 / hbm / 4)
     x_hi = max(max(xs) * 2, fp8 / hbm * 4)
 
     fig, ax = plt.subplots(figsize=(10, 6.5), dpi=120)
     grid = [x_lo * (x_hi / x_lo) ** (i / 200) for i in range(201)]
-    ax.plot(
-        grid,
-        [min(hbm * x, fp8) for x in grid],
-        color="tab:red",
-        lw=1.5,
-        label=f"FP8 roof: {hbm:g} TB/s, {fp8:g} TFLOPS",
-    )
-    ax.plot(
-        grid,
-        [min(hbm * x, bf16) for x in grid],
-        color="tab:blue",
-        lw=1.5,
-        ls="--",
-        label=f"BF16 roof: {hbm:g} TB/s, {bf16:g} TFLOPS",
-    )
-    if ours:
-        ax.scatter(
-            [p[1] for p in ours],
-            [p[2] for p in ours],
-            marker="o",
-            color="tab:red",
-            zorder=3,
-            label=f"snapmla FP8 ({(doc.get('settings') or {}).get('kernel', '?')})",
+    for name, roof, color, style in (
+        ("FP8", fp8, "tab:red", "-"),
+        ("BF16", bf16, "tab:blue", "--"),
+    ):
+        ax.plot(
+            grid,
+            [min(hbm * x, roof) for x in grid],
+            color=color,
+            lw=1.5,
+            ls=style,
+            label=f"{name} roof: {hbm:g} TB/s, {roof:g} TFLOPS",
         )
-    if theirs:
-        ax.scatter(
-            [p[1] for p in theirs],
-            [p[2] for p in theirs],
-            marker="s",
-            facecolors="none",
-            edgecolors="tab:blue",
-            zorder=3,
-            label="FlashInfer FA3 BF16",
-        )
-    if annotate:
-        for name, x, y in ours:
-            ax.annotate(
-                name, (x, y), textcoords="offset points", xytext=(4, 3), fontsize=6, color="tab:red"
-            )
-        for name, x, y in theirs:
-            ax.annotate(
-                name,
-                (x, y),
-                textcoords="offset points",
-                xytext=(4, -8),
-                fontsize=6,
-                color="tab:blue",
-            )
+    for pts, label, style, offset in series:
+        if not pts:
+            continue
+        ax.scatter([p[1] for p in pts], [p[2] for p in pts], zorder=3, label=label, **style)
+        if annotate:
+            color = style.get("color") or style["edgecolors"]
+            for name, x, y in pts:
+                ax.annotate(
+                    name,
+                    (x, y),
+                    textcoords="offset points",
+                    xytext=offset,
+                    fontsize=6,
+                    color=color,
+                )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(x_lo, x_hi)
-    ys = [p[2] for p in ours + theirs] or [10.0]
+    ys = [p[2] for p in measured] or [10.0]
     ax.set_ylim(max(min(ys) / 3, 1e-3), fp8 * 2)
     ax.set_xlabel("arithmetic intensity (FLOP per KV byte read)")
     ax.set_ylabel("TFLOPS")
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     draw(doc, out, annotate=not args.no_labels)
     n_ours = len(points(doc, "snapmla", "snapmla"))
     n_fi = len(points(doc, "flashinfer", "flashinfer"))
-    print(f"roofline: {out} ({n_ours} snapmla points, {n_fi} FlashInfer points)")
+    n_fm = len(points(doc, "flashmla", "flashinfer"))
+    print(f"roofline: {out} ({n_ours} snapmla, {n_fi} FlashInfer, {n_fm} FlashMLA points)")
     return 0
 
 

@@ -5,9 +5,9 @@
 The samples are `nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw[.instant],power.limit,
 temperature.gpu,clocks_throttle_reasons.active --format=csv,noheader -lms 50` lines. Of the
 samples over 300 W (the GPU at work), the second half (the sustained state: the board reaches
-its power limit within ~0.1 s of dense work, bench/NOTES.md session 40) gives the SM clock's
-median and minimum, the power's median and maximum, and how often each throttle-reason mask
-was active (0x4: the software power cap).
+its power limit within ~0.1 s of dense work) gives the SM clock's median and minimum, the
+power's median and maximum, and how often each throttle-reason mask was active (0x4: the
+software power cap).
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
-"""bench/ANCHORS.md and the numbers bench/ holds are the same: the cases, FlashMLA's and
-FlashInfer's times, the targets, the FP8 floors (as bench_decode.py computes them) and the
-machine's ceilings. No GPU, torch or FlashInfer needed: bench_decode.py imports those lazily."""
+"""bench/: ANCHORS.md and the numbers the scripts hold are the same (the cases, FlashMLA's and
+FlashInfer's times, the targets, the FP8 floors as bench_decode.py computes them, the machine's
+ceilings); the scripts' pure parts (report tables, ncu and timeline parsers, nvidia-smi
+summaries) do what they say; docs/performance.md's decode table is the committed results file;
+the GPU session script names only stages and files that exist. No GPU, torch or FlashInfer
+needed: bench_decode.py imports those lazily."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import sys
 from pathlib import Path
@@ -12,12 +16,15 @@ from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
 ANCHORS_MD = BENCH / "ANCHORS.md"
 
 
-def _module(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{name}.py")
+def _module(path: str) -> ModuleType:
+    """bench/<path>.py as a module (e.g. "bench_decode", "probes/ncu_per_block")."""
+    name = path.replace("/", "_")
+    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{path}.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while being defined
@@ -130,7 +137,7 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
             "median_us": 20.5,
             "cost_vs_fp8": 1.025,
             "cost_alternating": 1.02,
-            "cost_same_workspace": 1.013,
+            "cost_interleaved": 1.011,
             "vs_fp32_ref": 0.004,
             "fp8_vs_fp32_ref": 0.01,
         },
@@ -141,13 +148,13 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
     assert "two-term query (q_precision fp8x2), same run:" in text
     line = next(x for x in text.splitlines() if x.startswith("8x1x16x4096 ") and "fast" in x)
     assert "20.5 us" in line and "cost 1.025x" in line and "0.400" in line and "1.000" in line
-    assert "alternating 1.020x" in line and "same workspace 1.013x" in line
+    assert "interleaved 1.011x" in line and "alternating 1.020x" in line
     assert "reference" in text and "SnapMLAError: boom" in text
 
 
 def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
-    """bench/ncu_per_block.py: smsp__inst_executed.sum over (tile-blocks x 8 consumer warps)."""
-    ncu = _module("ncu_per_block")
+    """bench/probes/ncu_per_block.py: smsp__inst_executed.sum over tile-blocks x 8 warps."""
+    ncu = _module("probes/ncu_per_block")
     report = tmp_path / "ncu.txt"
     report.write_text(
         "  void seesaw_decode_kernel<64, false>(...) (66, 2, 1)x(384, 1, 1)\n"
@@ -167,8 +174,8 @@ def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
 def test_timeline_stats_medians(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """bench/timeline_stats.py: per timeline, the owner's segments of blocks [from, to]."""
-    ts = _module("timeline_stats")
+    """bench/probes/timeline_stats.py: per timeline, the owner's segments of blocks [from, to]."""
+    ts = _module("probes/timeline_stats")
     lines = ["### seesaw_timeline 32 128 16384", "kernel 212.7 us; (not an event line)"]
     for blk in range(8):  # warpgroup blk % 2 owns block blk; both run its PV
         owner, other = blk % 2, 1 - blk % 2
@@ -240,3 +247,143 @@ def test_smi_summary_sustained_state(
     out = capsys.readouterr().out
     assert "probe: second half of 6 busy samples: SM clock median 1580 MHz (min 1480)" in out
     assert "power median 690 W (max 700)" in out
+
+
+def test_flashmla_summary_lines(bench_decode: ModuleType) -> None:
+    """Where a run had FlashMLA, the report lists its time, our speedup over it, its time over
+    its anchor and its error; a case it refused names the error; without it, no such block."""
+    case = {
+        "name": "32x1x128x16384",
+        "snapmla": {"median_us": 200.0},
+        "flashinfer": {"median_us": 250.0},
+        "flashmla": {"supported": True, "median_us": 240.0},
+        "speedup_vs_flashmla": 1.2,
+        "flashmla_vs_anchor": 240.0 / 233.6,
+        "checks": {"flashmla_vs_fp32_ref": 0.0019},
+        "floor": {"floor_us": 113.0},
+    }
+    refused = {**case, "name": "32x2x128x16384", "speedup_vs_flashmla": None}
+    refused["flashmla"] = {"supported": False, "error": "RuntimeError: boom"}
+    text = bench_decode.table([case, refused])
+    assert "FlashMLA BF16, same run:" in text
+    line = next(x for x in text.splitlines() if x.startswith("32x1x128x16384 ") and "FM/anc" in x)
+    assert "240.0 us" in line and "ours 1.20x" in line and "FM/anc 1.03" in line
+    assert "err%ref 0.19" in line
+    assert "RuntimeError: boom" in text
+    without = {k: v for k, v in case.items() if k != "flashmla"}
+    assert "FlashMLA" not in bench_decode.table([without])
+    args = bench_decode._parser().parse_args(["--no-flashmla"])
+    assert args.no_flashmla and not bench_decode._parser().parse_args([]).no_flashmla
+
+
+def _decode_results() -> dict:
+    return json.loads((BENCH / "results" / "decode-h200.json").read_text(encoding="utf-8"))
+
+
+def test_markdown_table_is_the_results_file(bench_decode: ModuleType) -> None:
+    """--markdown renders every case of the JSON with its own figures."""
+    doc = _decode_results()
+    text = bench_decode.markdown_table(doc)
+    caption, _, head, rule, *rows = text.splitlines()
+    assert doc["device"]["name"] in caption and doc["commit"][:7] in caption
+    assert head.startswith("| case | snapmla | FlashInfer BF16 | speedup |")
+    assert rule.count("|") == head.count("|")
+    assert len(rows) == len(doc["cases"])
+    for row, case in zip(rows, doc["cases"]):
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[0] == case["name"]
+        assert float(cells[1]) == round(case["snapmla"]["median_us"], 1)
+        assert float(cells[2]) == round(case["flashinfer"]["median_us"], 1)
+        assert cells[3] == f"{case['speedup_vs_flashinfer']:.2f}x"
+        assert float(cells[-1]) == case["target_us"]
+
+
+def test_performance_doc_quotes_the_results_file(bench_decode: ModuleType) -> None:
+    """docs/performance.md's decode table is `bench_decode.py --markdown` of the committed
+    bench/results/decode-h200.json, caption included (regenerate both together)."""
+    doc = (ROOT / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert bench_decode.markdown_table(_decode_results()) in doc
+
+
+def _stages(script: str) -> set[str]:
+    """The stage names of gpu_session.sh's case statement (`  name | other)` lines)."""
+    names: set[str] = set()
+    for m in re.finditer(r"^    ([a-z][\w|* :-]*)\)", script, re.MULTILINE):
+        names.update(x.strip() for x in m.group(1).split("|"))
+    return names
+
+
+def test_gpu_session_stages_and_paths() -> None:
+    """gpu_session.sh keeps the stages other scripts and the docs run, and every repository
+    path it names exists."""
+    script = (BENCH / "gpu_session.sh").read_text(encoding="utf-8")
+    stages = _stages(script)
+    required = {"use:*", "tests", "sanitize", "bench", "bench-quick", "bench-cases"}
+    required |= {"bench-cases:*", "ab", "accuracy", "demo", "host-c", "soak", "frag", "ctest"}
+    required |= {"power-floor", "host-py", "accuracy-f32out"}
+    assert required <= stages, required - stages
+    paths = set(re.findall(r"\b((?:bench|tests|examples)/[\w./-]*\w)", script))
+    assert "tests/gpu/smoke.py" in paths and "bench/bench_decode.py" in paths
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, missing
+
+
+def test_readmes_name_every_file() -> None:
+    """bench/README.md names every file of bench/ and bench/probes/; bench/results/README.md
+    lists exactly the result files."""
+    readme = (BENCH / "README.md").read_text(encoding="utf-8")
+    for folder in (BENCH, BENCH / "probes"):
+        for f in sorted(folder.iterdir()):
+            if f.is_file() and f.name != "README.md" and not f.name.startswith("."):
+                assert f"`{f.name}`" in readme, f
+    results = BENCH / "results"
+    index = (results / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([\w.-]+)` \|", index, re.MULTILINE))
+    present = {f.name for f in results.iterdir() if f.name != "README.md"}
+    assert listed == present
+
+
+def test_flashmla_call(bench_decode: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlashMLA's decode gets FlashMLA's arguments: q, the [pages, 64, 1, 576] cache of content
+    and RoPE, the block table of copy i % copies, the lengths, dv 512, the metadata made from
+    (lengths, s_q x h, 1 KV head), the softmax scale and causality."""
+    calls: list[tuple] = []
+
+    def get_mla_metadata(*args: object) -> tuple:
+        calls.append(("meta", *args))
+        return "META", "SPLITS"
+
+    def flash_mla_with_kvcache(*args: object, **kwargs: object) -> tuple:
+        calls.append(("run", args, kwargs))
+        return "OUT", "LSE"
+
+    fake = ModuleType("flash_mla")
+    fake.__dict__.update(
+        get_mla_metadata=get_mla_metadata, flash_mla_with_kvcache=flash_mla_with_kvcache
+    )
+    monkeypatch.setitem(sys.modules, "flash_mla", fake)
+
+    class Tables:
+        shape = (3, 7)
+
+        def __getitem__(self, i: int) -> str:
+            return f"table{i}"
+
+    class Cat:
+        def unsqueeze(self, dim: int) -> tuple:
+            return ("kv", dim)
+
+    def cat(parts: list, dim: int) -> Cat:
+        calls.append(("cat", tuple(parts), dim))
+        return Cat()
+
+    torch = ModuleType("torch")
+    torch.__dict__["cat"] = cat
+    case = bench_decode.Case.parse("4x2x16x4096")
+    call = bench_decode.FlashMLABF16().prepare(torch, case, "ckv", "kpe", Tables(), "lens", "q")
+    assert call(4) == "OUT"
+    assert calls[0] == ("cat", ("ckv", "kpe"), -1)
+    assert calls[1] == ("meta", "lens", 32, 1)
+    _, args, kwargs = calls[2]
+    assert args == ("q", ("kv", 2), "table1", "lens", 512, "META", "SPLITS")
+    assert kwargs == {"softmax_scale": 192**-0.5, "causal": True}
