@@ -127,7 +127,7 @@ def test_decode_table_has_each_case_once() -> None:
     assert len(names) == len(set(names)), names
 
 
-def test_decode_commit_and_gpu_are_the_measurement_s() -> None:
+def test_decode_run_is_the_cited_one() -> None:
     doc, text = _decode(), _paragraph_citing(DECODE_JSON)
     commit = re.search(r"commit (\w{7,})", text)
     assert commit and doc["commit"].startswith(commit.group(1)), (commit, doc["commit"])
