@@ -1,68 +1,258 @@
-"""The README's decode performance table is the committed measurement it cites: every row's
-times, ratio and target come from the two decode JSONs named above it (AUTO, then the reference
-kernel measured as AUTO before AUTO became the seesaw kernel)."""
+"""The README's figures are the measurements it cites. Every row of its decode table and of its
+accuracy table, and every range and ratio stated beside them, is recomputed here from
+``bench/results/decode-h200.json`` and ``bench/results/accuracy-h200.json``.
+
+After a new run replaces those files, ``python3 tests/test_readme_claims.py`` prints the rows
+and ranges as the new JSONs give them, for the README's cases.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+TEXT = " ".join(README.split())  # the prose with line breaks as spaces, for its claims
+DECODE_JSON = "bench/results/decode-h200.json"
+ACCURACY_JSON = "bench/results/accuracy-h200.json"
+
+CASE_ROW = re.compile(r"^\| (\d+x\d+x\d+xR?\d+) \|(.*)\|\s*$", re.MULTILINE)
+ACCURACY_ROW = re.compile(r"^\| ([^|`]+) \| `([\w.-]+)` \| ([\d.]+)% \|\s*$", re.MULTILINE)
 
 
-def _performance_section() -> str:
-    start = README.index("## Performance")
-    return README[start : README.index("\n## ", start + 1)]
+def _load(path: str) -> dict[str, Any]:
+    assert f"`{path}`" in README, f"the README does not cite {path}"
+    return json.loads((ROOT / path).read_text(encoding="utf-8"))
 
 
-def _cited() -> list[Path]:
-    """The first two decode JSONs the section names: AUTO's, then the reference kernel's."""
-    paths = re.findall(r"`(bench/results/[^`]*/decode-[\w-]+\.json)`", _performance_section())
-    assert len(paths) >= 2, f"the performance section names {paths}, not AUTO's and the reference's"
-    return [ROOT / p for p in paths[:2]]
+def _decode() -> dict[str, Any]:
+    return _load(DECODE_JSON)
 
 
-def _results(which: int) -> dict:
-    doc = json.loads(_cited()[which].read_text(encoding="utf-8"))
-    return doc
+def _accuracy() -> dict[str, Any]:
+    return _load(ACCURACY_JSON)
 
 
-def _rows() -> list[list[str]]:
-    """The case rows of the section's first table whose rows name cases (the decode table; later
-    tables, such as the power-limited floor's, cite other measurements)."""
-    lines = _performance_section().splitlines()
-    start = next(i for i, line in enumerate(lines) if re.match(r"\| \d+x\d+x\d+xR?\d+ \|", line))
-    rows = []
-    for line in lines[start:]:
-        if not line.startswith("|"):
-            break
-        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
-    assert len(rows) >= 23, f"the decode table has {len(rows)} rows"
+def _paragraph_citing(path: str) -> str:
+    """The README paragraph that names ``path``."""
+    for paragraph in README.split("\n\n"):
+        if f"`{path}`" in paragraph:
+            return paragraph
+    raise AssertionError(f"no paragraph of the README cites {path}")
+
+
+def _shape(name: str) -> tuple[int, int, int, str]:
+    batch, q_len, heads, context = name.split("x")
+    return int(batch), int(q_len), int(heads), context
+
+
+def _speedup(case: dict[str, Any]) -> float:
+    return case["flashinfer"]["median_us"] / case["snapmla"]["median_us"]
+
+
+def _timed_cases(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """Cases where both kernels have a time."""
+    return [
+        c
+        for c in doc["cases"]
+        if c.get("snapmla", {}).get("median_us") and c.get("flashinfer", {}).get("median_us")
+    ]
+
+
+def _range(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
+def _decode_row(case: dict[str, Any]) -> list[str]:
+    """The table's three measured cells of a case, as the README writes them."""
+    return [
+        f"{case['snapmla']['median_us']:.1f}",
+        f"{case['flashinfer']['median_us']:.1f}",
+        f"{_speedup(case):.2f}x",
+    ]
+
+
+def _decode_rows() -> list[list[str]]:
+    rows = [
+        [m.group(1)] + [c.strip() for c in m.group(2).split("|")] for m in CASE_ROW.finditer(README)
+    ]
+    assert len(rows) >= 8, f"the README's decode table has {len(rows)} rows"
     return rows
 
 
-@pytest.mark.parametrize("row", _rows(), ids=lambda row: row[0])
+def _accuracy_rows() -> list[tuple[str, str, str]]:
+    rows = [(m.group(1).strip(), m.group(2), m.group(3)) for m in ACCURACY_ROW.finditer(README)]
+    assert len(rows) >= 4, f"the README's accuracy table has {len(rows)} rows"
+    return rows
+
+
+def _mean_error_pct(doc: dict[str, Any], config: str) -> float:
+    values = [r["rel_l2"] for r in doc["results"] if r["config"] == config]
+    assert values, f"{ACCURACY_JSON} has no results for {config!r}"
+    return 100 * sum(values) / len(values)
+
+
+def _ratios(doc: dict[str, Any], num: str, den: str) -> list[float]:
+    """num's error over den's at every (context, layer) pair both have."""
+    by_key = {(r["config"], r["context"], r["layer"]): r["rel_l2"] for r in doc["results"]}
+    pairs = sorted({(c, l) for (g, c, l) in by_key if g == num and (den, c, l) in by_key})
+    assert pairs, f"no (context, layer) pair has both {num!r} and {den!r}"
+    return [by_key[(num, c, l)] / by_key[(den, c, l)] for c, l in pairs]
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+# ----------------------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("row", _decode_rows(), ids=lambda row: row[0])
 def test_decode_table_row_is_the_measurement(row: list[str]) -> None:
-    case, auto_us, reference_us, flashinfer_us, ratio, target = row
-    auto_doc, ref_doc = _results(0), _results(1)
-    auto = {c["name"]: c for c in auto_doc["cases"]}[case]
-    ref = {c["name"]: c for c in ref_doc["cases"]}[case]
-    assert auto["snapmla"]["kernel"] == "auto" and ref["snapmla"]["kernel"] == "auto"
-    measured_fi = auto["flashinfer"]["median_us"]  # the AUTO run's FlashInfer, as the table has
-    assert float(auto_us) == round(auto["snapmla"]["median_us"], 1)
-    assert float(reference_us) == round(ref["snapmla"]["median_us"], 1)
-    assert float(flashinfer_us) == round(measured_fi, 1)
-    assert float(ratio.rstrip("x")) == round(measured_fi / auto["snapmla"]["median_us"], 2)
-    assert float(target) == auto["target_us"]
+    assert len(row) == 5, f"{row[0]}: expected case, description, two times and a speed-up"
+    cases = {c["name"]: c for c in _decode()["cases"]}
+    assert row[0] in cases, f"{row[0]} is not a case of {DECODE_JSON}"
+    case = cases[row[0]]
+    assert case["snapmla"]["kernel"] == "auto", "the table shows the default kernel"
+    assert row[2:] == _decode_row(case), f"{row[0]}: the JSON gives {_decode_row(case)}"
 
 
-def test_table_commits_are_the_cited_ones() -> None:
-    """The heading's commit is the AUTO measurement's, and each file names its own commit."""
-    heading = re.search(r"## Performance \(.*commit (\w+)\)", README)
-    assert heading and _results(0)["commit"].startswith(heading.group(1))
-    for which, path in enumerate(_cited()):
-        assert _results(which)["commit"][:7] in path.name
+def test_decode_table_has_each_case_once() -> None:
+    names = [row[0] for row in _decode_rows()]
+    assert len(names) == len(set(names)), names
+
+
+def test_decode_run_is_the_cited_one() -> None:
+    doc, text = _decode(), _paragraph_citing(DECODE_JSON)
+    commit = re.search(r"commit (\w{7,})", text)
+    assert commit and doc["commit"].startswith(commit.group(1)), (commit, doc["commit"])
+    assert doc["device"]["name"] in text, doc["device"]["name"]
+
+
+def test_speedup_over_every_case() -> None:
+    claim = re.search(r"Over all (\d+) benchmark cases: (\d+\.\d\d-\d+\.\d\d)x FlashInfer", TEXT)
+    assert claim, "the README states the speed-up range over every case"
+    cases = _timed_cases(_decode())
+    assert int(claim.group(1)) == len(cases) == len(_decode()["cases"])
+    assert claim.group(2) == _range([_speedup(c) for c in cases])
+
+
+def test_speedup_at_128_heads_and_short_contexts() -> None:
+    claim = re.search(
+        r"At 128 heads with contexts of 1k-4k the speed-up over FlashInfer is "
+        r"(\d+\.\d\d-\d+\.\d\d)x",
+        TEXT,
+    )
+    assert claim, "the README states the speed-up at 128 heads and 1k-4k tokens"
+    cases = [
+        c
+        for c in _timed_cases(_decode())
+        if _shape(c["name"])[1:] in ((1, 128, "1024"), (1, 128, "4096"))
+    ]
+    assert len(cases) >= 2
+    assert claim.group(1) == _range([_speedup(c) for c in cases])
+
+
+def _flashmla_anchor_ratios(doc: dict[str, Any]) -> list[float]:
+    """FlashInfer's anchor time over FlashMLA's at 128 heads and 16k tokens or more (or mixed
+    lengths): the separate measurement the JSON carries for each case, not this run's."""
+    ratios = []
+    for case in doc["cases"]:
+        _, _, heads, context = _shape(case["name"])
+        anchor = case.get("anchor") or {}
+        flashmla, flashinfer = anchor.get("flashmla_bf16_us"), anchor.get("flashinfer_bf16_us")
+        long = context.startswith("R") or int(context) >= 16384
+        if heads == 128 and long and flashmla and flashinfer:
+            ratios.append(flashinfer / flashmla)
+    return ratios
+
+
+def test_flashmla_anchor_against_flashinfer() -> None:
+    claim = re.search(
+        r"at 128 heads and 16k tokens or more it ran (\d+\.\d\d-\d+\.\d\d)x faster than "
+        r"FlashInfer",
+        TEXT,
+    )
+    assert claim, "the README states FlashMLA's anchor against FlashInfer's"
+    ratios = _flashmla_anchor_ratios(_decode())
+    assert len(ratios) >= 2
+    assert claim.group(1) == _range(ratios)
+
+
+def test_bytes_per_token() -> None:
+    per_token = _decode()["constants"]["bytes_per_token"]
+    ours, bf16 = per_token["snapmla"], per_token["flashinfer"]
+    assert f"{ours} bytes per token and layer ({ours / bf16:.2f}x BF16's {bf16})" in TEXT
+    assert f"{ours} bytes per token and layer against {bf16} ({bf16 / ours:.2f}x the" in TEXT
+
+
+# --------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("row", _accuracy_rows(), ids=lambda row: row[1])
+def test_accuracy_table_row_is_the_measurement(row: tuple[str, str, str]) -> None:
+    _, config, percent = row
+    measured = _mean_error_pct(_accuracy(), config)
+    assert percent == f"{measured:.2f}", f"{config}: the JSON gives {measured:.2f}%"
+
+
+def test_accuracy_run_is_the_cited_one() -> None:
+    doc, text = _accuracy(), _paragraph_citing(ACCURACY_JSON)
+    assert doc["mode"] == "gpu" and doc["kernel"]["name"] == "auto", "the kernel was measured"
+    commit = re.search(r"commit (\w{7,})", text)
+    assert commit and doc["commit"].startswith(commit.group(1)), (commit, doc["commit"])
+    assert doc["device"].split()[-1] in text, doc["device"]
+    assert f"{doc['settings']['heads']} heads" in text
+    pairs = len({(r["context"], r["layer"]) for r in doc["results"]})
+    assert f"Over those {pairs} layer and context pairs" in TEXT
+
+
+def test_kernel_error_against_the_model() -> None:
+    claim = re.search(
+        r"at most (\d\.\d{3})x that of the contract's NumPy model \(geometric mean (\d\.\d{3})x\)",
+        TEXT,
+    )
+    assert claim, "the README states the kernel's error against the model's"
+    ratios = _ratios(_accuracy(), "ours", "ours-model")
+    assert claim.groups() == (f"{max(ratios):.3f}", f"{_geomean(ratios):.3f}")
+
+
+def test_alternative_caches_against_ours() -> None:
+    claim = re.search(r"A is (\d\.\d)x our error and B (\d\.\d)x", TEXT)
+    assert claim, "the README states schemes A and B against ours"
+    doc = _accuracy()
+    measured = tuple(f"{_geomean(_ratios(doc, s, 'ours')):.1f}" for s in ("A", "B"))
+    assert claim.groups() == measured
+
+
+def _print_expected() -> None:
+    decode, accuracy = _decode(), _accuracy()
+    cases = {c["name"]: c for c in decode["cases"]}
+    print(f"decode: commit {decode['commit']}, {decode['device']['name']}")
+    for row in _decode_rows():
+        if row[0] in cases:
+            print("| " + " | ".join(row[:2] + _decode_row(cases[row[0]])) + " |")
+        else:
+            print(f"{row[0]}: not a case of {DECODE_JSON}")
+    timed = _timed_cases(decode)
+    print(f"Over all {len(timed)} benchmark cases: {_range([_speedup(c) for c in timed])}x")
+    short = [c for c in timed if _shape(c["name"])[1:] in ((1, 128, "1024"), (1, 128, "4096"))]
+    print(f"128 heads, 1k-4k: {_range([_speedup(c) for c in short])}x")
+    print(f"FlashMLA anchor, 128 heads, 16k+: {_range(_flashmla_anchor_ratios(decode))}x")
+    print(f"accuracy: commit {accuracy['commit']}, {accuracy['device']}")
+    for description, config, _ in _accuracy_rows():
+        print(f"| {description} | `{config}` | {_mean_error_pct(accuracy, config):.2f}% |")
+    ratios = _ratios(accuracy, "ours", "ours-model")
+    print(f"kernel vs model: at most {max(ratios):.3f}x, geometric mean {_geomean(ratios):.3f}x")
+    for scheme in ("A", "B"):
+        print(f"{scheme} vs ours: {_geomean(_ratios(accuracy, scheme, 'ours')):.1f}x")
+
+
+if __name__ == "__main__":
+    _print_expected()
