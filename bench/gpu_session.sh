@@ -25,8 +25,6 @@
 #   soak                  tests/gpu/soak.py: a serving loop against the reference kernel
 #   host-c                the C API's host time per call (.carry/bin/host_overhead_c)
 #   host-py               the Python API's host time per call (bench_host_overhead.py --real)
-#   ab                    the kernel alone (.carry/bin binaries of bench/build_trace.sh): time per
-#                         launch and block, two-term lines, then CTA timelines
 #   ncu                   Nsight Compute on the seesaw kernel, one launch per case
 #   qgmma                 the FP8 wgmma's accumulation per chain length (.carry/bin/qgmma_probe)
 #   power-floor           the power-limited floor (.carry/bin/power_probe) at the 128-head shares
@@ -35,7 +33,7 @@
 #
 # Carried (ignored) folders it expects: .whl (cffi, pycparser, flashinfer, tvm-ffi wheels:
 # bench/fetch_wheels.sh) and .carry/dist (the snapmla wheel and its COMMIT:
-# bench/prepare_carry.sh); .carry/bin for ab, host-c, qgmma and power-floor.
+# bench/prepare_carry.sh); .carry/bin for host-c, qgmma and power-floor (bench/build_bins.sh).
 set -uo pipefail
 FINAL=${OUT:-/tmp/snapmla-out}  # what comes back: a few results and one log archive
 OUT=/tmp/snapmla-work
@@ -70,7 +68,7 @@ case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 # device-time budget still returns them. A file of the caller's own in $FINAL that matches none
 # of these names is left alone.
 PUBLISHED=('decode*.json' 'dataflow*.json' 'accuracy*.json' 'host-overhead-real*.json'
-           'host-c*.log' 'sanitize*.log' 'soak*.log' 'power-floor*.log' ab.log qgmma.log
+           'host-c*.log' 'sanitize*.log' 'soak*.log' 'power-floor*.log' qgmma.log
            ncu-per-block.txt 'ncu-*.txt' 'ncu-sass-*.csv.gz')
 publish() {
   local f g n=0
@@ -196,7 +194,7 @@ for stage in "$@"; do
       log "soak: a serving loop of graph replays against the reference kernel"
       timeout 300 python3 tests/gpu/soak.py 2>&1 | tee "$OUT/soak$TAG.log" | tail -8 || status=1
       ;;
-    host-c)  # .carry/bin/host_overhead_c: bench/build_trace.sh builds it
+    host-c)  # .carry/bin/host_overhead_c: bench/build_bins.sh builds it
       log "host time of the C API's calls (bench/host_overhead_c.cu)"
       # built against a CMake build (soname libsnapmla.so.0); the wheel's file is libsnapmla.so
       mkdir -p /tmp/host-c-lib && ln -sf /tmp/site/snapmla/lib/libsnapmla.so /tmp/host-c-lib/libsnapmla.so.0
@@ -214,66 +212,6 @@ for stage in "$@"; do
         || status=1
       timeout 120 python3 bench/bench_host_overhead.py --real --profile decode --iters 1000 2>&1 \
         | tee "$OUT/host-profile-decode-real$TAG.txt" | tail -30 || status=1
-      ;;
-    ab)  # bench/build_trace.sh's binaries in .carry/bin; a binary not built is skipped
-      log "the kernel alone (.carry/bin)"
-      # cases: batch heads seqlen [q_len]
-      all="32x128x16384 128x16x16384 128x16x16384x2 64x16x4096x2 32x32x32768 1x128x8192
-        1x128x1024 8x128x4096 1x16x8192 128x16x16384x4"
-      n16="128x16x16384 1x16x8192 64x16x4096"
-      short="1x128x8192 1x128x1024 8x128x4096 1x16x8192 128x16x16384"
-      n64="32x128x16384 1x128x8192 8x128x4096 128x16x16384x4"
-      # seesaw_trace_base: another commit's timing binary (build_trace.sh's SNAPMLA_TRACE_BASE).
-      # AB_VARIANTS="name:case,case name:all ..." (cases as above, or all, n16, short, n64)
-      # replaces the list; AB_TIMELINES="name:b_h_s[:b_h_s] ..." the timelines.
-      variants=("seesaw_trace:$all" "seesaw_trace_base:$all")
-      if [ -n "${AB_VARIANTS:-}" ]; then
-        variants=()
-        for vc in $AB_VARIANTS; do
-          cs=${vc#*:}; cs=${cs//,/ }
-          cs=${cs//all/$all}; cs=${cs//n16/$n16}; cs=${cs//short/$short}; cs=${cs//n64/$n64}
-          variants+=("${vc%%:*}:$cs")
-        done
-      fi
-      for vc in "${variants[@]}"; do
-        v=${vc%%:*}
-        [ -x ".carry/bin/$v" ] || continue
-        for c in ${vc#*:}; do
-          echo "### $v ${c//x/ }" >>"$OUT/ab.log"
-          timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 \
-            | grep -E "^(kernel|batch|decode call)|error|CHECK|\.cu:" >>"$OUT/ab.log" || status=1
-        done
-        publish  # what ran comes back even if the call is cut short
-      done
-      # the two-term query where s_q x h <= 32 (SNAPMLA_TRACE_TWO_TERM=1)
-      for c in ${AB_TWO_TERM_CASES:-128x16x16384 1x16x8192 64x16x4096x2 32x32x32768}; do
-        for v in seesaw_trace seesaw_trace_base; do
-          [ -x ".carry/bin/$v" ] || continue
-          echo "### $v two-term ${c//x/ }" >>"$OUT/ab.log"
-          SNAPMLA_TRACE_TWO_TERM=1 timeout 60 ".carry/bin/$v" ${c//x/ } 2>&1 \
-            | grep -E "^(kernel|batch|decode call|two-term)|error|CHECK|\.cu:" >>"$OUT/ab.log" \
-            || status=1
-        done
-      done
-      timelines=()
-      for c in "32 128 16384" "1 128 1024" "1 128 8192" "128 16 16384"; do
-        timelines+=("seesaw_timeline:$c")
-      done
-      if [ -n "${AB_TIMELINES:-}" ]; then
-        timelines=()
-        for vc in $AB_TIMELINES; do
-          IFS=':' read -ra shapes <<<"${vc#*:}"
-          for c in "${shapes[@]}"; do timelines+=("${vc%%:*}:${c//_/ }"); done
-        done
-      fi
-      for vc in "${timelines[@]}"; do
-        v=${vc%%:*} c=${vc#*:}
-        [ -x ".carry/bin/$v" ] || continue
-        echo "### $v $c" >>"$OUT/ab.log"
-        # every recorded event (a block line without events is left out)
-        timeout 60 ".carry/bin/$v" $c 2>&1 | grep -v ': *$' >>"$OUT/ab.log" || status=1
-      done
-      grep -A3 "^###" "$OUT/ab.log" | grep -E "^###|^kernel" | head -100
       ;;
     ncu)  # NCU_CASES (default: one case of each N); NCU_SOURCE_CASE: the one with source counters
       per_block=()

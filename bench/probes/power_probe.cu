@@ -46,8 +46,8 @@
 
 #include "../cuda_check.h"
 #include "common/numerics.cuh"
-#include "decode/sm90.cuh"
-#include "decode/wgmma_ops.cuh"
+#include "decode/sm90/ptx.cuh"
+#include "decode/sm90/wgmma.cuh"
 #include "probe_common.cuh"
 #include "wgmma_wide_ops.cuh"
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "../cuda_check.h"
-#include "decode/sm90.cuh"
+#include "decode/sm90/ptx.cuh"
 
 namespace snapmla {
 namespace bench_probe {

@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "decode/sm90.cuh"
-#include "decode/wgmma_ops.cuh"
+#include "decode/sm90/ptx.cuh"
+#include "decode/sm90/wgmma.cuh"
 
 using namespace snapmla;
 
