@@ -319,7 +319,7 @@ def test_gpu_session_stages_and_paths() -> None:
     script = (BENCH / "gpu_session.sh").read_text(encoding="utf-8")
     stages = _stages(script)
     required = {"use:*", "tests", "sanitize", "bench", "bench-quick", "bench-cases"}
-    required |= {"bench-cases:*", "ab", "accuracy", "demo", "host-c", "soak", "frag", "ctest"}
+    required |= {"bench-cases:*", "accuracy", "demo", "host-c", "soak", "frag", "ctest"}
     required |= {"power-floor", "host-py", "accuracy-f32out"}
     assert required <= stages, required - stages
     paths = set(re.findall(r"\b((?:bench|tests|examples)/[\w./-]*\w)", script))
