@@ -1223,7 +1223,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
   }
   decode::DecodeParams p;
-  std::memset(&p, 0, sizeof(p));  // its padding too: SNAPMLA_DECODE_GRAPHS compares its bytes
+  std::memset(&p, 0, sizeof(p));  // its padding too: the launch key compares its bytes
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
   p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
@@ -1256,7 +1256,6 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   }
   const decode::Kernel kernel =
       select_kernel(c, a.kernel, decode::typical_chain(p.batch, p.max_pages, p.num_parts));
-#if SNAPMLA_DECODE_GRAPHS
   // The call's launches through launch_repeated (common/repeated_launch.h): the key is every
   // value they read on the host.
   struct Launches {
@@ -1278,8 +1277,5 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     return launch_decode_kernels(k.p, k.qp, k.kernel, st);
   };
   SNAPMLA_CUDA(op, launch_repeated(&key, sizeof(key), launch_all, &key, s));
-#else
-  SNAPMLA_CUDA(op, launch_decode_kernels(p, qp, kernel, s));
-#endif
   return SNAPMLA_SUCCESS;
 }
