@@ -1,7 +1,5 @@
 // A cache handle's life (create, destroy) and its queries (info, a layer's base, the bytes of a
 // shape).
-#include "api/cache.h"
-
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -11,14 +9,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "api/cache.h"
 #include "api/checks.h"
 
 namespace snapmla::api {
 namespace {
 
-constexpr int64_t kMaxBytes = INT64_MAX;                         // every byte offset is an int64
-constexpr size_t kAlignCache = 256;      // cudaMalloc's; planes 128-byte aligned, TMA 16
-constexpr size_t kAlignLayer = 128;      // a layer of config.layer_memory: the planes' alignment
+constexpr int64_t kMaxBytes = INT64_MAX;  // every byte offset is an int64
+constexpr size_t kAlignCache = 256;       // cudaMalloc's; planes 128-byte aligned, TMA 16
+constexpr size_t kAlignLayer = 128;       // a layer of config.layer_memory: the planes' alignment
 constexpr int64_t kMaxPageStride = int64_t{1} << 40;  // TMA: global strides below 2^40
 
 constexpr uint64_t kCacheMagicBegin = 0x534e41504d4c4131ull;  // "SNAPMLA1", big-endian
@@ -104,6 +103,50 @@ snapmla_status_t cache_bytes_of(const char* op, const char* layers_name, const c
   return SNAPMLA_SUCCESS;
 }
 
+// The checked config's cache object over its memory (allocated on `device` when it names none),
+// registered: its handle into *cache_out.
+snapmla_status_t make_cache(const char* op, const snapmla_cache_config_t& c, size_t bytes,
+                            int64_t page_stride, int device, const std::vector<uint8_t*>& layers,
+                            snapmla_cache_t* cache_out) {
+  uint8_t* data = layers.empty() ? static_cast<uint8_t*>(c.memory) : layers[0];
+  uint8_t** layer_copy = nullptr;
+  if (!layers.empty()) {
+    layer_copy = new (std::nothrow) uint8_t*[layers.size()];
+    if (layer_copy == nullptr) {
+      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    }
+    std::copy(layers.begin(), layers.end(), layer_copy);
+  }
+  if (data == nullptr) {
+    int previous = 0;
+    SNAPMLA_CUDA(op, cudaGetDevice(&previous));
+    if (previous != device) SNAPMLA_CUDA(op, cudaSetDevice(device));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, bytes);
+    if (previous != device) cudaSetDevice(previous);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: cudaMalloc of %zu bytes on device %d failed",
+                  op, bytes, device);
+    }
+    if (err != cudaSuccess) return cuda_fail(op, err);
+    data = static_cast<uint8_t*>(p);
+  }
+  const bool owns = c.memory == nullptr && layer_copy == nullptr;
+  snapmla_cache* cache = new (std::nothrow)
+      snapmla_cache{kCacheMagicBegin, data, bytes,      device,      c.num_layers,
+                    c.num_pages,      owns, layer_copy, page_stride, kCacheMagicEnd};
+  const uintptr_t handle = cache != nullptr ? registry().add(cache) : 0;
+  if (handle == 0) {
+    delete cache;
+    delete[] layer_copy;
+    if (owns) cudaFree(data);
+    return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
+  }
+  *cache_out = reinterpret_cast<snapmla_cache_t>(handle);
+  return SNAPMLA_SUCCESS;
+}
+
 }  // namespace
 
 snapmla_status_t get_cache(const char* op, snapmla_cache_t handle, snapmla_cache* cache) {
@@ -134,6 +177,14 @@ snapmla_status_t check_cache_layer(const char* op, snapmla_cache_t handle, const
   return SNAPMLA_SUCCESS;
 }
 
+snapmla_status_t check_layer_rows(const char* op, snapmla_cache_t handle, int32_t layer,
+                                  const char* count_name, int64_t count, snapmla_cache* cache) {
+  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, cache));
+  SNAPMLA_REQUIRE(count >= 0, "%s: argument '%s': expected >= 0, got %lld", op, count_name,
+                  static_cast<long long>(count));
+  return SNAPMLA_SUCCESS;
+}
+
 }  // namespace snapmla::api
 
 using namespace snapmla;
@@ -151,12 +202,10 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
   const char* op = "snapmla_cache_create";
   SNAPMLA_REQUIRE(cache_out != nullptr, "%s: argument 'cache' is NULL", op);
   snapmla_cache_config_t c;
-  SNAPMLA_TRY(read_sized(op, "config", config_in, &c,
-                         offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t),
-                         {{"layer_memory", offsetof(snapmla_cache_config_t, layer_memory),
-                           sizeof(void*)},
-                          {"page_stride", offsetof(snapmla_cache_config_t, page_stride),
-                           sizeof(size_t)}}));
+  SNAPMLA_TRY(read_sized(
+      op, "config", config_in, &c, offsetof(snapmla_cache_config_t, memory_bytes) + sizeof(size_t),
+      {{"layer_memory", offsetof(snapmla_cache_config_t, layer_memory), sizeof(void*)},
+       {"page_stride", offsetof(snapmla_cache_config_t, page_stride), sizeof(size_t)}}));
   SNAPMLA_REQUIRE(c.page_size == 0 || c.page_size == SNAPMLA_PAGE_SIZE,
                   "%s: argument 'config.page_size': expected 0 or %d, got %d", op,
                   SNAPMLA_PAGE_SIZE, c.page_size);
@@ -242,44 +291,7 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
     if (validate_only()) return validated(op);
   }
   if (device < 0) SNAPMLA_CUDA(op, cudaGetDevice(&device));
-
-  uint8_t* data = layers.empty() ? static_cast<uint8_t*>(c.memory) : layers[0];
-  uint8_t** layer_copy = nullptr;
-  if (!layers.empty()) {
-    layer_copy = new (std::nothrow) uint8_t*[layers.size()];
-    if (layer_copy == nullptr) {
-      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
-    }
-    std::copy(layers.begin(), layers.end(), layer_copy);
-  }
-  if (data == nullptr) {
-    int previous = 0;
-    SNAPMLA_CUDA(op, cudaGetDevice(&previous));
-    if (previous != device) SNAPMLA_CUDA(op, cudaSetDevice(device));
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (previous != device) cudaSetDevice(previous);
-    if (err == cudaErrorMemoryAllocation) {
-      cudaGetLastError();
-      return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: cudaMalloc of %zu bytes on device %d failed",
-                  op, bytes, device);
-    }
-    if (err != cudaSuccess) return cuda_fail(op, err);
-    data = static_cast<uint8_t*>(p);
-  }
-  const bool owns = c.memory == nullptr && layer_copy == nullptr;
-  snapmla_cache* cache = new (std::nothrow) snapmla_cache{
-      kCacheMagicBegin, data, bytes, device, c.num_layers, c.num_pages, owns, layer_copy,
-      page_stride, kCacheMagicEnd};
-  const uintptr_t handle = cache != nullptr ? registry().add(cache) : 0;
-  if (handle == 0) {
-    delete cache;
-    delete[] layer_copy;
-    if (owns) cudaFree(data);
-    return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: out of host memory", op);
-  }
-  *cache_out = reinterpret_cast<snapmla_cache_t>(handle);
-  return SNAPMLA_SUCCESS;
+  return make_cache(op, c, bytes, page_stride, device, layers, cache_out);
 }
 
 extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t handle) {

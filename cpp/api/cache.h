@@ -31,6 +31,10 @@ snapmla_status_t get_cache(const char* op, snapmla_cache_t handle, snapmla_cache
 snapmla_status_t check_cache_layer(const char* op, snapmla_cache_t handle, const char* layer_name,
                                    int32_t layer, snapmla_cache* cache);
 
+// check_cache_layer for argument 'layer', then a count of rows or tokens >= 0.
+snapmla_status_t check_layer_rows(const char* op, snapmla_cache_t handle, int32_t layer,
+                                  const char* count_name, int64_t count, snapmla_cache* cache);
+
 // layer < num_layers and the cache's bytes are <= INT64_MAX: the offset cannot overflow.
 inline uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
   if (c.layers != nullptr) return c.layers[layer];

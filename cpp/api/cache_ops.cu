@@ -8,7 +8,6 @@
 using namespace snapmla;
 using namespace snapmla::api;
 
-// ------------------------------------------------------------------------------ append
 extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, int32_t layer,
                                                        const void* c_kv, int64_t c_kv_stride,
                                                        const void* k_pe, int64_t k_pe_stride,
@@ -16,9 +15,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, i
                                                        snapmla_stream_t stream) {
   const char* op = "snapmla_append";
   snapmla_cache cache;
-  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
-  SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
-                  static_cast<long long>(num_tokens));
+  SNAPMLA_TRY(check_layer_rows(op, handle, layer, "num_tokens", num_tokens, &cache));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
@@ -37,29 +34,30 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, i
   return SNAPMLA_SUCCESS;
 }
 
-// ----------------------------------------------------------------------- fetch-dequant
 extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
     snapmla_cache_t handle, int32_t layer, const int64_t* slots, int64_t num_tokens, void* c_kv,
     int64_t c_kv_stride, void* k_pe, int64_t k_pe_stride, snapmla_stream_t stream) {
   const char* op = "snapmla_fetch_dequant";
   snapmla_cache cache;
-  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
-  SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
-                  static_cast<long long>(num_tokens));
+  SNAPMLA_TRY(check_layer_rows(op, handle, layer, "num_tokens", num_tokens, &cache));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
   SNAPMLA_TRY(check_device(op, &cache));
-  FetchDequantParams p{
-      layer_base(cache, layer),     int64_t{cache.num_pages} * kPageSize, slots,       num_tokens,
-      static_cast<uint16_t*>(c_kv), static_cast<uint16_t*>(k_pe),         c_kv_stride, k_pe_stride,
-      cache.page_stride};
+  FetchDequantParams p{layer_base(cache, layer),
+                       int64_t{cache.num_pages} * kPageSize,
+                       slots,
+                       num_tokens,
+                       static_cast<uint16_t*>(c_kv),
+                       static_cast<uint16_t*>(k_pe),
+                       c_kv_stride,
+                       k_pe_stride,
+                       cache.page_stride};
   SNAPMLA_CUDA(op, launch_fetch_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 
-// ---------------------------------------------------------------------- gather-dequant
 extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
     snapmla_cache_t handle, int32_t layer, const int32_t* block_table, int64_t block_table_stride,
     int32_t batch, int32_t max_pages, const int32_t* seqlens, const int64_t* out_rows,
@@ -67,9 +65,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
     snapmla_stream_t stream) {
   const char* op = "snapmla_gather_dequant";
   snapmla_cache cache;
-  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
-  SNAPMLA_REQUIRE(num_rows >= 0, "%s: argument 'num_rows': expected >= 0, got %lld", op,
-                  static_cast<long long>(num_rows));
+  SNAPMLA_TRY(check_layer_rows(op, handle, layer, "num_rows", num_rows, &cache));
   if (num_rows == 0) return SNAPMLA_SUCCESS;
   SNAPMLA_REQUIRE(batch >= 1 && batch <= kMaxBatch,
                   "%s: argument 'batch': expected 1 .. %d, got %d", op, kMaxBatch, batch);
@@ -87,26 +83,24 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
   SNAPMLA_TRY(check_span(op, "out_rows", out_rows, 8, batch, {}));
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_rows));
   SNAPMLA_TRY(check_device(op, &cache));
-  GatherDequantParams p{};
-  p.layer_base = layer_base(cache, layer);
-  p.num_pages = cache.num_pages;
-  p.page_stride = cache.page_stride;
-  p.block_table = block_table;
-  p.block_table_stride = block_table_stride;
-  p.batch = batch;
-  p.max_pages = max_pages;
-  p.seqlens = seqlens;
-  p.out_rows = out_rows;
-  p.num_rows = num_rows;
-  p.c_kv = static_cast<uint16_t*>(c_kv);
-  p.k_pe = static_cast<uint16_t*>(k_pe);
-  p.c_kv_stride = c_kv_stride;
-  p.k_pe_stride = k_pe_stride;
+  const GatherDequantParams p{layer_base(cache, layer),
+                              cache.num_pages,
+                              cache.page_stride,
+                              block_table,
+                              block_table_stride,
+                              batch,
+                              max_pages,
+                              seqlens,
+                              out_rows,
+                              num_rows,
+                              static_cast<uint16_t*>(c_kv),
+                              static_cast<uint16_t*>(k_pe),
+                              c_kv_stride,
+                              k_pe_stride};
   SNAPMLA_CUDA(op, launch_gather_dequant(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 
-// -------------------------------------------------------------------------- copy slots
 extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handle, int32_t layer,
                                                            const int64_t* src_slots,
                                                            const int64_t* dst_slots,
@@ -114,18 +108,19 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handl
                                                            snapmla_stream_t stream) {
   const char* op = "snapmla_copy_slots";
   snapmla_cache cache;
-  SNAPMLA_TRY(check_cache_layer(op, handle, "layer", layer, &cache));
-  SNAPMLA_REQUIRE(num_tokens >= 0, "%s: argument 'num_tokens': expected >= 0, got %lld", op,
-                  static_cast<long long>(num_tokens));
+  SNAPMLA_TRY(check_layer_rows(op, handle, layer, "num_tokens", num_tokens, &cache));
   if (num_tokens == 0) return SNAPMLA_SUCCESS;
   SNAPMLA_TRY(check_pointer(op, "src_slots", src_slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_pointer(op, "dst_slots", dst_slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "src_slots", src_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_span(op, "dst_slots", dst_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_device(op, &cache));
-  const CopySlotsParams p{layer_base(cache, layer), int64_t{cache.num_pages} * kPageSize,
-                          cache.page_stride,        src_slots,
-                          dst_slots,                num_tokens};
+  const CopySlotsParams p{layer_base(cache, layer),
+                          int64_t{cache.num_pages} * kPageSize,
+                          cache.page_stride,
+                          src_slots,
+                          dst_slots,
+                          num_tokens};
   SNAPMLA_CUDA(op, launch_copy_slots(p, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }

@@ -1,13 +1,12 @@
 // Error capture, validation-only mode, the checks of checks.h and the per-device facts; the
 // entry points that report the version and errors.
-#include "api/checks.h"
-
 #include <atomic>
 #include <cstdarg>
 #include <cstdio>
 #include <string>
 
 #include "api/cache.h"
+#include "api/checks.h"
 #include "common/launch.h"
 
 static_assert(SNAPMLA_PAGE_BYTES == snapmla::kPageBytes, "header and kernels agree on a page");

@@ -47,10 +47,10 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
   SNAPMLA_REQUIRE(c->num_sm_parts >= 0 && c->num_sm_parts <= kMaxSmParts,
                   "%s: argument 'config.num_sm_parts': expected 0 .. %d, got %d", op, kMaxSmParts,
                   c->num_sm_parts);
-  SNAPMLA_REQUIRE(c->q_precision == SNAPMLA_Q_PRECISION_FP8 ||
-                      c->q_precision == SNAPMLA_Q_PRECISION_FP8X2,
-                  "%s: argument 'config.q_precision': expected 0 (fp8) or 1 (fp8x2), got %d", op,
-                  c->q_precision);
+  SNAPMLA_REQUIRE(
+      c->q_precision == SNAPMLA_Q_PRECISION_FP8 || c->q_precision == SNAPMLA_Q_PRECISION_FP8X2,
+      "%s: argument 'config.q_precision': expected 0 (fp8) or 1 (fp8x2), got %d", op,
+      c->q_precision);
   return SNAPMLA_SUCCESS;
 }
 
@@ -84,7 +84,8 @@ snapmla_status_t check_kernel_option(const char* op, const char* name,
                   name, option);
   SNAPMLA_REQUIRE(select_kernel(c, option, 0) != decode::Kernel::kRefused,
                   "%s: argument '%s': expected 1 (reference) for config.q_precision 1 (fp8x2) "
-                  "where q_len * num_heads > %d (the fast kernel takes it only up to %d; here %d), got %d",
+                  "where q_len * num_heads > %d (the fast kernel takes it only up to %d; here "
+                  "%d), got %d",
                   op, name, decode::kTwoTermMaxRows, decode::kTwoTermMaxRows, c.q_len * c.num_heads,
                   option);
   return SNAPMLA_SUCCESS;
@@ -95,7 +96,7 @@ int row_tiles_of(const snapmla_decode_config_t& c) {
 }
 
 // The parts whose attention CTAs find an SM free when the attention kernel launches
-// (decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM): with the default part count, where a request's rows
+// (decode/plan.cu): with the default part count, where a request's rows
 // are one row tile (the last parts are then the CTAs dispatched last) and a Q-quant kernel runs
 // before the attention kernel, all but the last G, G the Q-quant kernel's CTAs (up to 8 warps
 // each); else all of them.
@@ -103,8 +104,8 @@ int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
   const int64_t rows_per_request = int64_t{c.q_len} * c.num_heads;
   if (c.num_sm_parts > 0 || row_tiles_of(c) != 1) return parts;
   if (!decode::is_sm90(select_kernel(c, SNAPMLA_DECODE_KERNEL_AUTO, 0))) return parts;
-  const int64_t held = warp_per_item_grid(int64_t{c.batch_size} * rows_per_request,
-                                          kQuantizeQWarps, kQuantizeQBlocksPerSm, sms);
+  const int64_t held = warp_per_item_grid(int64_t{c.batch_size} * rows_per_request, kQuantizeQWarps,
+                                          kQuantizeQBlocksPerSm, sms);
   return held < parts ? parts - static_cast<int>(held) : parts;
 }
 
@@ -129,10 +130,10 @@ void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* pl
                          size_t* workspace_bytes) {
   const decode::PlanLayout pl = decode::PlanLayout::make(c.batch_size, parts);
   *plan_bytes = static_cast<size_t>((pl.total_words * 4 + 255) / 256 * 256);
-  *workspace_bytes = static_cast<size_t>(
-      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts,
-                                    c.q_precision == SNAPMLA_Q_PRECISION_FP8X2)
-          .total_bytes);
+  *workspace_bytes =
+      static_cast<size_t>(decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts,
+                                                        c.q_precision == SNAPMLA_Q_PRECISION_FP8X2)
+                              .total_bytes);
 }
 
 // The plan (and the workspace, if given) must not run past the end of the address space.
@@ -152,6 +153,134 @@ snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_confi
         check_span(op, "workspace", workspace, 1, static_cast<int64_t>(workspace_bytes), {}));
   }
   return SNAPMLA_SUCCESS;
+}
+
+// The bytes of a decode call's arguments, for the aliasing checks. The cache: all of it when it
+// is one block, the layer's own memory when each layer has one.
+struct DecodeExtents {
+  Extent cache, q, q_pe, block_table, seqlens, out, lse;
+};
+
+DecodeExtents decode_extents(const snapmla_decode_config_t& c, const snapmla_decode_args_t& a,
+                             const snapmla_cache& cache) {
+  const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
+  const int64_t out_elem = a.out_dtype == SNAPMLA_OUT_FP32 ? 4 : 2;
+  DecodeExtents e;
+  e.cache = cache.layers == nullptr
+                ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
+                : extent_of("cache", cache.layers[a.layer], 1,
+                            int64_t{cache.num_pages} * cache.page_stride, {});
+  e.q =
+      extent_of("args.q", a.q, 2, a.q_pe != nullptr ? kContentDim : kHeadDim,
+                {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""}, {h, a.q_stride_head, ""}});
+  e.q_pe = extent_of(
+      "args.q_pe", a.q_pe, 2, kRopeDim,
+      {{b, a.q_pe_stride_batch, ""}, {s_q, a.q_pe_stride_token, ""}, {h, a.q_pe_stride_head, ""}});
+  e.block_table =
+      extent_of("args.block_table", a.block_table, 4, c.max_pages, {{b, a.block_table_stride, ""}});
+  e.seqlens = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
+  e.out = extent_of("args.out", a.out, out_elem, b * s_q * h * kContentDim, {});
+  e.lse = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
+  return e;
+}
+
+// The workspace (written) apart from everything else, the plan (read) from the outputs: the
+// attention kernel may read q after another CTA wrote partials (the fused Q), and the combine
+// reads the plan while it writes out.
+snapmla_status_t check_buffers_apart(const char* op, const snapmla_decode_config_t& c, int parts,
+                                     const void* plan, void* workspace, const DecodeExtents& e) {
+  size_t sizes[2] = {0, 0};  // plan, workspace
+  SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace, sizes));
+  const Extent plan_ext = extent_of("plan", plan, 1, static_cast<int64_t>(sizes[0]), {});
+  const Extent ws_ext = extent_of("workspace", workspace, 1, static_cast<int64_t>(sizes[1]), {});
+  SNAPMLA_TRY(check_apart(
+      op, ws_ext, {e.cache, e.q, e.q_pe, e.block_table, e.seqlens, e.out, e.lse, plan_ext}));
+  SNAPMLA_TRY(check_apart(op, e.out, {plan_ext}));
+  return check_apart(op, e.lse, {plan_ext});
+}
+
+// A decode call's launches, and the key launch_repeated (common/repeated_launch.h) replays them
+// by: every value they read on the host, byte for byte.
+struct Launches {
+  decode::DecodeParams p;
+  QuantizeQParams qp;
+  decode::Kernel kernel;
+  int32_t pad;
+};
+static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
+              "QuantizeQParams is compared byte for byte: no padding");
+static_assert(sizeof(Launches) <= kMaxLaunchKeyBytes, "the launch key");
+
+// The launches of a checked call into *k, which the caller zeroed (its padding too).
+void make_launches(const snapmla_decode_config_t& c, const snapmla_decode_args_t& a,
+                   const snapmla_cache& cache, const void* plan, void* workspace, int parts,
+                   Launches* k) {
+  const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
+  const decode::WorkspaceLayout w =
+      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts, two_term);
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  k->qp = QuantizeQParams{static_cast<const uint16_t*>(a.q),
+                          a.q_stride_batch,
+                          a.q_stride_token,
+                          a.q_stride_head,
+                          int64_t{c.batch_size} * c.q_len,
+                          c.q_len,
+                          c.num_heads,
+                          ws + w.q_content,
+                          reinterpret_cast<uint16_t*>(ws + w.q_rope),
+                          reinterpret_cast<float*>(ws + w.q_scale),
+                          static_cast<const uint16_t*>(a.q_pe),
+                          a.q_pe_stride_batch,
+                          a.q_pe_stride_token,
+                          a.q_pe_stride_head};
+  if (two_term) {
+    k->qp.q_lo = ws + w.q_lo;
+    k->qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
+  }
+  decode::DecodeParams& p = k->p;
+  p.q_content = ws + w.q_content;
+  p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
+  p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
+  p.layer_base = layer_base(cache, a.layer);
+  p.num_pages = cache.num_pages;
+  p.page_stride = cache.page_stride;
+  p.block_table = a.block_table;
+  p.block_table_stride = a.block_table_stride;
+  p.seqlens = a.cache_seqlens;
+  p.plan = static_cast<const int32_t*>(plan);
+  p.batch = c.batch_size;
+  p.q_len = c.q_len;
+  p.num_heads = c.num_heads;
+  p.max_pages = c.max_pages;
+  p.num_parts = parts;
+  p.row_tiles = row_tiles_of(c);
+  p.causal = a.causal != 0;
+  p.scale_log2 = a.softmax_scale * kLog2e;
+  if (a.out_dtype == SNAPMLA_OUT_FP32) {
+    p.out_f32 = static_cast<float*>(a.out);
+  } else {
+    p.out = static_cast<uint16_t*>(a.out);
+  }
+  p.lse = a.lse;
+  p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
+  p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
+  if (two_term) {
+    p.q_lo = k->qp.q_lo;
+    p.q_lo_scale = k->qp.q_lo_scale;
+  }
+  k->kernel = select_kernel(c, a.kernel, decode::typical_chain(p.batch, p.max_pages, p.num_parts));
+}
+
+// The launches in stream order: the Q-quant kernel, the attention kernel, the split combine.
+// The first error stops the sequence.
+cudaError_t launch_decode(void* launches, cudaStream_t s) {
+  const Launches& k = *static_cast<const Launches*>(launches);
+  cudaError_t err = launch_quantize_q(k.qp, s);
+  if (err == cudaSuccess) {
+    err = k.kernel == decode::Kernel::kReference ? decode::launch_reference_decode(k.p, s)
+                                                 : decode::launch_sm90_decode(k.kernel, k.p, s);
+  }
+  return err == cudaSuccess ? decode::launch_combine(k.p, s) : err;
 }
 
 }  // namespace
@@ -187,24 +316,11 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   int parts = 0, free_parts = 0;
   SNAPMLA_TRY(num_parts_of(op, c, &parts, &free_parts));
   if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, nullptr));
-  SNAPMLA_CUDA(op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads,
-                                       c.max_pages, parts, free_parts,
-                                       c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
-                                       static_cast<int32_t*>(plan),
-                                       reinterpret_cast<cudaStream_t>(stream)));
+  SNAPMLA_CUDA(
+      op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
+                              free_parts, c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
+                              static_cast<int32_t*>(plan), reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
-}
-
-// A decode call's launches in stream order: the Q-quant kernel, the attention kernel, the split
-// combine. The first error stops the sequence.
-static cudaError_t launch_decode_kernels(const decode::DecodeParams& p, const QuantizeQParams& qp,
-                                         decode::Kernel kernel, cudaStream_t s) {
-  cudaError_t err = launch_quantize_q(qp, s);
-  if (err == cudaSuccess) {
-    err = kernel == decode::Kernel::kReference ? decode::launch_reference_decode(p, s)
-                                               : decode::launch_sm90_decode(kernel, p, s);
-  }
-  return err == cudaSuccess ? decode::launch_combine(p, s) : err;
 }
 
 extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_select_kernel(
@@ -242,12 +358,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
                   "%s: argument 'args.softmax_scale': expected a finite value > 0, got %g", op,
                   static_cast<double>(a.softmax_scale));
   SNAPMLA_TRY(check_kernel_option(op, "args.kernel", c, a.kernel));
-  const bool two_term = c.q_precision == SNAPMLA_Q_PRECISION_FP8X2;
   SNAPMLA_REQUIRE(a.out_dtype == SNAPMLA_OUT_BF16 || a.out_dtype == SNAPMLA_OUT_FP32,
                   "%s: argument 'args.out_dtype': expected 0 (bf16) or 1 (fp32), got %d", op,
                   a.out_dtype);
-  const bool fp32_out = a.out_dtype == SNAPMLA_OUT_FP32;
-  const int64_t out_elem = fp32_out ? 4 : 2;  // bytes an element of out
+  const int64_t out_elem = a.out_dtype == SNAPMLA_OUT_FP32 ? 4 : 2;  // bytes an element of out
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const bool split_q = a.q_pe != nullptr;  // q holds q_nope only, q_pe the RoPE part
   SNAPMLA_TRY(check_q(op, "args.q", a.q, {b, a.q_stride_batch, "args.q_stride_batch"},
@@ -274,126 +388,26 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
     SNAPMLA_TRY(check_pointer(op, "args.lse", a.lse, kAlignInt32, "fp32 elements"));
     SNAPMLA_TRY(check_span(op, "args.lse", a.lse, 4, b * h * s_q, {}));
   }
-  // the outputs apart from the inputs and each other (as snapmla.decode checks them)
-  const Extent q_ext = extent_of("args.q", a.q, 2, split_q ? kContentDim : kHeadDim,
-                                 {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""},
-                                  {h, a.q_stride_head, ""}});
-  const Extent q_pe_ext = extent_of("args.q_pe", a.q_pe, 2, kRopeDim,
-                                    {{b, a.q_pe_stride_batch, ""},
-                                     {s_q, a.q_pe_stride_token, ""},
-                                     {h, a.q_pe_stride_head, ""}});
-  const Extent bt_ext = extent_of("args.block_table", a.block_table, 4, c.max_pages,
-                                  {{b, a.block_table_stride, ""}});
-  const Extent sl_ext = extent_of("args.cache_seqlens", a.cache_seqlens, 4, b, {});
-  const Extent out_ext = extent_of("args.out", a.out, out_elem, b * s_q * h * kContentDim, {});
-  const Extent lse_ext = extent_of("args.lse", a.lse, 4, b * h * s_q, {});
-  // the cache: all of it when it is one block, the layer's own memory when each layer has one
-  const Extent cache_ext =
-      cache.layers == nullptr
-          ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
-          : extent_of("cache", cache.layers[a.layer], 1,
-                      int64_t{cache.num_pages} * cache.page_stride, {});
-  SNAPMLA_TRY(check_apart(op, out_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, lse_ext}));
-  SNAPMLA_TRY(check_apart(op, lse_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext}));
+  // The outputs apart from the inputs and each other (as snapmla.decode checks them).
+  const DecodeExtents e = decode_extents(c, a, cache);
+  SNAPMLA_TRY(check_apart(op, e.out, {e.cache, e.q, e.q_pe, e.block_table, e.seqlens, e.lse}));
+  SNAPMLA_TRY(check_apart(op, e.lse, {e.cache, e.q, e.q_pe, e.block_table, e.seqlens}));
   SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
   SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
                             "its parts are 256-byte aligned for TMA and vector loads"));
-  // The workspace (written) apart from everything else, the plan (read) from the outputs:
-  // the attention kernel may read q after another CTA wrote partials (the fused Q), and the
-  // combine reads the plan while it writes out. Their sizes need the split count: before the
-  // device is asked where the config gives it, after otherwise.
-  auto buffers_apart = [&](int parts) -> snapmla_status_t {
-    size_t sizes[2] = {0, 0};  // plan, workspace
-    SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, workspace, sizes));
-    const Extent plan_ext = extent_of("plan", plan, 1, static_cast<int64_t>(sizes[0]), {});
-    const Extent ws_ext = extent_of("workspace", workspace, 1, static_cast<int64_t>(sizes[1]), {});
-    SNAPMLA_TRY(check_apart(
-        op, ws_ext, {cache_ext, q_ext, q_pe_ext, bt_ext, sl_ext, out_ext, lse_ext, plan_ext}));
-    SNAPMLA_TRY(check_apart(op, out_ext, {plan_ext}));
-    return check_apart(op, lse_ext, {plan_ext});
-  };
-  if (c.num_sm_parts > 0) SNAPMLA_TRY(buffers_apart(c.num_sm_parts));
+  // The buffers' sizes need the part count: checked before the device is asked where the config
+  // gives it, after otherwise.
+  if (c.num_sm_parts > 0) {
+    SNAPMLA_TRY(check_buffers_apart(op, c, c.num_sm_parts, plan, workspace, e));
+  }
   SNAPMLA_TRY(check_device(op, &cache));
   int parts = 0;
   SNAPMLA_TRY(num_parts_of(op, c, &parts));
-  if (c.num_sm_parts == 0) SNAPMLA_TRY(buffers_apart(parts));
-
-  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  const decode::WorkspaceLayout w =
-      decode::WorkspaceLayout::make(c.batch_size, c.q_len, c.num_heads, parts, two_term);
-  uint8_t* ws = static_cast<uint8_t*>(workspace);
-  QuantizeQParams qp{static_cast<const uint16_t*>(a.q),
-                     a.q_stride_batch,
-                     a.q_stride_token,
-                     a.q_stride_head,
-                     int64_t{c.batch_size} * c.q_len,
-                     c.q_len,
-                     c.num_heads,
-                     ws + w.q_content,
-                     reinterpret_cast<uint16_t*>(ws + w.q_rope),
-                     reinterpret_cast<float*>(ws + w.q_scale),
-                     static_cast<const uint16_t*>(a.q_pe),
-                     a.q_pe_stride_batch,
-                     a.q_pe_stride_token,
-                     a.q_pe_stride_head};
-  if (two_term) {
-    qp.q_lo = ws + w.q_lo;
-    qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
-  }
-  decode::DecodeParams p;
-  std::memset(&p, 0, sizeof(p));  // its padding too: the launch key compares its bytes
-  p.q_content = ws + w.q_content;
-  p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
-  p.q_scale = reinterpret_cast<const float*>(ws + w.q_scale);
-  p.layer_base = layer_base(cache, a.layer);
-  p.num_pages = cache.num_pages;
-  p.page_stride = cache.page_stride;
-  p.block_table = a.block_table;
-  p.block_table_stride = a.block_table_stride;
-  p.seqlens = a.cache_seqlens;
-  p.plan = static_cast<const int32_t*>(plan);
-  p.batch = c.batch_size;
-  p.q_len = c.q_len;
-  p.num_heads = c.num_heads;
-  p.max_pages = c.max_pages;
-  p.num_parts = parts;
-  p.row_tiles = row_tiles_of(c);
-  p.causal = a.causal != 0;
-  p.scale_log2 = a.softmax_scale * kLog2e;
-  if (fp32_out) {
-    p.out_f32 = static_cast<float*>(a.out);
-  } else {
-    p.out = static_cast<uint16_t*>(a.out);
-  }
-  p.lse = a.lse;
-  p.partial_o = reinterpret_cast<float*>(ws + w.partial_o);
-  p.partial_lse = reinterpret_cast<float*>(ws + w.partial_lse);
-  if (two_term) {
-    p.q_lo = qp.q_lo;
-    p.q_lo_scale = qp.q_lo_scale;
-  }
-  const decode::Kernel kernel =
-      select_kernel(c, a.kernel, decode::typical_chain(p.batch, p.max_pages, p.num_parts));
-  // The call's launches through launch_repeated (common/repeated_launch.h): the key is every
-  // value they read on the host.
-  struct Launches {
-    decode::DecodeParams p;
-    QuantizeQParams qp;
-    decode::Kernel kernel;
-    int32_t pad;
-  };
-  static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
-                "QuantizeQParams is compared byte for byte: no padding");
-  static_assert(sizeof(Launches) <= kMaxLaunchKeyBytes, "the launch key");
-  Launches key;
-  std::memset(&key, 0, sizeof(key));
-  std::memcpy(&key.p, &p, sizeof(p));
-  std::memcpy(&key.qp, &qp, sizeof(qp));
-  key.kernel = kernel;
-  auto launch_all = [](void* ctx, cudaStream_t st) -> cudaError_t {
-    const Launches& k = *static_cast<const Launches*>(ctx);
-    return launch_decode_kernels(k.p, k.qp, k.kernel, st);
-  };
-  SNAPMLA_CUDA(op, launch_repeated(&key, sizeof(key), launch_all, &key, s));
+  if (c.num_sm_parts == 0) SNAPMLA_TRY(check_buffers_apart(op, c, parts, plan, workspace, e));
+  Launches launches;
+  std::memset(&launches, 0, sizeof(launches));
+  make_launches(c, a, cache, plan, workspace, parts, &launches);
+  SNAPMLA_CUDA(op, launch_repeated(&launches, sizeof(launches), launch_decode, &launches,
+                                   reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }

@@ -6,8 +6,8 @@ namespace snapmla::api {
 namespace {
 
 constexpr int kMaxQuantizeHeads = 1024;
-constexpr size_t kAlignQContent = 8;     // quantize_q: 8-byte stores of 8 E4M3 codes
-constexpr size_t kAlignQRope = 16;       // quantize_q: 16-byte stores of 8 bf16
+constexpr size_t kAlignQContent = 8;  // quantize_q: 8-byte stores of 8 E4M3 codes
+constexpr size_t kAlignQRope = 16;    // quantize_q: 16-byte stores of 8 bf16
 
 // snapmla_quantize_q (two_term false: q_lo and q_lo_scale unused) and snapmla_quantize_q2.
 snapmla_status_t quantize_q_impl(const char* op, const void* q, int64_t num_tokens,
@@ -38,21 +38,20 @@ snapmla_status_t quantize_q_impl(const char* op, const void* q, int64_t num_toke
   if (two_term) {
     SNAPMLA_TRY(check_pointer(op, "q_lo", q_lo, kAlignQContent, "8-byte stores of E4M3 codes"));
     SNAPMLA_TRY(check_pointer(op, "q_lo_scale", q_lo_scale, kAlignInt32, "fp32 elements"));
-    SNAPMLA_TRY(
-        check_span(op, "q_lo", q_lo, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
+    SNAPMLA_TRY(check_span(op, "q_lo", q_lo, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
     SNAPMLA_TRY(check_span(op, "q_lo_scale", q_lo_scale, 4, 1, {{rows, 1, "num_tokens"}}));
   }
   SNAPMLA_TRY(check_device(op, nullptr));
-  QuantizeQParams p{static_cast<const uint16_t*>(q),
-                    q_stride_token,
-                    q_stride_token,
-                    q_stride_head,
-                    num_tokens,
-                    1,
-                    num_heads,
-                    static_cast<uint8_t*>(q_content),
-                    static_cast<uint16_t*>(q_rope),
-                    q_scale};
+  QuantizeQParams p{};  // q as groups of one token: [n, 1, h, 576]
+  p.q = static_cast<const uint16_t*>(q);
+  p.stride_batch = p.stride_token = q_stride_token;
+  p.stride_head = q_stride_head;
+  p.num_tokens = num_tokens;
+  p.q_len = 1;
+  p.num_heads = num_heads;
+  p.q_content = static_cast<uint8_t*>(q_content);
+  p.q_rope = static_cast<uint16_t*>(q_rope);
+  p.q_scale = q_scale;
   if (two_term) {
     p.q_lo = static_cast<uint8_t*>(q_lo);
     p.q_lo_scale = q_lo_scale;
@@ -74,11 +73,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q(
                          stream);
 }
 
-extern "C" SNAPMLA_API snapmla_status_t snapmla_quantize_q2(
-    const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
-    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale, void* q_lo,
-    float* q_lo_scale, snapmla_stream_t stream) {
+extern "C" SNAPMLA_API snapmla_status_t
+snapmla_quantize_q2(const void* q, int64_t num_tokens, int32_t num_heads, int64_t q_stride_token,
+                    int64_t q_stride_head, void* q_content, void* q_rope, float* q_scale,
+                    void* q_lo, float* q_lo_scale, snapmla_stream_t stream) {
   return quantize_q_impl("snapmla_quantize_q2", q, num_tokens, num_heads, q_stride_token,
-                         q_stride_head, q_content, q_rope, q_scale, true, q_lo, q_lo_scale,
-                         stream);
+                         q_stride_head, q_content, q_rope, q_scale, true, q_lo, q_lo_scale, stream);
 }

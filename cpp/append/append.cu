@@ -28,12 +28,10 @@ __global__ void __launch_bounds__(kItemThreads) append_kernel(const AppendParams
 }  // namespace
 
 cudaError_t launch_append(const AppendParams& p, cudaStream_t stream) {
-  return launch_by_layout(
-      p.num_tokens, bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride),
-      p.page_stride != kPageBytes, [&](auto aligned, auto strided, int blocks) {
-        append_kernel<decltype(aligned)::value, decltype(strided)::value>
-            <<<blocks, kItemThreads, 0, stream>>>(p);
-      });
+  return launch_token_kernel(p, [&](auto aligned, auto strided, int blocks) {
+    append_kernel<decltype(aligned)::value, decltype(strided)::value>
+        <<<blocks, kItemThreads, 0, stream>>>(p);
+  });
 }
 
 }  // namespace snapmla

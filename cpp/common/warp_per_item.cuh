@@ -29,17 +29,19 @@ __device__ __forceinline__ void for_each_warp_item(int64_t n, const Body& body) 
 }
 #endif
 
-// launch(aligned, strided, blocks) over `items` items with the cache kernels' blocks, aligned
-// and strided as std::bool_constant (the kernel's template arguments); nothing for no items.
-template <class Launch>
-cudaError_t launch_by_layout(int64_t items, bool aligned, bool strided, const Launch& launch) {
-  if (items == 0) return cudaSuccess;
+// launch(aligned, strided, blocks) for a cache kernel over p's tokens, one warp each, with
+// aligned (p's BF16 rows take 16-byte accesses) and strided (p's pages are not packed) as
+// std::bool_constant: the kernel's template arguments. Nothing for no tokens.
+template <class Params, class Launch>
+cudaError_t launch_token_kernel(const Params& p, const Launch& launch) {
+  if (p.num_tokens == 0) return cudaSuccess;
   int blocks = 0;
-  const cudaError_t err = warp_per_item_blocks(items, kItemWarps, kItemBlocksPerSm, &blocks);
+  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kItemWarps, kItemBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
   using Yes = std::true_type;
   using No = std::false_type;
-  if (aligned) {
+  const bool strided = p.page_stride != kPageBytes;
+  if (bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride)) {
     strided ? launch(Yes{}, Yes{}, blocks) : launch(Yes{}, No{}, blocks);
   } else {
     strided ? launch(No{}, Yes{}, blocks) : launch(No{}, No{}, blocks);

@@ -35,8 +35,8 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
   uint32_t rope[4];
   if (page != nullptr) {
     const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
-    const uint4 c = __ldg(
-        reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
+    const uint4 c =
+        __ldg(reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
     const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -46,13 +46,13 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
       content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
     }
     if (lane < kRopeLanes) {
-      const uint4 r = __ldg(
-          reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
+      const uint4 r =
+          __ldg(reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
       const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
-                              __uint_as_float(rw[k] & 0xffff0000u) * s);
+        rope[k] =
+            pack_bf16x2(__uint_as_float(rw[k] << 16) * s, __uint_as_float(rw[k] & 0xffff0000u) * s);
       }
     }
   } else {
@@ -106,12 +106,10 @@ __global__ void __launch_bounds__(kItemThreads) gather_dequant_kernel(const Gath
 }  // namespace
 
 cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t stream) {
-  return launch_by_layout(
-      p.num_tokens, bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride),
-      p.page_stride != kPageBytes, [&](auto aligned, auto strided, int blocks) {
-        fetch_dequant_kernel<decltype(aligned)::value, decltype(strided)::value>
-            <<<blocks, kItemThreads, 0, stream>>>(p);
-      });
+  return launch_token_kernel(p, [&](auto aligned, auto strided, int blocks) {
+    fetch_dequant_kernel<decltype(aligned)::value, decltype(strided)::value>
+        <<<blocks, kItemThreads, 0, stream>>>(p);
+  });
 }
 
 cudaError_t launch_gather_dequant(const GatherDequantParams& p, cudaStream_t stream) {
