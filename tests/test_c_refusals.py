@@ -4,8 +4,8 @@ Every refusal path of every entry point in include/snapmla/snapmla.h is called o
 argument wrong and the others valid (``CASES``), and must return
 SNAPMLA_ERROR_INVALID_ARGUMENT with a message ``"<function>: argument '<name>'..."`` naming
 that argument, having written nothing. ``test_every_refusal_message_is_reached`` checks that
-every refusal message written in cpp/api/api.cu is produced by some case, so a new check
-without a test fails here.
+every refusal message written in cpp/api/ is produced by some case, so a new check without a
+test fails here.
 
 The calls run in validation-only mode (``snapmla_set_validate_only``): an accepted call returns
 SNAPMLA_VALIDATED where it would make its first CUDA call, on a machine with or without a GPU,
@@ -39,7 +39,9 @@ from hypothesis import strategies as st
 from snapmla import SnapMLAError, _lib
 
 ROOT = Path(__file__).resolve().parents[1]
-API_SOURCE = ROOT / "cpp" / "api" / "api.cu"
+API_SOURCES = sorted((ROOT / "cpp" / "api").glob("*.cu")) + sorted(
+    (ROOT / "cpp" / "api").glob("*.h")
+)
 HEADER = ROOT / "include" / "snapmla" / "snapmla.h"
 
 try:
@@ -1398,23 +1400,25 @@ def test_every_entry_point_is_covered() -> None:
 
 
 def _refusal_templates() -> list[tuple[str, str, str]]:
-    """(status, function, message template) of every failure message in api.cu: the literal
+    """(status, function, message template) of every failure message in cpp/api/: the literal
     pieces of a C string concatenation joined; function is the entry point whose body holds
     the message ("" for a message in a helper, which any entry point may produce)."""
-    text = re.sub(r"//[^\n]*", "", API_SOURCE.read_text())
-    bodies = []  # (start, end, name) of each entry point's body
-    for m in re.finditer(r'extern "C" SNAPMLA_API[^(]*?\b(snapmla_\w+)\(', text):
-        bodies.append((m.start(), text.index("\n}\n", m.start()), m.group(1)))
     templates = []
-    for match in re.finditer(r"(SNAPMLA_REQUIRE\(|fail\(\s*(SNAPMLA_\w+))", text):
-        status = match.group(2) or "SNAPMLA_ERROR_INVALID_ARGUMENT"
-        literals = re.match(
-            r'(?:[^";]|"(?:[^"\\]|\\.)*")*?((?:"(?:[^"\\]|\\.)*"\s*)+)', text[match.end() :]
-        )
-        if literals:
-            template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', literals.group(1)))
-            owner = next((n for s, e, n in bodies if s < match.start() < e), "")
-            templates.append((status, owner, template))
+    for source in API_SOURCES:
+        text = re.sub(r"//[^\n]*", "", source.read_text())
+        bodies = []  # (start, end, name) of each entry point's body
+        for m in re.finditer(r'extern "C" SNAPMLA_API[^(]*?\b(snapmla_\w+)\(', text):
+            bodies.append((m.start(), text.index("\n}\n", m.start()), m.group(1)))
+        for match in re.finditer(r"(SNAPMLA_REQUIRE\(|fail\(\s*(SNAPMLA_\w+))", text):
+            status = match.group(2) or "SNAPMLA_ERROR_INVALID_ARGUMENT"
+            literals = re.match(
+                r'(?:[^";]|"(?:[^"\\]|\\.)*")*?((?:"(?:[^"\\]|\\.)*"\s*)+)',
+                text[match.end() :],
+            )
+            if literals:
+                template = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', literals.group(1)))
+                owner = next((n for s, e, n in bodies if s < match.start() < e), "")
+                templates.append((status, owner, template))
     return templates
 
 
@@ -1428,7 +1432,7 @@ def _template_regex(template: str, function: str) -> str:
 
 
 def test_every_refusal_message_is_reached() -> None:
-    """Every INVALID_ARGUMENT message of api.cu is produced by some case (of its entry point,
+    """Every INVALID_ARGUMENT message of cpp/api/ is produced by some case (of its entry point,
     for a message written in an entry point's body), except check_device's, which needs a
     current GPU: a refusal added without a test fails here."""
     messages = []
@@ -1785,7 +1789,7 @@ def buffer_sizes(c: dict[str, int]) -> tuple[int, int]:
 
 def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     """(the arguments the header's rules find wrong, the status of an accepted call), written
-    from the header independently of api.cu's order."""
+    from the header independently of the C checks' order."""
     bad: set[str] = set()
     if fn == "snapmla_cache_bytes":
         if v["bytes"] == 0:
@@ -2038,7 +2042,7 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     if sizes and not span_ok(v["workspace"], 1, sizes[1], []):
         bad.add("workspace")
 
-    # The outputs apart from the inputs and each other (api.cu's check_apart; bytes
+    # The outputs apart from the inputs and each other (the C check_apart; bytes
     # [first, last]).
     def extent(pointer: int, elem: int, inner: int, dims: list[tuple[int, int]]) -> tuple:
         elems = inner + sum((count - 1) * stride for count, stride in dims if count > 1)

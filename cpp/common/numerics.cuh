@@ -14,6 +14,8 @@ constexpr float kMinProbScale = 5.421010862427522e-20f;  // 2^-64: floor of the 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+constexpr int kWarpSize = 32;
+
 constexpr int kPageSize = 64;
 constexpr int kContentDim = 512;
 constexpr int kRopeDim = 64;

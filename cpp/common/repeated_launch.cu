@@ -7,8 +7,6 @@
 #include "common/repeated_launch.h"
 
 namespace snapmla {
-
-#if SNAPMLA_DECODE_GRAPHS
 namespace {
 
 // A model step calls decode once a layer, each with its own layer pointer (its own key): a key
@@ -52,8 +50,7 @@ struct ThreadGraphs {
   cudaStream_t capture_stream[kMaxGraphDevices] = {};
   ~ThreadGraphs() {
     // An executable graph still running is freed when it completes. (After a device reset or
-    // at process exit these handles are stale: repeated_launch.h says graphs need the device's
-    // primary context to live as long as the thread.)
+    // at process exit these handles are stale.)
     for (Graph& g : graphs) {
       if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
     }
@@ -125,18 +122,14 @@ cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
 }
 
 }  // namespace
-#endif
 
 cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void* ctx,
                             cudaStream_t stream) {
-#if SNAPMLA_DECODE_GRAPHS
   int device = -1, stream_device = -1;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   // The capture status first: under a caller's capture in global mode, a query such as
-  // cudaStreamGetDevice is refused and invalidates that capture (session 24 on the H200: torch's
-  // and CuPy's graph tests and host_overhead_c's captured call failed with error 901).
-  // The legacy default stream too (torch's current stream unless one is set): a graph launch
-  // there is ordered with the other blocking streams as the launches would be.
+  // cudaStreamGetDevice is refused and invalidates that capture. The legacy default stream is
+  // taken too: a graph launch there is ordered with the blocking streams as the launches are.
   if (!graphs_enabled() || key_bytes > kMaxLaunchKeyBytes ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
       status != cudaStreamCaptureStatusNone || cudaGetDevice(&device) != cudaSuccess ||
@@ -177,11 +170,6 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
   slot.exec = exec;
   slot.key.set(h, device, key, key_bytes);
   return cudaGraphLaunch(exec, stream);
-#else
-  (void)key;
-  (void)key_bytes;
-  return fn(ctx, stream);
-#endif
 }
 
 }  // namespace snapmla

@@ -1,17 +1,13 @@
 // One warp quantizes one row (a key token or a query head): 512 content values to E4M3 with a
 // per-row scale, and 64 RoPE values pre-divided by that scale, as the contract says.
-//
-// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) (16 bytes in, 8 out)
-// and RoPE elements 2l and 2l + 1 (4 bytes in and out): every access coalesced. (Until session 31
-// lanes 0-7 held 8 RoPE elements each, so every lane ran 8 RoPE quotients, 24 of them on zeros:
-// spread over the warp they are 2 a lane, which paid for FastDivider::checked and more.)
+// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) and RoPE elements 2l,
+// 2l + 1: every access coalesced, and the RoPE quotients spread evenly over the warp.
 #pragma once
 
 #include "common/numerics.cuh"
 
 namespace snapmla {
 
-constexpr int kWarpSize = 32;
 static_assert(kContentDim == 2 * kWarpSize * 8, "two 8-wide chunks of content per lane");
 static_assert(kRopeDim == 2 * kWarpSize, "two RoPE values per lane");
 
@@ -19,9 +15,8 @@ struct Bf16x8 {
   uint32_t w[4];  // 8 bf16, element 2i in the low half of w[i]
 };
 
-// Load 8 consecutive bf16; 16-byte vector load when kAligned (pointer 16-byte aligned).
-// kL2: through L2 (ld.global.cg) instead of the read-only path, for data another grid may
-// write during this grid's life (SNAPMLA_PDL), outside __ldg's rule; aligned loads only.
+// Load 8 consecutive bf16; one 16-byte load when kAligned. kL2: through L2 (ld.global.cg), not
+// the read-only path, for data another grid may write during this grid's life (PDL).
 template <bool kAligned, bool kL2 = false>
 __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
   static_assert(kAligned || !kL2, "the L2 path is for 16-byte loads");
@@ -45,41 +40,27 @@ __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// x / s correctly rounded (IEEE fp32 division, as the contract says) for one row's scale s,
-// at the cost of a multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r) within an ulp
-// of x / s, the exact remainder x - q0 * s (one FMA) corrects q0 to the correctly rounded
-// quotient (Markstein). It holds for finite results while the remainder does not underflow;
-// `ok` turns false on a non-finite one (overflow: the RoPE of a zero-content token), and the
-// caller then redoes the row with the IEEE division.
-//
-// Where it can fail: numerators below ~2^-100, whose remainder underflows (exact emulation
-// found misrounded quotients for |x| up to 2^-116, none above; a q_pe of 41 * 2^-133 in a row
-// of content amax 128 gave 0x008F7FFF, BF16 0x008F, against the IEEE 0x008F8000, BF16
-// 0x0090). operator() leaves those alone: content quotients can change a code only from
-// 2^-14 up (the low term's 16 x; E4M3's smallest tie is 2^-10), so |x| >= 2^-14 * s >=
-// 2^-46 there by the scale's 2^-32 floor. checked() is for values that are kept in full
-// (the RoPE's BF16): it also turns `ok` false for a nonzero |x| < 2^-100 and for a quotient
-// below the normal range, conservatively (session 31; test_tiny_rope_values_round_as_the_model).
-//
-// A zero numerator keeps its sign by the copysign from q0: for x = -0 the two FMAs alone give
-// +0 (q0 = -0; -0 - (-0) * s = +0; +0 * r + (-0) = +0), so a -0 input element became the code
-// 0x00, not the contract's 0x80 (found in review, 2026-12-01; the GPU test
-// test_quantize_q_keeps_the_sign_of_zero). SNAPMLA_SIGNED_ZERO_QUOTIENT=0 gives the old form.
-#ifndef SNAPMLA_SIGNED_ZERO_QUOTIENT
-#define SNAPMLA_SIGNED_ZERO_QUOTIENT 1
-#endif
+// x / s correctly rounded (IEEE fp32 division, as the contract says) for a row's scale s, in a
+// multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r), the exact remainder x - q0 * s
+// corrects q0 to the correctly rounded quotient (Markstein). That holds for finite results
+// while the remainder does not underflow; `ok` turns false on a non-finite quotient and the
+// caller redoes the row with the IEEE division.
+// The remainder underflows for |x| below about 2^-100. Content quotients change a code only
+// from 2^-14 up (|x| >= 2^-46 by the scale's 2^-32 floor), so operator() ignores that range;
+// checked() is for values kept in full (the RoPE's BF16) and also fails `ok` for a nonzero
+// |x| < 2^-100 or a subnormal quotient. copysign keeps the sign of a zero numerator: the FMAs
+// alone turn -0 into +0, and the contract's E4M3 code of -0 is 0x80.
 struct FastDivider {
   float s, r;
   __device__ __forceinline__ float operator()(float x, bool& ok) const {
     const float q0 = x * r;
     const float q1 = fmaf(fmaf(-q0, s, x), r, q0);
     ok &= isfinite(q1);
-    return SNAPMLA_SIGNED_ZERO_QUOTIENT ? copysignf(q1, q0) : q1;
+    return copysignf(q1, q0);
   }
   __device__ __forceinline__ float checked(float x, bool& ok) const {
     const float q = (*this)(x, ok);
-    // Bitwise, not ||: short-circuit operators here made ptxas branch around each element
-    // (a convergence barrier apiece; the Q-quant kernel 19% slower, session 31).
+    // Bitwise, not ||: short-circuit operators make ptxas branch around each element.
     const bool tiny = (fabsf(x) < 0x1p-100f) | (fabsf(q) < 0x1p-126f);
     ok &= !tiny | (x == 0.f);
     return q;
@@ -91,10 +72,9 @@ struct IeeeDivider {
   __device__ __forceinline__ float checked(float x, bool& ok) const { return (*this)(x, ok); }
 };
 
-// quantize(div, ok) for a row with scale s: with the fast divider where s and every quotient
-// are finite and every checked() quotient passed, else again with the IEEE division for the
-// whole row, warp-uniformly (rare: NaN or inf inputs, a RoPE quotient that overflows, a RoPE
-// value below 2^-100). Whole warp must call it.
+// quantize(div, ok) for a row with scale s: with the fast divider where every quotient passed,
+// else again with the IEEE division for the whole row, warp-uniformly (rare: NaN or inf
+// inputs, an overflowing or tiny RoPE quotient). Whole warp must call it.
 template <class Result, class Quantize>
 __device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantize& quantize) {
   bool ok = isfinite(s);
@@ -195,16 +175,11 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
   return quantize_loaded(load_row<kAligned>(content, rope, lane));
 }
 
-// The two-term query (snapmla.reference.quantize_q2): the high term is the contract's row as
-// above; the low term is, per element, q_lo = e4m3(16 (x - q_hi)) with x = q / s1 the quotient
-// whose E4M3 rounding is q_hi (x - q_hi is exact, Sterbenz, and at most 16 in magnitude; the
-// product is exact; one E4M3 rounding), and s2 = s1 / 16 (exact). Each element alone: no second
-// row maximum and no division by s2 (bench/NOTES.md, session 30, has the A/B against the form
-// before it, s2 = max(amax(r) / 448, s1 2^-16)). The low codes reuse the high term's quotients:
-// those are the IEEE ones wherever the row's fast quotients passed, and the IEEE division's
-// for the whole row where they did not, so both terms always come from the same x (until
-// session 41 the low term divided every element again, 16 quotients a lane, for the same
-// values). Same element-to-lane map as QuantizedRow's content.
+// The two-term query (snapmla.reference.quantize_q2): the high term is the contract's row; the
+// low term is, per element, q_lo = e4m3(16 (x - q_hi)) with x = q / s1 the quotient that q_hi
+// rounds (the difference and the product are exact: one rounding), and s2 = s1 / 16. The low
+// codes reuse the high term's quotients, so both terms come from the same x. Same
+// element-to-lane map as QuantizedRow's content.
 struct QuantizedLo {
   uint2 content[2];
   float scale;

@@ -1,16 +1,11 @@
 #include <algorithm>
 
-#include "common/launch.h"
-#include "common/numerics.cuh"
+#include "common/warp_per_item.cuh"
 #include "fetch_dequant/fetch_dequant.h"
 
 namespace snapmla {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarpSize = 32;
-constexpr int kWarpsPerBlock = kThreads / kWarpSize;
-constexpr int kBlocksPerSm = 8;
 constexpr int kContentPerLane = kContentDim / kWarpSize;  // 16 E4M3 = one 16-byte load
 constexpr int kRopeLanes = kRopeDim / 8;                  // 8 bf16 = one 16-byte load
 constexpr uint32_t kBf16NaNx2 = 0x7fc07fc0u;
@@ -30,59 +25,9 @@ __device__ __forceinline__ void store_words(uint16_t* out, const uint32_t* w, in
   }
 }
 
-// One warp per token: lane l dequantizes content [16l, 16l + 16) and, for l < 8, RoPE
-// [8l, 8l + 8), multiplying by the token's scale in fp32 and rounding to bf16.
-// kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
-template <bool kAligned, bool kStrided>
-__global__ void __launch_bounds__(kThreads) fetch_dequant_kernel(const FetchDequantParams p) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t i = first; i < p.num_tokens; i += step) {
-    const int64_t slot = __ldg(p.slots + i);  // warp-uniform
-    uint32_t content[kContentPerLane / 2];
-    uint32_t rope[4];
-    if (slot >= 0 && slot < p.capacity) {
-      const uint8_t* page =
-          p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes);
-      const int row = static_cast<int>(slot % kPageSize);
-      const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
-      const uint4 c = __ldg(
-          reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
-      const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] & 0xffffu));
-        const float2 b = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] >> 16));
-        content[2 * k] = pack_bf16x2(a.x * s, a.y * s);
-        content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
-      }
-      if (lane < kRopeLanes) {
-        const uint4 r = __ldg(
-            reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
-        const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
-                                __uint_as_float(rw[k] & 0xffff0000u) * s);
-        }
-      }
-    } else {
-      const uint32_t fill = slot < 0 ? 0u : kBf16NaNx2;  // padding -> 0; out of range -> NaN
-#pragma unroll
-      for (int k = 0; k < kContentPerLane / 2; ++k) content[k] = fill;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) rope[k] = fill;
-    }
-    store_words<kAligned>(p.c_kv + i * p.c_kv_stride + lane * kContentPerLane, content,
-                          kContentPerLane / 2);
-    if (lane < kRopeLanes) store_words<kAligned>(p.k_pe + i * p.k_pe_stride + lane * 8, rope, 4);
-  }
-}
-
-// The per-token steps of fetch_dequant_kernel for the gather below, kept apart so that the
-// validated fetch kernel's code stays byte for byte as measured (merge once both have run on
-// a GPU). page == nullptr: the rows are `fill`.
+// One token, by one warp: lane l dequantizes content [16l, 16l + 16) and, for l < 8, RoPE
+// [8l, 8l + 8) of row `row` of `page`, multiplying by the token's scale in fp32 and rounding
+// to bf16, into its output rows c_out (512) and k_out (64). page == nullptr: rows of `fill`.
 template <bool kAligned>
 __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint32_t fill,
                                               uint16_t* c_out, uint16_t* k_out, int lane) {
@@ -90,8 +35,8 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
   uint32_t rope[4];
   if (page != nullptr) {
     const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
-    const uint4 c = __ldg(
-        reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
+    const uint4 c =
+        __ldg(reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
     const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
@@ -101,13 +46,13 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
       content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
     }
     if (lane < kRopeLanes) {
-      const uint4 r = __ldg(
-          reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
+      const uint4 r =
+          __ldg(reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
       const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
-                              __uint_as_float(rw[k] & 0xffff0000u) * s);
+        rope[k] =
+            pack_bf16x2(__uint_as_float(rw[k] << 16) * s, __uint_as_float(rw[k] & 0xffff0000u) * s);
       }
     }
   } else {
@@ -120,12 +65,28 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
   if (lane < kRopeLanes) store_words<kAligned>(k_out + lane * 8, rope, 4);
 }
 
+// One warp per slot: a negative slot (padding) gives zeros, one past the layer NaN.
+// kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
+template <bool kAligned, bool kStrided>
+__global__ void __launch_bounds__(kItemThreads) fetch_dequant_kernel(const FetchDequantParams p) {
+  const int lane = threadIdx.x % kWarpSize;
+  for_each_warp_item<kItemThreads>(p.num_tokens, [&](int64_t i) {
+    const int64_t slot = __ldg(p.slots + i);
+    const bool valid = slot >= 0 && slot < p.capacity;
+    const uint8_t* page =
+        p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes);
+    dequant_token<kAligned>(valid ? page : nullptr, static_cast<int>(slot % kPageSize),
+                            slot < 0 ? 0u : kBf16NaNx2, p.c_kv + i * p.c_kv_stride,
+                            p.k_pe + i * p.k_pe_stride, lane);
+  });
+}
+
 // Requests along y (strided), their tokens along x: one warp per token.
 template <bool kAligned>
-__global__ void __launch_bounds__(kThreads) gather_dequant_kernel(const GatherDequantParams p) {
+__global__ void __launch_bounds__(kItemThreads) gather_dequant_kernel(const GatherDequantParams p) {
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kItemThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kItemWarps;
   const int64_t most = int64_t{p.max_pages} * kPageSize;
   for (int r = blockIdx.y; r < p.batch; r += gridDim.y) {
     const int64_t len = min(max(int64_t{__ldg(p.seqlens + r)}, int64_t{0}), most);
@@ -145,20 +106,10 @@ __global__ void __launch_bounds__(kThreads) gather_dequant_kernel(const GatherDe
 }  // namespace
 
 cudaError_t launch_fetch_dequant(const FetchDequantParams& p, cudaStream_t stream) {
-  if (p.num_tokens == 0) return cudaSuccess;
-  int blocks = 0;
-  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kWarpsPerBlock, kBlocksPerSm, &blocks);
-  if (err != cudaSuccess) return err;
-  const bool aligned = bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride);
-  const bool strided = p.page_stride != kPageBytes;
-  if (aligned) {
-    strided ? fetch_dequant_kernel<true, true><<<blocks, kThreads, 0, stream>>>(p)
-            : fetch_dequant_kernel<true, false><<<blocks, kThreads, 0, stream>>>(p);
-  } else {
-    strided ? fetch_dequant_kernel<false, true><<<blocks, kThreads, 0, stream>>>(p)
-            : fetch_dequant_kernel<false, false><<<blocks, kThreads, 0, stream>>>(p);
-  }
-  return cudaGetLastError();
+  return launch_token_kernel(p, [&](auto aligned, auto strided, int blocks) {
+    fetch_dequant_kernel<decltype(aligned)::value, decltype(strided)::value>
+        <<<blocks, kItemThreads, 0, stream>>>(p);
+  });
 }
 
 cudaError_t launch_gather_dequant(const GatherDequantParams& p, cudaStream_t stream) {
@@ -167,13 +118,12 @@ cudaError_t launch_gather_dequant(const GatherDequantParams& p, cudaStream_t str
   cudaError_t err = current_device_sm_count(&sms);
   if (err != cudaSuccess) return err;
   const int requests = std::min(p.batch, 65535);
-  const int along = std::max(1, sms * kBlocksPerSm / requests);  // blocks per request
-  const bool aligned = bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride);
+  const int along = std::max(1, sms * kItemBlocksPerSm / requests);  // blocks per request
   const dim3 grid(along, requests);
-  if (aligned) {
-    gather_dequant_kernel<true><<<grid, kThreads, 0, stream>>>(p);
+  if (bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride)) {
+    gather_dequant_kernel<true><<<grid, kItemThreads, 0, stream>>>(p);
   } else {
-    gather_dequant_kernel<false><<<grid, kThreads, 0, stream>>>(p);
+    gather_dequant_kernel<false><<<grid, kItemThreads, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }

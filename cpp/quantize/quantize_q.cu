@@ -1,23 +1,19 @@
-#include "common/launch.h"
 #include "common/row_quant.cuh"
+#include "common/warp_per_item.cuh"
 #include "quantize/quantize_q.h"
 
 namespace snapmla {
 namespace {
 
-constexpr int kWarpsPerBlock = kQuantizeQWarps;
-constexpr int kThreads = kWarpsPerBlock * kWarpSize;
+constexpr int kThreads = kQuantizeQWarps * kWarpSize;
 
 // One warp per (token, head) row. kSplit: the RoPE part from p.q_pe (q_nope | q_pe apart);
 // kTwoTerm: also the low term into p.q_lo and p.q_lo_scale.
 template <bool kAligned, bool kSplit, bool kTwoTerm = false>
 __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQParams p) {
-  griddep_launch_dependents();  // SNAPMLA_PDL: the attention kernel may launch and wait
+  griddep_launch_dependents();  // the attention kernel may launch now and wait for this grid
   const int lane = threadIdx.x % kWarpSize;
-  const int64_t rows = p.num_tokens * p.num_heads;
-  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
-  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t r = first; r < rows; r += step) {
+  for_each_warp_item<kThreads>(p.num_tokens * p.num_heads, [&](int64_t r) {
     const int64_t token = r / p.num_heads;
     const int64_t head = r % p.num_heads;
     const uint16_t* in = p.q + (token / p.q_len) * p.stride_batch +
@@ -35,7 +31,7 @@ __global__ void __launch_bounds__(kThreads) quantize_q_kernel(const QuantizeQPar
       const QuantizedRow q = quantize_row<kAligned>(in, rope, lane);
       store_row(q, p.q_content + r * kContentDim, p.q_rope + r * kRopeDim, p.q_scale + r, lane);
     }
-  }
+  });
 }
 
 }  // namespace
@@ -45,12 +41,10 @@ cudaError_t launch_quantize_q(const QuantizeQParams& p, cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
   int blocks = 0;
   const cudaError_t err =
-      warp_per_item_blocks(rows, kWarpsPerBlock, kQuantizeQBlocksPerSm, &blocks);
+      warp_per_item_blocks(rows, kQuantizeQWarps, kQuantizeQBlocksPerSm, &blocks);
   if (err != cudaSuccess) return err;
   const bool split = p.q_pe != nullptr;
   const bool aligned = quantize_q_vectorizable(p);
-  // One instantiation per (aligned, split, two-term); the one-term ones are the validated
-  // kernels of before the two-term query, unchanged.
   auto launch = [&](auto kernel) { kernel<<<blocks, kThreads, 0, stream>>>(p); };
   if (p.q_lo != nullptr) {
     if (aligned) {

@@ -114,26 +114,26 @@
  *     g_k    = exp(m_{k-1} - m_k) * sig_{k-1} / sig_k
  *     l_k    = l_{k-1} * g_k + sum_j e_j / sig_k                          (paper eq. 12)
  *     O_k    = O_{k-1} * g_k + sum_j P8_j * content_j     (FP8 x FP8, fp32; paper eq. 13)
- *   out = bf16(O / l), lse = m + ln(sig * l) (natural log, fp32). (Since 0.2 a caller may ask
- *   for out as fp32, args.out_dtype: the fp32 O / l that the kernel rounds to BF16.)
+ *   out = bf16(O / l), lse = m + ln(sig * l) (natural log, fp32). (A caller may ask for out as
+ *   fp32, args.out_dtype: the fp32 O / l that the kernel rounds to BF16.)
  *   The split-KV schedule may cut a row's blocks into segments processed independently and
  *   merged by log-sum-exp; P8 is invariant to the running max, so this changes rounding only.
  *   A row with no visible token (empty context) gets out = 0 and lse = +inf.
  *   Non-finite inputs are not hidden: a NaN or Inf in a visible token or a query row turns the
  *   rows that see it into NaN, and nothing else.
  *
- *   Accumulation, in two tiers (v2; v1 asked fp32 of every kernel). Hopper's FP8 wgmma does not
+ *   Accumulation, in two tiers. Hopper's FP8 wgmma does not
  *   accumulate in fp32 (per k = 32 step the products are aligned and cut to about 13-14 bits),
  *   and a fast kernel must use it; the logit differences flip some E4M3 roundings of P.
  *   - Reference tier (SNAPMLA_DECODE_KERNEL_REFERENCE): fp32 accumulation; out within 2e-3
  *     relative L2 of the model, lse within 1e-3 (measured ~1e-5; a split request's partial
- *     outputs are kept as FP16 with an exponent per 8 values, 2^-11 relative, since 0.2).
+ *     outputs are kept as FP16 with an exponent per 8 values, 2^-11 relative).
  *   - Tensor-core tier (SNAPMLA_DECODE_KERNEL_FAST, and AUTO, which runs it): (1) on inputs
  *     whose logits every accumulator holds exactly (small integer codes), within 1e-3 of the
  *     model at every shape; (2) on random inputs within 2e-2 relative L2 and 5e-3 on lse;
  *     (3) against exact float64 attention on the BF16 inputs, at most 1.15x the model's own
  *     error on every python -m snapmla.accuracy layer and context (geometric mean at most
- *     1.05x) and at most 1.05x on randn inputs. Measured on an H200 (d9edc97 / 66c2861):
+ *     1.05x) and at most 1.05x on randn inputs. Measured on an H200:
  *     (2) 2e-3 .. 7e-3 typical, (3) largest 1.040x, geometric mean 1.009x, randn 1.001x.
  *     The kernel may rescale exponentials internally (e computed 2^24 high, scaled back
  *     exactly) and divide by sigma through its reciprocal (a last-ulp difference).
@@ -392,7 +392,7 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
                                                 void* q_rope, float* q_scale,
                                                 snapmla_stream_t stream);
 
-/* The two-term query (optional, precision beyond the contract's one FP8 row; issue 9): as
+/* The two-term query (optional, precision beyond the contract's one FP8 row): as
  * snapmla_quantize_q, bit for bit in q_content, q_rope and q_scale, plus the row's residual
  * in a second FP8 row at scale q_scale / 16, so that q_nope ~ q_scale * q_content + q_lo_scale *
  * q_lo to about 2^-8 relative. Per element, in fp32: x = q_nope / s1 (the IEEE quotient that
@@ -403,7 +403,7 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
  *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
  *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
  *   The rest as snapmla_quantize_q. snapmla_decode quantizes the two terms itself for a plan
- *   made with config.q_precision FP8X2. Since 0.2 (tested on the H200; bench/NOTES.md).
+ *   made with config.q_precision FP8X2. Since 0.2.
  *   [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
                                                  int32_t num_heads, int64_t q_stride_token,
@@ -420,14 +420,12 @@ typedef enum snapmla_q_precision {
                                    row on the first's residual, a second content QK pass,
                                    z's content part acc_hi + rho * acc_lo (one FMA, rho =
                                    fp32(s2 / s1)); snapmla.reference models it (q_terms=2).
-                                   Since 0.2 (tested on the H200). REFERENCE takes it
-                                   at every shape; AUTO and FAST where q_len * num_heads
-                                   <= 32 (the low rows interleaved in the seesaw kernel's
-                                   QK tile: 0.99-1.05x the one-term time at <= 16 rows,
-                                   the most at 8x1x16x4096, 0.99-1.01x at 32, H200,
-                                   bench/NOTES.md, session 30); past 32
-                                   only REFERENCE (AUTO refuses rather than run a kernel
-                                   several times slower unasked) */
+                                   Since 0.2. REFERENCE takes it at every shape; AUTO and
+                                   FAST where q_len * num_heads <= 32 (the low rows
+                                   interleave in the seesaw kernel's QK tile: on an H200,
+                                   0.99-1.05x the one-term time at <= 16 rows, 0.99-1.01x
+                                   at 32); past 32 only REFERENCE (AUTO refuses rather
+                                   than run a kernel several times slower unasked) */
 } snapmla_q_precision_t;
 
 /* The shape of one decode step. A plan made for a config serves every layer of that step. */
@@ -469,7 +467,7 @@ typedef enum snapmla_out_dtype {
                            are bit for bit the BF16 out that the same call writes with
                            SNAPMLA_OUT_BF16 (NaN rows NaN). For callers who keep the two-term
                            query's precision, which the BF16 rounding (about 1.7e-3 relative)
-                           would mostly hide. Since 0.2 (tested on the H200) */
+                           would mostly hide. Since 0.2 */
 } snapmla_out_dtype_t;
 
 typedef struct snapmla_decode_args {
@@ -549,17 +547,17 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * seqlen is negative or exceeds max_pages * 64, or that names a page outside the layer, gets
  * NaN rows instead of an out-of-bounds read. The plan is device data too: one whose header does
  * not match this call (built for another config, or on a GPU with another SM count when
- * num_sm_parts is 0, or never built) makes every row NaN, and its words are never followed.
- * out and lse must not alias any input: since 0.2 an out or lse whose bytes overlap the cache
+ * num_sm_parts is 0, or never built) makes every row NaN, and its words are not used.
+ * out and lse must not alias any input: an out or lse whose bytes overlap the cache
  * (all of it; a per-layer cache: the layer's memory), q, q_pe, block_table, cache_seqlens,
  * the plan or each other is refused, as snapmla.decode refuses it, and so is a workspace
  * overlapping any of them (the attention kernel may read q after another CTA wrote the
  * workspace, and the combine reads the plan while it writes out).
  * Host time: the second time the calling thread makes a call equal to one of its
  * last 128 (every argument, pointer and size the launches read on the host), its launches are
- * captured once into a CUDA graph, a one-time host allocation, and replayed from then on: a
- * call then takes about 2.6 us of host time instead of about 11 us for three launches (H200
- * machine). Not while `stream` is capturing (the capture takes the launches). A thread
+ * captured once into a CUDA graph, a one-time host allocation, and replayed from then on (on
+ * an H200 machine a replayed call takes about 2.6 us of host time, its three launches about
+ * 11 us). Not while `stream` is capturing (the capture takes the launches). A thread
  * that holds such graphs must not call again across a cudaDeviceReset; SNAPMLA_DECODE_GRAPHS=0
  * in the environment (read at the first call) launches directly every time. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,

@@ -1,0 +1,52 @@
+// The frame of the warp-per-item kernels (append, fetch-dequant, copy-slots, Q-quant): one warp
+// takes one item (a token or a query row) at a time, the grid strides over the items.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "common/launch.h"
+#include "common/numerics.cuh"
+
+namespace snapmla {
+
+// The cache kernels' blocks: 256 threads, at most 8 resident an SM (64 warps: enough 16-byte
+// loads in flight to keep HBM busy).
+constexpr int kItemThreads = 256;
+constexpr int kItemWarps = kItemThreads / kWarpSize;
+constexpr int kItemBlocksPerSm = 8;
+
+#ifdef __CUDACC__
+// body(i) for each item i < n of this warp: warp w of the grid takes w, w + W, ... (W the
+// grid's warps). i is warp-uniform.
+template <int kThreads, class Body>
+__device__ __forceinline__ void for_each_warp_item(int64_t n, const Body& body) {
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * (kThreads / kWarpSize);
+  for (int64_t i = first; i < n; i += step) body(i);
+}
+#endif
+
+// launch(aligned, strided, blocks) for a cache kernel over p's tokens, one warp each, with
+// aligned (p's BF16 rows take 16-byte accesses) and strided (p's pages are not packed) as
+// std::bool_constant: the kernel's template arguments. Nothing for no tokens.
+template <class Params, class Launch>
+cudaError_t launch_token_kernel(const Params& p, const Launch& launch) {
+  if (p.num_tokens == 0) return cudaSuccess;
+  int blocks = 0;
+  const cudaError_t err = warp_per_item_blocks(p.num_tokens, kItemWarps, kItemBlocksPerSm, &blocks);
+  if (err != cudaSuccess) return err;
+  using Yes = std::true_type;
+  using No = std::false_type;
+  const bool strided = p.page_stride != kPageBytes;
+  if (bf16_rows_vectorizable(p.c_kv, p.c_kv_stride, p.k_pe, p.k_pe_stride)) {
+    strided ? launch(Yes{}, Yes{}, blocks) : launch(Yes{}, No{}, blocks);
+  } else {
+    strided ? launch(No{}, Yes{}, blocks) : launch(No{}, No{}, blocks);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace snapmla
