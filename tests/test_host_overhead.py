@@ -35,6 +35,7 @@ from snapmla import SnapMLAError, _dlpack, _lib, _tensor
 from snapmla._tensor import BF16, Checker, Stream
 from test_dlpack import CPU, CUDA0, CUDA1, FakeTensor
 from test_streams_lifetime import (  # noqa: F401 (the library fixture)
+    EVERY_KERNEL,
     _cache,
     _decode,
     _decode_inputs,
@@ -423,15 +424,19 @@ def test_scalar_fast_paths_refuse_as_before(
     as are layers out of range or of the wrong type."""
     monkeypatch.setattr(decode_module, "_checked_scales", set())
     config = decode_module.DecodeConfig(2, 1, 16, 8)
+
+    def scalars(layer: Any, kernel: str, scale: Any) -> Any:
+        return decode_module._decode_scalars(2, config, layer, kernel, scale, EVERY_KERNEL)
+
     for good in (1.0, 192**-0.5):
-        assert decode_module._decode_scalars(2, config, 1, "auto", good) == (1, 0, good)
+        assert scalars(1, "auto", good) == (1, 0, good)
     assert decode_module._checked_scales == {1.0, 192**-0.5}
-    assert decode_module._decode_scalars(2, config, np.int64(1), "fast", 1) == (1, 2, 1.0)
+    assert scalars(np.int64(1), "fast", 1) == (1, 2, 1.0)
     with pytest.raises(SnapMLAError, match=f"argument 'softmax_scale'.*{pattern}"):
-        decode_module._decode_scalars(2, config, 0, "auto", value)
+        scalars(0, "auto", value)
     for layer, got in ((2, "got 2"), (-1, "got -1"), (True, "got True")):
         with pytest.raises(SnapMLAError, match=f"argument 'layer'.*{got}"):
-            decode_module._decode_scalars(2, config, layer, "auto", 1.0)
+            scalars(layer, "auto", 1.0)
 
 
 def test_decode_memo_keeps_the_order_of_refusals(recorder: _ArgsRecorder) -> None:

@@ -13,7 +13,7 @@ smt = pytest.importorskip("snapmla.torch")
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import snapmla
-from snapmla import _lib
+from snapmla import _args, _lib
 
 MUTATES = {
     "append": {"cache"},
@@ -210,7 +210,7 @@ def test_plan_and_workspace_grow_with_the_batch(
     for b in [*range(1, 130), 255, 256, 257, 1000, 4096, 65536]:
         _lib.check(
             lib.snapmla_decode_buffer_sizes(
-                smt._config(b, q_len, heads, max_pages, parts), plan_b, ws_b
+                _args.decode_config(b, q_len, heads, max_pages, parts), plan_b, ws_b
             ),
             "sizes",
         )
@@ -273,7 +273,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
     monkeypatch.setattr(smt, "_decode_memo", {})
     monkeypatch.setattr(smt, "_decode_prepare", prepare)
     monkeypatch.setattr(smt, "_handle", lambda cache: None)
-    monkeypatch.setattr(smt, "_config", lambda *key: None)
+    monkeypatch.setattr(smt, "decode_config", lambda *key: None)
     monkeypatch.setattr(smt, "_stream_of", lambda index: None)
     monkeypatch.setattr(smt, "_current_device", lambda: None)  # a CPU tensor's device index
     monkeypatch.setattr(_lib, "lib", lambda: Lib())
@@ -365,7 +365,7 @@ def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
     )
     assert got[0] is out and got[1] is lse
     assert len(seen) == 1 and seen[0][1] == 2 and seen[0][7] is out and seen[0][8] is lse
-    assert seen[0][9:] == (0.5, True, smt.KERNELS["fast"], 0)
+    assert seen[0][9:] == (0.5, True, _args.KERNELS["fast"], 0)
     smt.append(cache, 1, q, q, q)
     assert len(seen) == 2 and seen[1] == (cache, 1, q, q, q)
 

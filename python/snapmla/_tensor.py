@@ -35,11 +35,11 @@ __all__ = [
     "InUse",
     "OwnedMemory",
     "Stream",
-    "check_int",
     "cupy_module",
     "empty",
     "extent",
     "on_device",
+    "read_only",
     "remember",
 ]
 
@@ -90,30 +90,6 @@ def _shape_matches(got: Sequence[int], want: Sequence[int | str]) -> bool:
     if len(got) != len(want):
         return False
     return all(not isinstance(w, int) or g == w for g, w in zip(got, want))
-
-
-def check_int(value: Any, op: str, argument: str, low: int, high: int | None = None) -> int:
-    """``value`` as an ``int`` in ``[low, high]`` (``high=None``: no upper bound), else refuse."""
-    if type(value) is int:  # the common case; bool is a subclass, never this type
-        if low <= value and (high is None or value <= high):
-            return value
-        number = value
-    else:
-        if isinstance(value, bool):
-            raise argument_error(op, argument, _int_expected(low, high), repr(value))
-        try:
-            number = operator.index(value)
-        except TypeError:
-            raise argument_error(
-                op, argument, _int_expected(low, high), f"{type(value).__name__} {value!r}"
-            ) from None
-        if low <= number and (high is None or number <= high):
-            return number
-    raise argument_error(op, argument, _int_expected(low, high), str(number))
-
-
-def _int_expected(low: int, high: int | None) -> str:
-    return f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
 
 
 def cupy_module(op: str) -> Any:
@@ -802,6 +778,12 @@ class InUse:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+def read_only(attribute: str, doc: str) -> Any:
+    """A read-only property whose value is ``attribute`` of the object (dotted names reach
+    into its attributes)."""
+    return property(operator.attrgetter(attribute), doc=doc)
 
 
 class Closable:

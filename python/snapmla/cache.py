@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _lib
+from ._args import INT32_MAX, MAX_DEVICE, MAX_PAGES, PAGE_STRIDES, check_int, page_stride_ok
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
@@ -22,40 +23,27 @@ from ._tensor import (
     InUse,
     OwnedMemory,
     Stream,
-    check_int,
     cupy_module,
     empty,
     extent,
     on_device,
+    read_only,
     remember,
 )
 
 __all__ = ["KVCache"]
 
-_INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
 _LAYER_ALIGNMENT = 128  # a layer of KVCache(layers=...): the planes' alignment (C: kAlignLayer)
-_MAX_PAGE_STRIDE = 2**40  # TMA: global strides below 2^40
 # Calls kept in a cache's memo of append and fetch_dequant calls (KVCache._call_memo).
 _CALL_MEMO_SIZE = 1024
-
-
-def page_stride_ok(stride: int) -> bool:
-    """A page stride the C library takes: 41216 (packed) or a larger multiple of 128 (the
-    planes' alignment) below 2^40 (TMA's stride limit)."""
-    return stride == PAGE_BYTES or (
-        stride > PAGE_BYTES and stride % 128 == 0 and stride < _MAX_PAGE_STRIDE
-    )
-
-
-MAX_DEVICE = 63  # the C API's device ordinals: 0 .. 63
 
 
 def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int, int]:
     """``(num_layers, num_pages)``, refused as ``snapmla_cache_bytes`` refuses them: the cache's
     ``num_layers * num_pages * 41216`` bytes must be at most 2^63 - 1 (int64 offsets)."""
-    pages = check_int(num_pages, op, "num_pages", 1, _INT32_MAX // PAGE_SIZE)
-    layers = check_int(num_layers, op, "num_layers", 1, _INT32_MAX)
+    pages = check_int(num_pages, op, "num_pages", 1, MAX_PAGES)
+    layers = check_int(num_layers, op, "num_layers", 1, INT32_MAX)
     most = MAX_SPAN_BYTES // (pages * PAGE_BYTES)
     if layers > most:
         raise argument_error(
@@ -259,13 +247,7 @@ class KVCache(Closable):
         page_stride = check_int(page_stride, op, "page_stride", 0, MAX_SPAN_BYTES)
         if page_stride:
             if not page_stride_ok(page_stride):
-                raise argument_error(
-                    op,
-                    "page_stride",
-                    f"0 (packed) or a multiple of 128 >= {PAGE_BYTES} (a page's bytes) and "
-                    "< 2^40 (TMA)",
-                    str(page_stride),
-                )
+                raise argument_error(op, "page_stride", f"0 or {PAGE_STRIDES}", str(page_stride))
             if num_layers * num_pages * page_stride > MAX_SPAN_BYTES:
                 raise argument_error(
                     op, "page_stride", "a cache of at most 2^63 - 1 bytes", str(page_stride)
@@ -360,41 +342,27 @@ class KVCache(Closable):
 
     # ------------------------------------------------------------------------- properties
 
-    @property
-    def num_layers(self) -> int:
-        """Number of layers."""
-        return self._num_layers
-
-    @property
-    def num_pages(self) -> int:
-        """Pages per layer."""
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        """Token slots per page (64)."""
-        return self._page_size
+    num_layers = read_only("_num_layers", "Number of layers.")
+    num_pages = read_only("_num_pages", "Pages per layer.")
+    page_size = read_only("_page_size", "Token slots per page (64).")
+    nbytes = read_only("_nbytes", "Bytes of cache memory (all layers).")
+    layer_bytes = read_only("_layer_bytes", "Bytes per layer (``num_pages * page_stride``).")
+    data_ptr = read_only(
+        "_data_ptr",
+        "Device address of the first page of layer 0 (with ``layers=``, the layers are not one "
+        "range from it: ``layer_data_ptr``).",
+    )
+    device = read_only("_device", "CUDA device ordinal.")
+    buffer = read_only(
+        "_buffer",
+        "The array object holding the memory (the caller's ``buffer``, the tuple of its "
+        "``layers``, or the CuPy array); ``None`` once closed.",
+    )
 
     @property
     def capacity(self) -> int:
         """Token slots per layer (``num_pages * 64``)."""
         return self._num_pages * self._page_size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of cache memory (all layers)."""
-        return self._nbytes
-
-    @property
-    def layer_bytes(self) -> int:
-        """Bytes per layer (``num_pages * 41216``)."""
-        return self._layer_bytes
-
-    @property
-    def data_ptr(self) -> int:
-        """Device address of the first page of layer 0 (with ``layers=``, the layers are not
-        one range from it: ``layer_data_ptr``)."""
-        return self._data_ptr
 
     def layer_data_ptr(self, layer: int) -> int:
         """Device address of the first page of ``layer`` (``layer_bytes`` follow it)."""
@@ -402,17 +370,6 @@ class KVCache(Closable):
         if isinstance(self._extents, list):
             return self._extents[layer][0]
         return self._data_ptr + layer * self._layer_bytes
-
-    @property
-    def device(self) -> int:
-        """CUDA device ordinal."""
-        return self._device
-
-    @property
-    def buffer(self) -> Any:
-        """The array object holding the memory (the caller's ``buffer``, the tuple of its
-        ``layers``, or the CuPy array); ``None`` once closed."""
-        return self._buffer
 
     @property
     def closed(self) -> bool:

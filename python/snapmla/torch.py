@@ -38,10 +38,20 @@ from typing import Any
 import torch
 
 from . import _lib
+from ._args import (
+    MAX_BATCH,
+    OUT_DTYPES,
+    PAGE_STRIDES,
+    check_batch,
+    check_config,
+    check_int,
+    decode_config,
+    kernel_code,
+    pack_decode_args,
+    page_stride_ok,
+)
 from ._errors import argument_error
-from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
-from .cache import page_stride_ok
-from .decode import KERNELS, MAX_BATCH, MAX_SM_PARTS, OUT_DTYPES, pack_decode_args
+from ._lib import CONTENT_DIM, HEAD_DIM, PAGE_BYTES, ROPE_DIM
 
 __all__ = [
     "append",
@@ -220,16 +230,14 @@ def empty_cache(
 
 
 def _check_cache(op: str, cache: Any) -> None:
-    """uint8 ``[layers, pages, page_stride]``, contiguous; page_stride 41216 (packed) or a
-    larger multiple of 128."""
+    """uint8 ``[layers, pages, page_stride]``, contiguous, with a page stride the C library
+    takes."""
     _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
-    stride = cache.shape[2]
-    if not page_stride_ok(stride):
+    if not page_stride_ok(cache.shape[2]):
         raise argument_error(
             op,
             "cache",
-            f"uint8 [layers, pages, page_stride] with page_stride {PAGE_BYTES} or a larger "
-            "multiple of 128 below 2^40",
+            f"uint8 [layers, pages, page_stride] with page_stride {PAGE_STRIDES}",
             _describe(cache),
         )
 
@@ -466,31 +474,7 @@ def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -
 
 # ----------------------------------------------------------------- plan and decode
 
-_configs: dict[tuple[int, ...], Any] = {}
 _sizes: dict[tuple[int, ...], tuple[int, int]] = {}
-
-
-def _config(batch: int, q_len: int, num_heads: int, max_pages: int, num_sm_parts: int) -> Any:
-    """A ``snapmla_decode_config_t`` for this shape, built once and kept (never mutated)."""
-    key = (batch, q_len, num_heads, max_pages, num_sm_parts)
-    config = _configs.get(key)
-    if config is None:
-        ffi = _lib.ffi
-        config = ffi.new(
-            "snapmla_decode_config_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
-                "batch_size": batch,
-                "q_len": q_len,
-                "num_heads": num_heads,
-                "max_pages": max_pages,
-                "num_sm_parts": num_sm_parts,
-            },
-        )
-        if len(_configs) > 4096:
-            _configs.clear()
-        _configs[key] = config
-    return config
 
 
 def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
@@ -504,7 +488,7 @@ def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
         with _on_device(device.index):
             _lib.check(
                 _lib.lib().snapmla_decode_buffer_sizes(
-                    _config(*config_key), plan_bytes, workspace_bytes
+                    decode_config(*config_key), plan_bytes, workspace_bytes
                 ),
                 "snapmla_decode_buffer_sizes",
             )
@@ -524,18 +508,16 @@ def decode_buffers(
     """The plan and workspace of decode steps of up to ``batch_size`` requests, allocated by
     PyTorch (uint8, 1-D): they serve every batch size up to ``batch_size`` with the same
     ``num_heads``, ``max_pages``, ``q_len`` and ``num_sm_parts``."""
+    op = "snapmla.torch.decode_buffers"
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
     if device.type != "cuda":
-        raise argument_error("snapmla.torch.decode_buffers", "device", "a CUDA device", str(device))
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
-        raise argument_error(
-            "snapmla.torch.decode_buffers",
-            "batch_size",
-            f"an int in 1..{MAX_BATCH}",
-            repr(batch_size),
-        )
+        raise argument_error(op, "device", "a CUDA device", str(device))
+    batch_size = check_int(batch_size, op, "batch_size", 1, MAX_BATCH)
+    num_heads, q_len, max_pages, num_sm_parts = check_config(
+        op, num_heads, q_len, max_pages, num_sm_parts
+    )
     plan_bytes, workspace_bytes = _buffer_sizes(
         device, batch_size, q_len, num_heads, max_pages, num_sm_parts
     )
@@ -565,10 +547,7 @@ def _plan_checks(
     num_sm_parts: int = 0,
 ) -> None:
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
-    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
-        raise argument_error(
-            op, "cache_seqlens", f"[b] with b in 1..{MAX_BATCH}", _describe(cache_seqlens)
-        )
+    check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
 
 
@@ -591,7 +570,7 @@ def _plan(
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
             _lib.lib().snapmla_decode_plan(
-                _config(*key),
+                decode_config(*key),
                 _ptr(cache_seqlens, "const int32_t*"),
                 _ptr(plan, "void*"),
                 _stream(device),
@@ -692,7 +671,7 @@ def _decode(
             num_sm_parts,
         )
         index = cache.device.index
-        prepared = (args, _config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
+        prepared = (args, decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
     args, config, handle, plan_ptr, workspace_ptr, index = prepared
     if _current_device() == index:  # (the common case, without a context: host time)
         status = _lib.lib().snapmla_decode(
@@ -847,22 +826,13 @@ def plan(
     """Build the step's split-KV schedule into ``plan`` (from ``decode_buffers``) from
     ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
     launch, no host synchronization."""
-    _check_config("snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts)
+    num_heads, q_len, max_pages, num_sm_parts = check_config(
+        "snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts
+    )
     if _eager(plan, cache_seqlens):
         _plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
     else:
         torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
-
-
-def _check_config(op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any) -> None:
-    for name, value, low, high in (
-        ("num_heads", num_heads, 1, MAX_HEADS),
-        ("q_len", q_len, 1, MAX_Q_LEN),
-        ("max_pages", max_pages, 1, (2**31 - 1) // 64),
-        ("num_sm_parts", num_sm_parts, 0, MAX_SM_PARTS),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise argument_error(op, name, f"an int in {low}..{high}", repr(value))
 
 
 def decode(
@@ -891,8 +861,7 @@ def decode(
     dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
     or ``out``'s dtype."""
     op = "snapmla.torch.decode"
-    if kernel not in KERNELS:
-        raise argument_error(op, "kernel", " or ".join(map(repr, KERNELS)), repr(kernel))
+    code = kernel_code(op, kernel)
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise argument_error(
             op, "out_dtype", "torch.bfloat16, torch.float32 or None", repr(out_dtype)
@@ -927,7 +896,7 @@ def decode(
         lse,
         float(softmax_scale),
         bool(causal),
-        KERNELS[kernel],
+        code,
         num_sm_parts,
     )
     return out, lse

@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 import snapmla
 from snapmla import reference as ref
-from snapmla.decode import TWO_TERM_FAST_ROWS
+from snapmla.decode import DecodeConfig, runnable_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -977,9 +977,11 @@ def test_fp32_out_is_what_the_bf16_out_rounds(
     64 (the long requests split, written by the combine), empty and NaN rows."""
     c = _fp32_out_case(rng, h, s_q)
     cache = make_cache(c.case)
-    two_term_fast = s_q * h <= TWO_TERM_FAST_ROWS
-    kernels = KERNELS if q_precision == "fp8" or two_term_fast else ("reference",)
-    for kernel in kernels:
+    runnable = runnable_kernels(DecodeConfig(1, s_q, h, 1, q_precision=q_precision))
+    assert set(runnable) == (
+        set(KERNELS) if q_precision == "fp8" or s_q * h <= 32 else {"reference"}
+    ), runnable
+    for kernel in (k for k in KERNELS if k in runnable):
         label = f"fp32 out {q_precision} h={h} s_q={s_q} parts={num_sm_parts} {kernel}"
         run = {"kernel": kernel, "num_sm_parts": num_sm_parts, "q_precision": q_precision}
         _check_fp32_out(cache, c, label, **run)
