@@ -692,7 +692,7 @@ def test_kv_cache_with_a_page_stride() -> None:
 
 @needs_library
 def test_copy_slots_checks(fake_cache: KVCache) -> None:
-    """KVCache.copy_slots (0.2): int64 [n] sources and destinations on the cache's device, not
+    """KVCache.copy_slots: int64 [n] sources and destinations on the cache's device, not
     aliasing it; a valid call goes on to the device."""
     c = fake_cache
     with refused("layer", "got 2"):
@@ -710,7 +710,7 @@ def test_copy_slots_checks(fake_cache: KVCache) -> None:
 
 @needs_library
 def test_gather_dequant_checks(fake_cache: KVCache) -> None:
-    """KVCache.gather_dequant (0.2): block table, lengths and first rows per request; outputs
+    """KVCache.gather_dequant: block table, lengths and first rows per request; outputs
     of one row count; a valid call goes on to the device."""
     c = fake_cache
     ok = {"c_kv": bf16(10, 512), "k_pe": bf16(10, 64), "stream": STREAM}
@@ -1130,7 +1130,7 @@ DECODE_CASES: list[Case] = [
         r"dtype bfloat16 \(or uint16 raw bits\) or float32, got float16",
     ),
     ("out-shape", lambda: {"out": bf16(2, 1, 16, 576)}, "out", r"\[2, 1, 16, 512\]"),
-    # fp32 out (0.2): the same shape, layout, alignment and overlap rules as BF16
+    # fp32 out: the same shape, layout, alignment and overlap rules as BF16
     ("out-fp32-shape", lambda: {"out": f32(2, 1, 16, 256)}, "out", r"\[2, 1, 16, 512\]"),
     (
         "out-fp32-strided",
@@ -1241,7 +1241,7 @@ def test_decode_accepts_strided_inputs() -> None:
 
 @needs_library
 def test_decode_out_dtype() -> None:
-    """out's dtype is the output's (0.2): BF16 (or raw uint16 bits) or fp32; with no out,
+    """out's dtype is the output's: BF16 (or raw uint16 bits) or fp32; with no out,
     out_dtype says what to allocate (None: BF16)."""
     assert _validate_decode().out_dtype == "bfloat16"
     assert _validate_decode(out_dtype="float32").out_dtype == "float32"
@@ -1255,8 +1255,8 @@ def test_decode_out_dtype() -> None:
         assert call.out is not None and call.out_dtype == dtype
         assert _validate_decode(out=out, out_dtype=dtype).out_dtype == dtype
     # an lse right after an fp32 out is apart from it (both inside one backing buffer, so that
-    # no other test tensor's memory can sit at lse's address: it did once, and the call was
-    # rightly refused for an lse overlapping q)
+    # no other test tensor's memory can sit at lse's address, where the call would rightly
+    # refuse an lse overlapping q)
     out_bytes = 2 * 16 * 512 * 4
     backing = np.zeros(out_bytes + 2 * 16 * 4, np.uint8)
     out = f32(2, 1, 16, 512, data=backing)
@@ -1266,7 +1266,7 @@ def test_decode_out_dtype() -> None:
 
 @needs_library
 def test_decode_accepts_q_nope_and_q_pe_apart() -> None:
-    """q_pe (0.2): q holds q_nope [b, s_q, h, 512], q_pe the RoPE part; each strided its own
+    """q_pe: q holds q_nope [b, s_q, h, 512], q_pe the RoPE part; each strided its own
     way (here slices of wider tensors, as an engine's projections give them)."""
     call = _validate_decode(
         q=bf16(2, 1, 16, 512, strides=(16 * 768, 16 * 768, 768, 1)),

@@ -1,4 +1,4 @@
-"""CPU tests of the Python layer's streams, memory lifetime and thread safety (issue #8, 3).
+"""CPU tests of the Python layer's streams, memory lifetime and thread safety.
 
 - The default stream (``stream=None``): torch's current stream when any tensor argument is a
   torch tensor (faked here by a stand-in ``torch`` module in ``sys.modules``), else CuPy's

@@ -27,6 +27,7 @@ __all__ = [
     "MAX_SM_PARTS",
     "OUT_DTYPES",
     "PAGE_STRIDES",
+    "Q_PRECISIONS",
     "check_batch",
     "check_config",
     "check_int",
@@ -34,6 +35,7 @@ __all__ = [
     "kernel_code",
     "pack_decode_args",
     "page_stride_ok",
+    "q_precision_code",
 ]
 
 INT32_MAX = 2**31 - 1
@@ -50,6 +52,10 @@ PAGE_STRIDE_ALIGNMENT = 128  # the planes' alignment inside a page slot
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
 # decode(out_dtype=...) names -> snapmla_out_dtype_t.
 OUT_DTYPES = {"bfloat16": 0, "float32": 1}
+# DecodePlan(q_precision=...) and quantize_q(precision=...) names -> snapmla_q_precision_t:
+# "fp8", the contract's one FP8 row per query; "fp8x2", the two-term query (a second FP8 row
+# on the first's rounding residual at scale s1 / 16; snapmla.reference.quantize_q2).
+Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
 
 
 def check_int(value: Any, op: str, argument: str, low: int, high: int | None = None) -> int:
@@ -107,6 +113,16 @@ def kernel_code(op: str, kernel: Any) -> int:
 
 # The page strides the C library takes, as messages state them.
 PAGE_STRIDES = f"{PAGE_BYTES} (packed) or a larger multiple of {PAGE_STRIDE_ALIGNMENT} below 2^40"
+
+
+def q_precision_code(op: str, argument: str, precision: Any) -> int:
+    """The ``snapmla_q_precision_t`` of a query precision name."""
+    code = Q_PRECISIONS.get(precision) if type(precision) is str else None
+    if code is None:
+        raise argument_error(
+            op, argument, " or ".join(repr(k) for k in Q_PRECISIONS), repr(precision)
+        )
+    return code
 
 
 def page_stride_ok(stride: int) -> bool:

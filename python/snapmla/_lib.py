@@ -308,7 +308,7 @@ def check(status: int, what: str) -> None:
 
 _STREAM_T = ffi.typeof("snapmla_stream_t")
 
-# Pointer types resolved once: ffi.cast with a ctype skips the parse cache's lookup (issue #10).
+# Pointer types resolved once: ffi.cast with a ctype skips the parse cache's lookup.
 CTYPES = {
     name: ffi.typeof(name)
     for name in (
@@ -321,8 +321,8 @@ CTYPES = {
 }
 
 
-# snapmla_stream_t values by handle (immutable cdata: any thread may pass the same one); a
-# call's ffi.cast was a tenth of a microsecond of host time (issue #10). Cleared when full.
+# snapmla_stream_t values by handle (immutable cdata: any thread may pass the same one), cast
+# once rather than at every call. Cleared when full.
 _streams: dict[int, Any] = {}
 
 

@@ -407,7 +407,7 @@ class KVCache(Closable):
     def _append(self, op: str, layer: Any, c_kv: Any, k_pe: Any, slots: Any, stream: Any) -> None:
         s = Stream(stream, op, (c_kv, k_pe, slots))
         checker = Checker(op, s)
-        # The call memo (issue #10: host time), as decode's: a call whose layer and tensors
+        # The call memo (host time), as decode's: a call whose layer and tensors
         # (each by Checker.read's key: address, device, dtype, shape, strides, flags) equal an
         # earlier call's on this cache passed every check then and takes the same C arguments.
         # The layer is checked first, as without the memo; each tensor is still read (with the

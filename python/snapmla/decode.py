@@ -14,12 +14,14 @@ from . import _lib
 from ._args import (
     KERNELS,
     OUT_DTYPES,
+    Q_PRECISIONS,
     check_batch,
     check_config,
     check_int,
     decode_config,
     kernel_code,
     pack_decode_args,
+    q_precision_code,
 )
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
@@ -44,8 +46,6 @@ from .cache import Extent, KVCache, layer_extent
 
 __all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode", "runnable_kernels", "select_kernel"]
 
-# DecodePlan(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
-Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
 # decode(out_dtype=...) names -> the dtypes of ``out`` each takes (BF16 also as raw uint16 bits).
 _OUT_DTYPE_NAMES = {"bfloat16": BF16, "float32": FP32, None: (*BF16, *FP32)}
 # snapmla_decode_kernel_t of the kernel that runs -> its name.
@@ -245,10 +245,7 @@ class DecodePlan(Closable):
         num_heads, q_len, max_pages, num_sm_parts = check_config(
             op, num_heads, q_len, max_pages, num_sm_parts
         )
-        if not isinstance(q_precision, str) or q_precision not in Q_PRECISIONS:
-            raise argument_error(
-                op, "q_precision", " or ".join(repr(k) for k in Q_PRECISIONS), repr(q_precision)
-            )
+        precision = q_precision_code(op, "q_precision", q_precision)
         s = Stream(stream, op, (cache_seqlens,))
         seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
         self.config = DecodeConfig(
@@ -263,7 +260,7 @@ class DecodePlan(Closable):
             num_heads,
             max_pages,
             num_sm_parts,
-            Q_PRECISIONS[q_precision],
+            precision,
         )
         plan_bytes = ffi.new("size_t*")
         workspace_bytes = ffi.new("size_t*")
@@ -303,7 +300,7 @@ class DecodePlan(Closable):
         try:
             s = Stream(stream, op, (cache_seqlens,))
             checker = Checker(op, s)
-            # The call memo (issue #10: host time), as decode's: a tensor with the key of one
+            # The call memo (host time), as decode's: a tensor with the key of one
             # that passed these checks before, for a plan of the same batch size and device,
             # passes them again. It is still read (with the stream handshake).
             keys = checker.read_keys((("cache_seqlens", cache_seqlens),))
@@ -599,8 +596,8 @@ def _check_softmax_scale(op: str, softmax_scale: Any) -> float:
     return scale
 
 
-# Floats that passed _check_softmax_scale (a serving loop passes the same one at every call;
-# issue #10). Only finite values > 0 get here, so no NaN or -0.0 can match another value.
+# Floats that passed _check_softmax_scale (a serving loop passes the same one at every call).
+# Only finite values > 0 get here, so no NaN or -0.0 can match another value.
 _checked_scales: set[float] = set()
 
 
@@ -645,13 +642,13 @@ def decode(
         softmax_scale: Finite and > 0 (also in fp32), e.g. ``192 ** -0.5``.
         causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
         out: Output BF16 ``[b, s_q, h, 512]``, contiguous, 16-byte aligned, or ``None`` for a
-            new CuPy array. Since 0.2 also fp32 (same shape and alignment): it then receives
+            new CuPy array. Or fp32 (same shape and alignment): it then receives
             the fp32 values the BF16 output rounds, ``O / l`` unrounded (rounded to nearest
             even, bit for bit the BF16 output of the same call): the two-term query's
             precision (``q_precision="fp8x2"``) that BF16 rounding would mostly hide.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
-        kernel: ``"auto"`` (runs ``"fast"``: it meets the numerics contract's tensor-core
-            tier and was faster than ``"reference"`` at every measured shape), ``"fast"``
+        kernel: ``"auto"`` (the library's choice, ``select_kernel``: ``"fast"``, which meets
+            the numerics contract's tensor-core tier and is the faster one), ``"fast"``
             (the seesaw kernel: FP8 wgmma, the contract's tensor-core tier) or
             ``"reference"`` (the simple kernel that states the contract with fp32
             accumulation, within 2e-3 of its NumPy model; several times slower). Measured
@@ -662,11 +659,11 @@ def decode(
             that ``torch.cuda.graph`` capture works without ``stream=``), else CuPy's current
             stream (for JAX inputs, the legacy default stream unless a CuPy stream is made
             current). The producers' ``__dlpack__(stream=...)`` is given this stream.
-        q_pe: Optional (since 0.2): the RoPE part of the queries in its own BF16
+        q_pe: Optional: the RoPE part of the queries in its own BF16
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
             and step.
-        out_dtype: Optional (since 0.2): ``"bfloat16"`` or ``"float32"``, the dtype of the
+        out_dtype: Optional: ``"bfloat16"`` or ``"float32"``, the dtype of the
             ``out`` allocated when none is given; with ``out`` given, ``out``'s dtype decides
             and ``out_dtype``, if not ``None``, must be that dtype. ``None``: ``"bfloat16"``.
 
@@ -694,7 +691,7 @@ def decode(
             raise argument_error(op, "plan", "a snapmla.DecodePlan", type(plan).__name__)
         plan._enter(op, "plan")
         try:
-            # (positional: keywords cost a tenth of a microsecond here, issue #10)
+            # (positional: keywords cost a tenth of a microsecond here)
             return _decode(
                 op,
                 cache,
@@ -740,7 +737,7 @@ def _decode(
     device = cache._device
     num_layers = cache._num_layers
     checker = Checker(op, s)
-    # The call memo (issue #10: host time): with the outputs given, a call whose scalars and
+    # The call memo (host time): with the outputs given, a call whose scalars and
     # tensors (each by Checker.read's key: torch attributes or DLPack bytes, so the address,
     # device, dtype, shape and strides) equal an earlier call's on this cache and a plan of
     # the same config and device passed every check then and packs the same C arguments: it

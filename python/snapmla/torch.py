@@ -65,13 +65,13 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-# decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (snapmla.decode.OUT_DTYPES).
+# decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (_args.OUT_DTYPES).
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 # --------------------------------------------------------------- eager calls, direct
 # The public functions below call an op's implementation directly where torch's dispatcher
-# would only pass the call on to it: the dispatcher's Python-kernel round trip costs about
-# 7 us a call (issue #10's host time; more than the memo-hit call itself). Through
+# would only pass the call on to it: the dispatcher's Python-kernel round trip costs more host
+# time than the memo-hit call itself. Through
 # torch.ops.snapmla.* wherever something may need to see the op: while torch.compile traces
 # (Dynamo records the op), under any TorchDispatchMode (FakeTensorMode, functionalization,
 # debug modes), while the profiler records (it names the op), for any tensor that is not a
@@ -119,7 +119,7 @@ def _check(
 ) -> None:
     """``t`` is a CUDA tensor of one of ``dtypes`` and ``shape`` (``None``: any size), on
     ``device`` if given; ``contiguous``: compact row-major; ``inner``: unit last stride."""
-    # The common case in a few C-level comparisons (host overhead, issue #10).
+    # The common case in a few C-level comparisons (host overhead).
     if (
         isinstance(t, Tensor)
         and t.dtype in dtypes
@@ -292,7 +292,7 @@ def release(cache: Tensor) -> bool:
 # Each op: the real implementation (checks, then one C call on the current stream) and a fake
 # one (the same checks of what a fake tensor has: dtypes, shapes; it returns nothing new).
 # Registered with torch.library.Library rather than torch.library.custom_op: the latter's
-# Python dispatch wrapper cost ~18 us a call on our CPU machine against ~2 us (issue #10).
+# Python dispatch wrapper costs several times the host time of the whole call.
 # The real implementation is registered for CUDA and CPU (where it refuses the tensors by
 # name); the schemas state exactly which arguments each op writes.
 
@@ -604,7 +604,7 @@ def _decode_checks(
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (b,), contiguous=True, device=d)
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=d)
     _check(op, "workspace", workspace, (torch.uint8,), (None,), contiguous=True, device=d)
-    # out: BF16, or (since 0.2) fp32: the values the BF16 output rounds (snapmla.decode's out)
+    # out: BF16, or fp32: the values the BF16 output rounds (snapmla.decode's out)
     _check(op, "out", out, _OUT_DTYPES, (b, s_q, h, CONTENT_DIM), contiguous=True, device=d)
     _check(op, "lse", lse, (torch.float32,), (b, h, s_q), contiguous=True, device=d)
     return b, s_q, h, block_table.shape[1]
@@ -632,7 +632,7 @@ def _decode(
     kernel: int,
     num_sm_parts: int,
 ) -> None:
-    # The call memo (issue #10: host time): every check (_decode_prepare) is a function of
+    # The call memo (host time): every check (_decode_prepare) is a function of
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
     # call equal to an earlier checked one in all of them reuses its packed C arguments, config,
     # cache handle and buffer pointers. The stream and the current device are read at every
@@ -856,7 +856,7 @@ def decode(
     ``plan`` for the same ``cache_seqlens``: ``q`` BF16 ``[b, s_q, h, 576]``, ``block_table``
     int32 ``[b, max_pages]``; returns ``(out bf16 [b, s_q, h, 512], lse fp32 [b, h, s_q])``,
     the given outputs or new tensors. ``kernel``: ``"auto"``, ``"fast"`` or ``"reference"``.
-    ``out`` may also be fp32 (since 0.2): the values the BF16 output rounds, unrounded
+    ``out`` may also be fp32: the values the BF16 output rounds, unrounded
     (``snapmla.decode``'s ``out``). ``out_dtype``: ``torch.bfloat16`` or ``torch.float32``, the
     dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
     or ``out``'s dtype."""
