@@ -273,7 +273,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
     monkeypatch.setattr(smt, "_decode_memo", {})
     monkeypatch.setattr(smt, "_decode_prepare", prepare)
     monkeypatch.setattr(smt, "_handle", lambda cache: None)
-    monkeypatch.setattr(smt, "decode_config", lambda *key: None)
+    monkeypatch.setattr(_args, "decode_config", lambda *key: None)
     monkeypatch.setattr(smt, "_stream_of", lambda index: None)
     monkeypatch.setattr(smt, "_current_device", lambda: None)  # a CPU tensor's device index
     monkeypatch.setattr(_lib, "lib", lambda: Lib())

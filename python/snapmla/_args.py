@@ -136,6 +136,7 @@ def page_stride_ok(stride: int) -> bool:
 
 _configs: dict[tuple[int, ...], Any] = {}
 _CONFIGS_SIZE = 4096
+_CONFIG_FIELDS = ("batch_size", "q_len", "num_heads", "max_pages", "num_sm_parts", "q_precision")
 
 
 def decode_config(
@@ -151,19 +152,7 @@ def decode_config(
     key = (batch_size, q_len, num_heads, max_pages, num_sm_parts, q_precision)
     config = _configs.get(key)
     if config is None:
-        ffi = _lib.ffi
-        config = ffi.new(
-            "snapmla_decode_config_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
-                "batch_size": batch_size,
-                "q_len": q_len,
-                "num_heads": num_heads,
-                "max_pages": max_pages,
-                "num_sm_parts": num_sm_parts,
-                "q_precision": q_precision,
-            },
-        )
+        config = _lib.new_struct("snapmla_decode_config_t", **dict(zip(_CONFIG_FIELDS, key)))
         if len(_configs) >= _CONFIGS_SIZE:
             _configs.clear()
         _configs[key] = config

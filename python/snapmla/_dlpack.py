@@ -603,47 +603,25 @@ def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
             op, argument, f"its __dlpack__() returned {type(capsule).__name__}, not a capsule"
         )
     name = _capsule_get_name(capsule)
-    if name == b"dltensor_versioned":
-        (
-            major,
-            minor,
-            flags,
-            data,
-            device_type,
-            device_id,
-            ndim,
-            code,
-            bits,
-            lanes,
-            shape_ptr,
-            strides_ptr,
-            byte_offset,
-        ) = _VERSIONED.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _VERSIONED.size))
-        if major != 1:
-            raise _refuse(
-                op,
-                argument,
-                f"expected a DLPack 1.x tensor, got DLPack {major}.{minor}",
-            )
-        read_only = bool(flags & FLAG_READ_ONLY)
-    elif name == b"dltensor":
-        (
-            data,
-            device_type,
-            device_id,
-            ndim,
-            code,
-            bits,
-            lanes,
-            shape_ptr,
-            strides_ptr,
-            byte_offset,
-        ) = _LEGACY.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _LEGACY.size))
+    if name in (b"dltensor_versioned", b"dltensor"):
+        layout = _VERSIONED if name == b"dltensor_versioned" else _LEGACY
+        fields = layout.unpack(_read_bytes(_capsule_get_pointer(capsule, name), layout.size))
         read_only = False
+        if layout is _VERSIONED:  # version and flags ahead of the DLTensor
+            major, minor, flags = fields[:3]
+            if major != 1:
+                raise _refuse(
+                    op, argument, f"expected a DLPack 1.x tensor, got DLPack {major}.{minor}"
+                )
+            read_only = bool(flags & FLAG_READ_ONLY)
+            fields = fields[3:]
     elif name in (b"used_dltensor", b"used_dltensor_versioned"):
         raise _refuse(op, argument, "its DLPack capsule was already consumed")
     else:
         raise _refuse(op, argument, f"unknown DLPack capsule name {name!r}")
+    data, device_type, device_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = (
+        fields
+    )
 
     if ndim < 0:
         raise _refuse(op, argument, f"invalid DLPack ndim {ndim}")

@@ -27,6 +27,7 @@ __all__ = [
     "ffi",
     "lib",
     "library_path",
+    "new_struct",
     "open_library",
     "stream_t",
 ]
@@ -304,6 +305,12 @@ def check(status: int, what: str) -> None:
     raise SnapMLAError(
         f"{message} [{name}]", status=status, argument=match.group(1) if match else None
     )
+
+
+def new_struct(ctype: str, **fields: Any) -> Any:
+    """A new ``ctype*`` of the header's versioned structs (``struct_size`` first): zeroed, with
+    ``struct_size`` and ``fields`` set."""
+    return ffi.new(f"{ctype}*", {"struct_size": ffi.sizeof(ctype), **fields})
 
 
 _STREAM_T = ffi.typeof("snapmla_stream_t")

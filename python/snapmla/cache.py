@@ -9,7 +9,7 @@ from . import _lib
 from ._args import INT32_MAX, MAX_DEVICE, MAX_PAGES, PAGE_STRIDES, check_int, page_stride_ok
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
-from ._lib import CONTENT_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
+from ._lib import CONTENT_DIM, PAGE_BYTES, ROPE_DIM
 from ._lib import CTYPES as _CT
 from ._tensor import (
     ADDRESS_SPACE,
@@ -302,18 +302,14 @@ class KVCache(Closable):
             buffer, ptr = empty(op, (nbytes,), "uint8", device, stream)
             self._owned = OwnedMemory((buffer,), stream.handle(device), device)
             memory_bytes = nbytes
-        config = _lib.ffi.new(
-            "snapmla_cache_config_t*",
-            {
-                "struct_size": _lib.ffi.sizeof("snapmla_cache_config_t"),
-                "num_layers": num_layers,
-                "num_pages": num_pages,
-                "page_size": PAGE_SIZE,
-                "device": device,
-                "memory": _lib.ffi.cast("void*", ptr),
-                "memory_bytes": memory_bytes,
-                "page_stride": page_stride,
-            },
+        config = _lib.new_struct(
+            "snapmla_cache_config_t",
+            num_layers=num_layers,
+            num_pages=num_pages,
+            device=device,
+            memory=_lib.ffi.cast("void*", ptr),
+            memory_bytes=memory_bytes,
+            page_stride=page_stride,
         )
         layer_array = None
         if layer_ptrs:
@@ -323,8 +319,7 @@ class KVCache(Closable):
         _lib.check(lib.snapmla_cache_create(config, handle), "snapmla_cache_create")
         self._handle = handle[0]
         self._buffer = buffer
-        info = _lib.ffi.new("snapmla_cache_info_t*")
-        info.struct_size = _lib.ffi.sizeof("snapmla_cache_info_t")
+        info = _lib.new_struct("snapmla_cache_info_t")
         _lib.check(lib.snapmla_cache_info(self._handle, info), "snapmla_cache_info")
         self._num_layers = int(info.num_layers)
         self._num_pages = int(info.num_pages)
@@ -442,11 +437,7 @@ class KVCache(Closable):
                 remember(self._call_memo, memo_key, args, _CALL_MEMO_SIZE)
         if args[-1] == 0:  # n = 0: a no-op
             return
-        with on_device(op, self._device):
-            status = _lib.lib().snapmla_append(self._handle, *args, s.c(self._device))
-            if status:  # (_lib.check's own test, without the call on success)
-                _lib.check(status, "snapmla_append")
-        self._used_on(s)
+        self._launch(op, "snapmla_append", s, args)
 
     def gather_dequant(
         self,
@@ -513,28 +504,22 @@ class KVCache(Closable):
             checker.no_overlap("k_pe", k, inputs)
             if n == 0 or b == 0:
                 return
-            ffi = _lib.ffi
-            with on_device(op, self._device):
-                _lib.check(
-                    _lib.lib().snapmla_gather_dequant(
-                        self._handle,
-                        layer,
-                        ffi.cast(_CT["const int32_t*"], bt.ptr),
-                        bt_stride,
-                        b,
-                        max_pages,
-                        ffi.cast(_CT["const int32_t*"], sl.ptr),
-                        ffi.cast(_CT["const int64_t*"], rows.ptr),
-                        n,
-                        ffi.cast(_CT["void*"], c.ptr),
-                        c_stride,
-                        ffi.cast(_CT["void*"], k.ptr),
-                        k_stride,
-                        s.c(self._device),
-                    ),
-                    "snapmla_gather_dequant",
-                )
-            self._used_on(s)
+            cast = _lib.ffi.cast
+            args = (
+                layer,
+                cast(_CT["const int32_t*"], bt.ptr),
+                bt_stride,
+                b,
+                max_pages,
+                cast(_CT["const int32_t*"], sl.ptr),
+                cast(_CT["const int64_t*"], rows.ptr),
+                n,
+                cast(_CT["void*"], c.ptr),
+                c_stride,
+                cast(_CT["void*"], k.ptr),
+                k_stride,
+            )
+            self._launch(op, "snapmla_gather_dequant", s, args)
         finally:
             self._in_use.exit()
 
@@ -566,20 +551,14 @@ class KVCache(Closable):
                 checker.no_overlap(name, v, [("the cache", cache_view)])
             if n == 0:
                 return
-            ffi = _lib.ffi
-            with on_device(op, self._device):
-                _lib.check(
-                    _lib.lib().snapmla_copy_slots(
-                        self._handle,
-                        layer,
-                        ffi.cast(_CT["const int64_t*"], src.ptr),
-                        ffi.cast(_CT["const int64_t*"], dst.ptr),
-                        n,
-                        s.c(self._device),
-                    ),
-                    "snapmla_copy_slots",
-                )
-            self._used_on(s)
+            cast = _lib.ffi.cast
+            args = (
+                layer,
+                cast(_CT["const int64_t*"], src.ptr),
+                cast(_CT["const int64_t*"], dst.ptr),
+                n,
+            )
+            self._launch(op, "snapmla_copy_slots", s, args)
         finally:
             self._in_use.exit()
 
@@ -712,6 +691,15 @@ class KVCache(Closable):
         the cache is closed."""
         if self._handle is None or not self._in_use.enter():
             raise self._refuse_closed(op, argument)
+
+    def _launch(self, op: str, function: str, stream: Stream, args: tuple[Any, ...]) -> None:
+        """Call the C ``function`` on this cache with ``args`` (those after the handle, before
+        the stream) on ``stream``, with the cache's device current."""
+        with on_device(op, self._device):
+            status = getattr(_lib.lib(), function)(self._handle, *args, stream.c(self._device))
+            if status:  # (_lib.check's own test, without the call on success)
+                _lib.check(status, function)
+        self._used_on(stream)
 
     def _used_on(self, stream: Stream) -> None:
         """After a launch on ``stream``: order the release of owned memory after it."""

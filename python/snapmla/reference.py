@@ -148,26 +148,28 @@ _CHUNK_TOKENS = 4096  # logits are computed this many tokens at a time (memory b
 # ---------------------------------------------------------------------------- dtype helpers
 
 
+def _as_dtype(x: np.ndarray, dtype: np.dtype, raw: str, cast_floats: bool) -> np.ndarray:
+    """``x`` as ``dtype``: passed through, viewed from the same-size raw integers (``raw``:
+    their unsigned dtype name; signed ones too), or, with ``cast_floats``, cast from any float
+    array through float32 (RNE)."""
+    x = np.asarray(x)
+    if x.dtype == dtype:
+        return x
+    if x.dtype in (np.dtype(raw), np.dtype(raw[1:])):
+        return x.view(dtype)
+    if cast_floats and np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32).astype(dtype)
+    raise TypeError(f"expected {np.dtype(dtype).name} (or raw {raw} values), got {x.dtype}")
+
+
 def _as_fp8(x: np.ndarray) -> np.ndarray:
     """Views raw uint8/int8 bytes as float8_e4m3fn; passes float8_e4m3fn arrays through."""
-    x = np.asarray(x)
-    if x.dtype == FP8:
-        return x
-    if x.dtype in (np.uint8, np.int8):
-        return x.view(FP8)
-    raise TypeError(f"expected float8_e4m3fn (or raw uint8 bytes), got {x.dtype}")
+    return _as_dtype(x, FP8, "uint8", cast_floats=False)
 
 
 def _as_bf16(x: np.ndarray) -> np.ndarray:
     """Views raw uint16/int16 as bfloat16; casts any float array to bfloat16 (RNE)."""
-    x = np.asarray(x)
-    if x.dtype == BF16:
-        return x
-    if x.dtype in (np.uint16, np.int16):
-        return x.view(BF16)
-    if np.issubdtype(x.dtype, np.floating):
-        return x.astype(np.float32).astype(BF16)
-    raise TypeError(f"expected bfloat16 (or raw uint16 bits), got {x.dtype}")
+    return _as_dtype(x, BF16, "uint16", cast_floats=True)
 
 
 def _fp8_to_f64(x: np.ndarray) -> np.ndarray:

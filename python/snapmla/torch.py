@@ -37,19 +37,7 @@ from typing import Any
 
 import torch
 
-from . import _lib
-from ._args import (
-    MAX_BATCH,
-    OUT_DTYPES,
-    PAGE_STRIDES,
-    check_batch,
-    check_config,
-    check_int,
-    decode_config,
-    kernel_code,
-    pack_decode_args,
-    page_stride_ok,
-)
+from . import _args, _lib
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, PAGE_BYTES, ROPE_DIM
 
@@ -233,11 +221,11 @@ def _check_cache(op: str, cache: Any) -> None:
     """uint8 ``[layers, pages, page_stride]``, contiguous, with a page stride the C library
     takes."""
     _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
-    if not page_stride_ok(cache.shape[2]):
+    if not _args.page_stride_ok(cache.shape[2]):
         raise argument_error(
             op,
             "cache",
-            f"uint8 [layers, pages, page_stride] with page_stride {PAGE_STRIDES}",
+            f"uint8 [layers, pages, page_stride] with page_stride {_args.PAGE_STRIDES}",
             _describe(cache),
         )
 
@@ -253,18 +241,14 @@ def _handle(cache: Tensor) -> Any:
         handle = _handles.get(key)
         if handle is None:
             ffi = _lib.ffi
-            config = ffi.new(
-                "snapmla_cache_config_t*",
-                {
-                    "struct_size": ffi.sizeof("snapmla_cache_config_t"),
-                    "num_layers": num_layers,
-                    "num_pages": num_pages,
-                    "page_size": 0,
-                    "page_stride": 0 if cache.shape[2] == PAGE_BYTES else cache.shape[2],
-                    "device": cache.device.index,
-                    "memory": ffi.cast("void*", cache.data_ptr()),
-                    "memory_bytes": cache.numel(),
-                },
+            config = _lib.new_struct(
+                "snapmla_cache_config_t",
+                num_layers=num_layers,
+                num_pages=num_pages,
+                page_stride=0 if cache.shape[2] == PAGE_BYTES else cache.shape[2],
+                device=cache.device.index,
+                memory=ffi.cast("void*", cache.data_ptr()),
+                memory_bytes=cache.numel(),
             )
             out = ffi.new("snapmla_cache_t*")
             _lib.check(_lib.lib().snapmla_cache_create(config, out), "snapmla_cache_create")
@@ -488,7 +472,7 @@ def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
         with _on_device(device.index):
             _lib.check(
                 _lib.lib().snapmla_decode_buffer_sizes(
-                    decode_config(*config_key), plan_bytes, workspace_bytes
+                    _args.decode_config(*config_key), plan_bytes, workspace_bytes
                 ),
                 "snapmla_decode_buffer_sizes",
             )
@@ -514,8 +498,8 @@ def decode_buffers(
     device = torch.device(device)
     if device.type != "cuda":
         raise argument_error(op, "device", "a CUDA device", str(device))
-    batch_size = check_int(batch_size, op, "batch_size", 1, MAX_BATCH)
-    num_heads, q_len, max_pages, num_sm_parts = check_config(
+    batch_size = _args.check_int(batch_size, op, "batch_size", 1, _args.MAX_BATCH)
+    num_heads, q_len, max_pages, num_sm_parts = _args.check_config(
         op, num_heads, q_len, max_pages, num_sm_parts
     )
     plan_bytes, workspace_bytes = _buffer_sizes(
@@ -537,17 +521,10 @@ def _check_buffer(op: str, name: str, t: Any, nbytes: int, device: torch.device)
         )
 
 
-def _plan_checks(
-    op: str,
-    plan: Tensor,
-    cache_seqlens: Tensor,
-    q_len: int = 1,
-    num_heads: int = 1,
-    max_pages: int = 1,
-    num_sm_parts: int = 0,
-) -> None:
+def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor, *config: int) -> None:
+    """The plan op's tensors (its config is checked by the public ``plan`` and the C library)."""
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
-    check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
+    _args.check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
 
 
@@ -570,7 +547,7 @@ def _plan(
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
             _lib.lib().snapmla_decode_plan(
-                decode_config(*key),
+                _args.decode_config(*key),
                 _ptr(cache_seqlens, "const int32_t*"),
                 _ptr(plan, "void*"),
                 _stream(device),
@@ -579,23 +556,10 @@ def _plan(
         )
 
 
-def _decode_checks(
-    op: str,
-    cache: Tensor,
-    layer: int,
-    q: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    plan: Tensor,
-    workspace: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    softmax_scale: float = 1.0,
-    causal: bool = True,
-    kernel: int = 0,
-    num_sm_parts: int = 0,
-) -> tuple[int, int, int, int]:
-    """(b, s_q, h, max_pages) of a decode call."""
+def _decode_checks(op: str, *args: Any) -> tuple[int, int, int, int]:
+    """(b, s_q, h, max_pages) of a decode call; ``args``: the op's, the tensors checked (the
+    scalars are the C library's to check)."""
+    cache, _layer, q, block_table, cache_seqlens, plan, workspace, out, lse = args[:9]
     _check_cache(op, cache)
     d = cache.device
     _check(op, "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM), inner=True, device=d)
@@ -671,7 +635,7 @@ def _decode(
             num_sm_parts,
         )
         index = cache.device.index
-        prepared = (args, decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
+        prepared = (args, _args.decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
     args, config, handle, plan_ptr, workspace_ptr, index = prepared
     if _current_device() == index:  # (the common case, without a context: host time)
         status = _lib.lib().snapmla_decode(
@@ -721,7 +685,7 @@ def _decode_prepare(
     plan_bytes, workspace_bytes = _buffer_sizes(device, *key)  # (on the device itself)
     _check_buffer(op, "plan", plan, plan_bytes, device)
     _check_buffer(op, "workspace", workspace, workspace_bytes, device)
-    args = pack_decode_args(  # q holds q_nope | q_pe: no q_pe
+    args = _args.pack_decode_args(  # q holds q_nope | q_pe: no q_pe
         layer,
         bool(causal),
         float(softmax_scale),
@@ -733,7 +697,7 @@ def _decode_prepare(
         cache_seqlens.data_ptr(),
         out.data_ptr(),
         lse.data_ptr(),
-        out_dtype=OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
+        out_dtype=_args.OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
     )
     return args, key, _ptr(plan), _ptr(workspace, "void*")
 
@@ -826,7 +790,7 @@ def plan(
     """Build the step's split-KV schedule into ``plan`` (from ``decode_buffers``) from
     ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
     launch, no host synchronization."""
-    num_heads, q_len, max_pages, num_sm_parts = check_config(
+    num_heads, q_len, max_pages, num_sm_parts = _args.check_config(
         "snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts
     )
     if _eager(plan, cache_seqlens):
@@ -861,7 +825,7 @@ def decode(
     dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
     or ``out``'s dtype."""
     op = "snapmla.torch.decode"
-    code = kernel_code(op, kernel)
+    code = _args.kernel_code(op, kernel)
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise argument_error(
             op, "out_dtype", "torch.bfloat16, torch.float32 or None", repr(out_dtype)
@@ -876,14 +840,8 @@ def decode(
             out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=dtype, device=q.device)
         if lse is None:
             lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
-    run = (
-        _decode
-        if _eager(
-            cache, q, block_table, cache_seqlens, plan, workspace, out, lse,
-            ints=(layer, num_sm_parts),
-        )  # fmt: skip
-        else torch.ops.snapmla.decode
-    )
+    tensors = (cache, q, block_table, cache_seqlens, plan, workspace, out, lse)
+    run = _decode if _eager(*tensors, ints=(layer, num_sm_parts)) else torch.ops.snapmla.decode
     run(
         cache,
         layer,
