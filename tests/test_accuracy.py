@@ -417,7 +417,7 @@ def test_fp8_p_costs_little_and_bf16_output_is_a_floor(study: dict) -> None:
 
 
 def test_two_term_query_reaches_the_bf16_query(study: dict) -> None:
-    """Issue #9's target for the two-term FP8 query (ours-q-fp8x2): at every layer and context
+    """The two-term FP8 query's target (ours-q-fp8x2): at every layer and context
     its error against exact attention is at most 1.1x the BF16-query diagnostic's
     (ours-q-bf16), and below the one-term contract's (ours-model) by a clear margin (on this
     study the largest ratio is ~0.7x and the geometric mean ~0.45x)."""

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 
 import snapmla
-from snapmla import DecodePlan, KVCache, SnapMLAError, _lib, _tensor, decode, quantize_q
+from snapmla import DecodePlan, KVCache, SnapMLAError, _args, _lib, _tensor, decode, quantize_q
 from snapmla import cache as cache_module
 from snapmla import decode as decode_module
 from snapmla import quantize as quantize_module
 from snapmla._tensor import Stream
 from snapmla.cache import _validate_append_args, _validate_fetch_args
-from snapmla.decode import DecodeConfig, _validate_decode_args
+from snapmla.decode import DecodeConfig, _validate_decode_args, runnable_kernels
 from snapmla.quantize import _validate_quantize_args
 from test_dlpack import CPU, CUDA0, CUDA1, FakeTensor
 
@@ -64,6 +64,7 @@ _HOST_FUNCTIONS = {
     "snapmla_cache_create",
     "snapmla_cache_destroy",
     "snapmla_cache_info",
+    "snapmla_decode_select_kernel",
 }
 
 
@@ -252,15 +253,15 @@ def test_streams(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_check_int() -> None:
-    assert _tensor.check_int(np.int32(3), "op", "x", 0, 4) == 3
+    assert _args.check_int(np.int32(3), "op", "x", 0, 4) == 3
     with refused("x", r"expected an integer in \[0, 4\], got 5"):
-        _tensor.check_int(5, "op", "x", 0, 4)
+        _args.check_int(5, "op", "x", 0, 4)
     with refused("x", r"expected an integer >= 1, got 0"):
-        _tensor.check_int(0, "op", "x", 1)
+        _args.check_int(0, "op", "x", 1)
     with refused("x", "got float 2.0"):
-        _tensor.check_int(2.0, "op", "x", 0, 4)
+        _args.check_int(2.0, "op", "x", 0, 4)
     with refused("x", "got True"):
-        _tensor.check_int(True, "op", "x", 0, 4)
+        _args.check_int(True, "op", "x", 0, 4)
 
 
 def test_error_attributes_and_message_shape() -> None:
@@ -691,7 +692,7 @@ def test_kv_cache_with_a_page_stride() -> None:
 
 @needs_library
 def test_copy_slots_checks(fake_cache: KVCache) -> None:
-    """KVCache.copy_slots (0.2): int64 [n] sources and destinations on the cache's device, not
+    """KVCache.copy_slots: int64 [n] sources and destinations on the cache's device, not
     aliasing it; a valid call goes on to the device."""
     c = fake_cache
     with refused("layer", "got 2"):
@@ -709,7 +710,7 @@ def test_copy_slots_checks(fake_cache: KVCache) -> None:
 
 @needs_library
 def test_gather_dequant_checks(fake_cache: KVCache) -> None:
-    """KVCache.gather_dequant (0.2): block table, lengths and first rows per request; outputs
+    """KVCache.gather_dequant: block table, lengths and first rows per request; outputs
     of one row count; a valid call goes on to the device."""
     c = fake_cache
     ok = {"c_kv": bf16(10, 512), "k_pe": bf16(10, 64), "stream": STREAM}
@@ -1019,10 +1020,12 @@ def _validate_decode(**overrides: Any) -> Any:
     )
 
 
+@needs_library
 def test_decode_with_a_two_term_plan_past_32_rows_needs_the_reference_kernel() -> None:
     """The two-term query runs on every kernel where q_len * num_heads <= 32 ("auto" runs the
-    fast one); past 32 "auto" and "fast" refuse it, naming the row count (the reference kernel
-    takes it, by name: the GPU suite's test_two_term_query_on_auto)."""
+    fast one); past 32 "auto" and "fast" are refused with the library's message, naming the
+    row count (the reference kernel takes it, by name: the GPU suite's
+    test_two_term_query_on_auto)."""
     kwargs = {**_decode_defaults()}
     args = [kwargs.pop(k) for k in ("plan_device", "layer", "q", "block_table", "cache_seqlens")]
     stream = Stream(kwargs.pop("stream"), "decode")
@@ -1038,16 +1041,18 @@ def test_decode_with_a_two_term_plan_past_32_rows_needs_the_reference_kernel() -
             **{**kwargs, "kernel": kernel},
         )
 
+    assert dict(runnable_kernels(CONFIG)) == {"auto": 0, "reference": 1, "fast": 2}
     two_term = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8, q_precision="fp8x2")
     assert validate(two_term, "auto").kernel == 0
     assert validate(two_term, "reference").kernel == 1
     assert validate(two_term, "fast").kernel == 2
     wide = DecodeConfig(batch_size=2, q_len=3, num_heads=11, max_pages=8, q_precision="fp8x2")
-    for kernel in ("auto", "fast"):
+    for kernel, code in (("auto", 0), ("fast", 2)):
         with refused(
             "kernel",
-            r"'reference' for a plan made with q_precision='fp8x2' where q_len \* num_heads"
-            r" > 32 \(the fast kernel takes it only up to 32; here 33\)",
+            r"expected 1 \(reference\) for config\.q_precision 1 \(fp8x2\) where q_len \*"
+            r" num_heads > 32 \(the fast kernel takes it only up to 32; here 33\), got "
+            f"{code}",
         ):
             validate(wide, kernel)
 
@@ -1125,7 +1130,7 @@ DECODE_CASES: list[Case] = [
         r"dtype bfloat16 \(or uint16 raw bits\) or float32, got float16",
     ),
     ("out-shape", lambda: {"out": bf16(2, 1, 16, 576)}, "out", r"\[2, 1, 16, 512\]"),
-    # fp32 out (0.2): the same shape, layout, alignment and overlap rules as BF16
+    # fp32 out: the same shape, layout, alignment and overlap rules as BF16
     ("out-fp32-shape", lambda: {"out": f32(2, 1, 16, 256)}, "out", r"\[2, 1, 16, 512\]"),
     (
         "out-fp32-strided",
@@ -1208,6 +1213,7 @@ DECODE_CASES: list[Case] = [
 ]
 
 
+@needs_library
 @pytest.mark.parametrize(
     ("make", "argument", "pattern"), [c[1:] for c in DECODE_CASES], ids=[c[0] for c in DECODE_CASES]
 )
@@ -1216,6 +1222,7 @@ def test_decode_refuses(make: Callable[[], dict[str, Any]], argument: str, patte
         _validate_decode(**make())
 
 
+@needs_library
 def test_decode_accepts_strided_inputs() -> None:
     # q as a slice of a wider [b, s_q, h, 640] tensor, block table rows padded to 16 columns.
     call = _validate_decode(
@@ -1232,8 +1239,9 @@ def test_decode_accepts_strided_inputs() -> None:
     assert call.softmax_scale == pytest.approx(192**-0.5)
 
 
+@needs_library
 def test_decode_out_dtype() -> None:
-    """out's dtype is the output's (0.2): BF16 (or raw uint16 bits) or fp32; with no out,
+    """out's dtype is the output's: BF16 (or raw uint16 bits) or fp32; with no out,
     out_dtype says what to allocate (None: BF16)."""
     assert _validate_decode().out_dtype == "bfloat16"
     assert _validate_decode(out_dtype="float32").out_dtype == "float32"
@@ -1247,8 +1255,8 @@ def test_decode_out_dtype() -> None:
         assert call.out is not None and call.out_dtype == dtype
         assert _validate_decode(out=out, out_dtype=dtype).out_dtype == dtype
     # an lse right after an fp32 out is apart from it (both inside one backing buffer, so that
-    # no other test tensor's memory can sit at lse's address: it did once, and the call was
-    # rightly refused for an lse overlapping q)
+    # no other test tensor's memory can sit at lse's address, where the call would rightly
+    # refuse an lse overlapping q)
     out_bytes = 2 * 16 * 512 * 4
     backing = np.zeros(out_bytes + 2 * 16 * 4, np.uint8)
     out = f32(2, 1, 16, 512, data=backing)
@@ -1256,8 +1264,9 @@ def test_decode_out_dtype() -> None:
     assert _validate_decode(out=out, lse=lse).lse is not None
 
 
+@needs_library
 def test_decode_accepts_q_nope_and_q_pe_apart() -> None:
-    """q_pe (0.2): q holds q_nope [b, s_q, h, 512], q_pe the RoPE part; each strided its own
+    """q_pe: q holds q_nope [b, s_q, h, 512], q_pe the RoPE part; each strided its own
     way (here slices of wider tensors, as an engine's projections give them)."""
     call = _validate_decode(
         q=bf16(2, 1, 16, 512, strides=(16 * 768, 16 * 768, 768, 1)),
@@ -1269,6 +1278,7 @@ def test_decode_accepts_q_nope_and_q_pe_apart() -> None:
     assert _validate_decode().q_pe is None
 
 
+@needs_library
 @pytest.mark.parametrize(
     ("overrides", "argument", "pattern"),
     [

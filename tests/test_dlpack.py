@@ -429,7 +429,7 @@ _TorchLikeTensor.__module__ = "torch.fake"
 def test_no_handshake_when_the_stream_is_the_producers_current_one(
     monkeypatch: pytest.MonkeyPatch, current: int, handle: int, passed: int | None
 ) -> None:
-    # PyTorch's handshake costs more than the rest of a decode call's host path (issue #10);
+    # PyTorch's handshake costs more than the rest of a decode call's host path;
     # on the producer's own current stream it has nothing to order, so it is skipped.
     import sys
     import types
@@ -546,7 +546,7 @@ def test_unsupported_dlpack_major_version() -> None:
 
 
 def test_torch_view_leaves_cpu_tensors_and_other_objects_to_dlpack() -> None:
-    """The direct torch read (issue #10) applies to CUDA ``torch.Tensor`` objects only; the GPU
+    """The direct torch read applies to CUDA ``torch.Tensor`` objects only; the GPU
     suite compares it with DLPack field by field (tests/gpu/test_torch_view_gpu.py)."""
     assert torch_fields(object(), 7) is None
     assert torch_fields(np.zeros(3), 7) is None

@@ -1,4 +1,4 @@
-"""CPU tests of the Python layer's streams, memory lifetime and thread safety (issue #8, 3).
+"""CPU tests of the Python layer's streams, memory lifetime and thread safety.
 
 - The default stream (``stream=None``): torch's current stream when any tensor argument is a
   torch tensor (faked here by a stand-in ``torch`` module in ``sys.modules``), else CuPy's
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import pytest
 
-from snapmla import DecodePlan, KVCache, SnapMLAError, _lib, _tensor, decode, quantize_q
+from snapmla import DecodePlan, KVCache, SnapMLAError, _args, _lib, _tensor, decode, quantize_q
 from snapmla import cache as cache_module
 from snapmla import decode as decode_module
 from snapmla import quantize as quantize_module
@@ -37,6 +37,8 @@ from test_dlpack import CPU, CUDA0, FakeTensor
 TORCH_STREAM = 0xCA97  # torch's current stream in the fake torch (e.g. a capture stream)
 CUPY_STREAM = 0xC0FE  # CuPy's current stream in the fake cupy
 FAKE_PLAN_PTR = 0x7D0000000000
+# A one-term (fp8) plan's kernel options: every kernel (test_api_validation asks the library).
+EVERY_KERNEL = types.MappingProxyType(dict(_args.KERNELS))
 
 needs_library = pytest.mark.skipif(
     isinstance(LIBRARY, SnapMLAError),
@@ -220,17 +222,8 @@ def _plan(batch_size: int = 2, max_pages: int = 8) -> DecodePlan:
     plan._owned = None
     plan.config = DecodeConfig(batch_size, 1, 16, max_pages)
     plan.device = 0
-    plan._c_config = _lib.ffi.new(
-        "snapmla_decode_config_t*",
-        {
-            "struct_size": _lib.ffi.sizeof("snapmla_decode_config_t"),
-            "batch_size": batch_size,
-            "q_len": 1,
-            "num_heads": 16,
-            "max_pages": max_pages,
-            "num_sm_parts": 0,
-        },
-    )
+    plan._c_config = _args.decode_config(batch_size, 1, 16, max_pages, 0)
+    plan._kernels = EVERY_KERNEL  # (an fp8 config runs on every kernel)
     plan.plan_bytes = plan.workspace_bytes = 256
     plan._plan_ptr = FAKE_PLAN_PTR
     plan._workspace_ptr = FAKE_PLAN_PTR + 4096

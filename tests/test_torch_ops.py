@@ -13,7 +13,7 @@ smt = pytest.importorskip("snapmla.torch")
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import snapmla
-from snapmla import _lib
+from snapmla import _args, _lib
 
 MUTATES = {
     "append": {"cache"},
@@ -121,7 +121,7 @@ def test_fake_decode_checks_name_the_argument() -> None:
 
 
 def test_fp32_out_through_the_op_and_the_function() -> None:
-    """An fp32 out (0.2: the values the BF16 out rounds) passes the op's checks; decode
+    """An fp32 out (the values the BF16 out rounds) passes the op's checks; decode
     allocates one for out_dtype=torch.float32 and refuses an out_dtype it cannot write, or one
     that is not the given out's dtype, naming the argument."""
     with FakeTensorMode():
@@ -210,7 +210,7 @@ def test_plan_and_workspace_grow_with_the_batch(
     for b in [*range(1, 130), 255, 256, 257, 1000, 4096, 65536]:
         _lib.check(
             lib.snapmla_decode_buffer_sizes(
-                smt._config(b, q_len, heads, max_pages, parts), plan_b, ws_b
+                _args.decode_config(b, q_len, heads, max_pages, parts), plan_b, ws_b
             ),
             "sizes",
         )
@@ -220,7 +220,7 @@ def test_plan_and_workspace_grow_with_the_batch(
 
 
 def test_torch_ops_need_no_cupy() -> None:
-    """`pip install snapmla` plus PyTorch is enough for snapmla.torch (issue #10): importing it
+    """`pip install snapmla` plus PyTorch is enough for snapmla.torch: importing it
     and tracing a step import no CuPy."""
     import subprocess
     import sys
@@ -273,7 +273,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
     monkeypatch.setattr(smt, "_decode_memo", {})
     monkeypatch.setattr(smt, "_decode_prepare", prepare)
     monkeypatch.setattr(smt, "_handle", lambda cache: None)
-    monkeypatch.setattr(smt, "_config", lambda *key: None)
+    monkeypatch.setattr(_args, "decode_config", lambda *key: None)
     monkeypatch.setattr(smt, "_stream_of", lambda index: None)
     monkeypatch.setattr(smt, "_current_device", lambda: None)  # a CPU tensor's device index
     monkeypatch.setattr(_lib, "lib", lambda: Lib())
@@ -323,7 +323,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
         {"q": q.view(1, 16, 1, 576)},  # another shape
         {"q": torch.zeros(1, 1, 16, 1152, dtype=torch.bfloat16)[..., :576]},  # strides
         {"q": q.view(torch.float16)},  # dtype
-        {"out": torch.zeros(1, 1, 16, 512, dtype=torch.float32)},  # an fp32 out (0.2)
+        {"out": torch.zeros(1, 1, 16, 512, dtype=torch.float32)},  # an fp32 out
         {"plan": base[1024:2040]},  # a shorter plan buffer
     ]
     for i, change in enumerate(changes):
@@ -339,7 +339,7 @@ def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
 ) -> None:
     """The public functions call the op's implementation directly only for plain tensors and
     ints, outside torch.compile's tracing, dispatch modes and the profiler; the rest goes
-    through torch.ops.snapmla.* (issue #10's host time)."""
+    through torch.ops.snapmla.* (which costs host time)."""
     plain = torch.zeros(4)
     assert smt._eager(plain, plain, ints=(0, 3))
     assert not smt._eager(plain, torch.nn.Parameter(plain))  # a subclass
@@ -365,7 +365,7 @@ def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
     )
     assert got[0] is out and got[1] is lse
     assert len(seen) == 1 and seen[0][1] == 2 and seen[0][7] is out and seen[0][8] is lse
-    assert seen[0][9:] == (0.5, True, smt.KERNELS["fast"], 0)
+    assert seen[0][9:] == (0.5, True, _args.KERNELS["fast"], 0)
     smt.append(cache, 1, q, q, q)
     assert len(seen) == 2 and seen[1] == (cache, 1, q, q, q)
 

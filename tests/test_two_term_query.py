@@ -1,4 +1,4 @@
-"""CPU tests of the two-term FP8 query of issue #9 in the NumPy model (reference.quantize_q2,
+"""CPU tests of the two-term FP8 query in the NumPy model (reference.quantize_q2,
 decode_reference(q_terms=2)): the quantizer against its specification and error bound, its
 exactness, zero, all-equal and NaN rows, and the decode model against exact attention.
 

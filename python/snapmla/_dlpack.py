@@ -205,8 +205,8 @@ class TensorView:
         numel: Number of elements (computed once).
 
     A ``__slots__`` class rather than a frozen dataclass: it is built for every tensor argument
-    of every call, and that construction was a measurable part of the host overhead (issue
-    #10). ``byte_extent()`` is computed once and kept.
+    of every call, where a dataclass's construction is a measurable part of the host
+    overhead. ``byte_extent()`` is computed once and kept.
     """
 
     __slots__ = (
@@ -372,7 +372,7 @@ def export_key(
     refuses it if need be).
 
     This runs for every tensor argument of every call, so it is one function with each method
-    looked up once (issue #10); the DLPack struct is unpacked straight from ``_MEMORY`` into
+    looked up once; the DLPack struct is unpacked straight from ``_MEMORY`` into
     the key's parts, and the arrays are slices of it (``_read_bytes`` past its end)."""
     dlpack = getattr(obj, "__dlpack__", _MISSING)
     if dlpack is _MISSING:
@@ -396,7 +396,7 @@ def export_key(
                 handle = int(stream(device_id) if callable(stream) else stream)
             # The stream the producer's pending work is on already: nothing to order, and
             # PyTorch's stream handshake (an ExternalStream, a current-stream query, device
-            # checks) was half of the host time of a decode call (issue #10).
+            # checks) would be half of the host time of a decode call.
             # (_producer_stream's test of the type first: no call for other producers)
             torch_type = type(obj).__module__.startswith("torch")
             if torch_type and _producer_stream(obj, device_id) == handle:
@@ -494,8 +494,8 @@ def torch_fields(
     ``producers``: torch's current stream by device, as read by earlier calls for the same
     operation call (filled here): the tensors of one call ask it once.
 
-    PyTorch's ``__dlpack__`` plus reading its capsule was ~6.5 us a tensor on the CPU machine
-    against ~1 us for this (issue #10); a decode call reads five to seven tensors."""
+    PyTorch's ``__dlpack__`` plus reading its capsule costs several times what this does, and
+    a decode call reads five to seven tensors."""
     torch = sys.modules.get("torch")
     if torch is None or stream is None or type(obj) is not torch.Tensor:
         return None
@@ -560,7 +560,7 @@ assert [
 _string_at = getattr(ctypes, "_string_at", ctypes.string_at)
 # The process's address space as one cffi buffer, never read as a whole: a slice of it copies
 # host bytes into a new bytes object in one C call, a quarter of the cost of a ctypes foreign
-# call (issue #10: a call reads three such ranges per DLPack tensor). Reading an invalid
+# call (a call reads three such ranges per DLPack tensor). Reading an invalid
 # address faults exactly as ctypes.string_at would.
 _MEMORY = ffi.buffer(ffi.cast("char *", 0), sys.maxsize)
 _MEMORY_END = sys.maxsize  # export_key unpacks the structs that end below it in place
@@ -603,47 +603,25 @@ def _read_capsule(capsule: Any, obj: Any, op: str, argument: str) -> TensorView:
             op, argument, f"its __dlpack__() returned {type(capsule).__name__}, not a capsule"
         )
     name = _capsule_get_name(capsule)
-    if name == b"dltensor_versioned":
-        (
-            major,
-            minor,
-            flags,
-            data,
-            device_type,
-            device_id,
-            ndim,
-            code,
-            bits,
-            lanes,
-            shape_ptr,
-            strides_ptr,
-            byte_offset,
-        ) = _VERSIONED.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _VERSIONED.size))
-        if major != 1:
-            raise _refuse(
-                op,
-                argument,
-                f"expected a DLPack 1.x tensor, got DLPack {major}.{minor}",
-            )
-        read_only = bool(flags & FLAG_READ_ONLY)
-    elif name == b"dltensor":
-        (
-            data,
-            device_type,
-            device_id,
-            ndim,
-            code,
-            bits,
-            lanes,
-            shape_ptr,
-            strides_ptr,
-            byte_offset,
-        ) = _LEGACY.unpack(_read_bytes(_capsule_get_pointer(capsule, name), _LEGACY.size))
+    if name in (b"dltensor_versioned", b"dltensor"):
+        layout = _VERSIONED if name == b"dltensor_versioned" else _LEGACY
+        fields = layout.unpack(_read_bytes(_capsule_get_pointer(capsule, name), layout.size))
         read_only = False
+        if layout is _VERSIONED:  # version and flags ahead of the DLTensor
+            major, minor, flags = fields[:3]
+            if major != 1:
+                raise _refuse(
+                    op, argument, f"expected a DLPack 1.x tensor, got DLPack {major}.{minor}"
+                )
+            read_only = bool(flags & FLAG_READ_ONLY)
+            fields = fields[3:]
     elif name in (b"used_dltensor", b"used_dltensor_versioned"):
         raise _refuse(op, argument, "its DLPack capsule was already consumed")
     else:
         raise _refuse(op, argument, f"unknown DLPack capsule name {name!r}")
+    data, device_type, device_id, ndim, code, bits, lanes, shape_ptr, strides_ptr, byte_offset = (
+        fields
+    )
 
     if ndim < 0:
         raise _refuse(op, argument, f"invalid DLPack ndim {ndim}")

@@ -27,6 +27,7 @@ __all__ = [
     "ffi",
     "lib",
     "library_path",
+    "new_struct",
     "open_library",
     "stream_t",
 ]
@@ -306,9 +307,15 @@ def check(status: int, what: str) -> None:
     )
 
 
+def new_struct(ctype: str, **fields: Any) -> Any:
+    """A new ``ctype*`` of the header's versioned structs (``struct_size`` first): zeroed, with
+    ``struct_size`` and ``fields`` set."""
+    return ffi.new(f"{ctype}*", {"struct_size": ffi.sizeof(ctype), **fields})
+
+
 _STREAM_T = ffi.typeof("snapmla_stream_t")
 
-# Pointer types resolved once: ffi.cast with a ctype skips the parse cache's lookup (issue #10).
+# Pointer types resolved once: ffi.cast with a ctype skips the parse cache's lookup.
 CTYPES = {
     name: ffi.typeof(name)
     for name in (
@@ -321,8 +328,8 @@ CTYPES = {
 }
 
 
-# snapmla_stream_t values by handle (immutable cdata: any thread may pass the same one); a
-# call's ffi.cast was a tenth of a microsecond of host time (issue #10). Cleared when full.
+# snapmla_stream_t values by handle (immutable cdata: any thread may pass the same one), cast
+# once rather than at every call. Cleared when full.
 _streams: dict[int, Any] = {}
 
 

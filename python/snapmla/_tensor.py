@@ -35,11 +35,11 @@ __all__ = [
     "InUse",
     "OwnedMemory",
     "Stream",
-    "check_int",
     "cupy_module",
     "empty",
     "extent",
     "on_device",
+    "read_only",
     "remember",
 ]
 
@@ -92,30 +92,6 @@ def _shape_matches(got: Sequence[int], want: Sequence[int | str]) -> bool:
     return all(not isinstance(w, int) or g == w for g, w in zip(got, want))
 
 
-def check_int(value: Any, op: str, argument: str, low: int, high: int | None = None) -> int:
-    """``value`` as an ``int`` in ``[low, high]`` (``high=None``: no upper bound), else refuse."""
-    if type(value) is int:  # the common case; bool is a subclass, never this type
-        if low <= value and (high is None or value <= high):
-            return value
-        number = value
-    else:
-        if isinstance(value, bool):
-            raise argument_error(op, argument, _int_expected(low, high), repr(value))
-        try:
-            number = operator.index(value)
-        except TypeError:
-            raise argument_error(
-                op, argument, _int_expected(low, high), f"{type(value).__name__} {value!r}"
-            ) from None
-        if low <= number and (high is None or number <= high):
-            return number
-    raise argument_error(op, argument, _int_expected(low, high), str(number))
-
-
-def _int_expected(low: int, high: int | None) -> str:
-    return f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-
-
 def cupy_module(op: str) -> Any:
     """Import CuPy, or refuse with a message saying what needed it."""
     try:
@@ -129,7 +105,7 @@ def cupy_module(op: str) -> Any:
 
 
 # Whether ``import cupy`` failed with ImportError once: it is not tried again (a failed import
-# searches sys.path, tens of microseconds at every call; issue #10).
+# searches sys.path, tens of microseconds at every call).
 _cupy_missing = False
 
 
@@ -184,8 +160,7 @@ def on_device(op: str, device: int) -> _OnDevice | contextlib.nullcontext[None]:
     """A context making ``device`` the current CUDA device for the body (through CuPy when
     importable; without CuPy the current device is left as it is and the C library checks
     it). Nothing is entered when ``device`` is current already (CuPy's ``Device`` context
-    would set nothing and restore nothing then; entering it cost a microsecond a call, issue
-    #10)."""
+    would set nothing and restore nothing then; entering it costs a microsecond a call)."""
     cupy = _cupy_if_importable()
     if cupy is None:
         return _NOTHING
@@ -277,7 +252,7 @@ _STREAM_EXPECTED = (
 # Views that passed Checker.tensor, by (export_key's key, dtypes, shape, layout, writable, align):
 # a call with the same tensor (same DLPack bytes: address, device, dtype, shape, strides,
 # flags) and the same expectations skips the parsing and the checks that depend on nothing
-# else (issue #10: host overhead). The views hold no producer object or capsule. Cleared
+# else (host overhead). The views hold no producer object or capsule. Cleared
 # when full; dict operations are atomic under the GIL, and a lost entry only costs a check.
 _checked: dict[tuple[Any, ...], TensorView] = {}
 _MEMO_SIZE = 4096
@@ -325,7 +300,7 @@ class Checker:
         """``read()``'s work for each ``(argument, obj)`` (``obj`` ``None``: skipped, unless
         ``skip_none`` is false: ``read()`` of one argument refuses it as it refuses any object
         without ``__dlpack__``), in one loop: this runs for every tensor argument of every
-        call (issue #10). Raises at the first tensor that cannot be read; the reads before it
+        call. Raises at the first tensor that cannot be read; the reads before it
         are kept."""
         op, stream, reads = self.op, self.stream, self._reads
         export_key = _dlpack.export_key
@@ -802,6 +777,12 @@ class InUse:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+def read_only(attribute: str, doc: str) -> Any:
+    """A read-only property whose value is ``attribute`` of the object (dotted names reach
+    into its attributes)."""
+    return property(operator.attrgetter(attribute), doc=doc)
 
 
 class Closable:

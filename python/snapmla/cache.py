@@ -6,9 +6,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _lib
+from ._args import INT32_MAX, MAX_DEVICE, MAX_PAGES, PAGE_STRIDES, check_int, page_stride_ok
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
-from ._lib import CONTENT_DIM, PAGE_BYTES, PAGE_SIZE, ROPE_DIM
+from ._lib import CONTENT_DIM, PAGE_BYTES, ROPE_DIM
 from ._lib import CTYPES as _CT
 from ._tensor import (
     ADDRESS_SPACE,
@@ -22,40 +23,27 @@ from ._tensor import (
     InUse,
     OwnedMemory,
     Stream,
-    check_int,
     cupy_module,
     empty,
     extent,
     on_device,
+    read_only,
     remember,
 )
 
 __all__ = ["KVCache"]
 
-_INT32_MAX = 2**31 - 1
 _MEMORY_ALIGNMENT = 256
 _LAYER_ALIGNMENT = 128  # a layer of KVCache(layers=...): the planes' alignment (C: kAlignLayer)
-_MAX_PAGE_STRIDE = 2**40  # TMA: global strides below 2^40
 # Calls kept in a cache's memo of append and fetch_dequant calls (KVCache._call_memo).
 _CALL_MEMO_SIZE = 1024
-
-
-def page_stride_ok(stride: int) -> bool:
-    """A page stride the C library takes: 41216 (packed) or a larger multiple of 128 (the
-    planes' alignment) below 2^40 (TMA's stride limit)."""
-    return stride == PAGE_BYTES or (
-        stride > PAGE_BYTES and stride % 128 == 0 and stride < _MAX_PAGE_STRIDE
-    )
-
-
-MAX_DEVICE = 63  # the C API's device ordinals: 0 .. 63
 
 
 def _validate_shape_args(op: str, num_layers: Any, num_pages: Any) -> tuple[int, int]:
     """``(num_layers, num_pages)``, refused as ``snapmla_cache_bytes`` refuses them: the cache's
     ``num_layers * num_pages * 41216`` bytes must be at most 2^63 - 1 (int64 offsets)."""
-    pages = check_int(num_pages, op, "num_pages", 1, _INT32_MAX // PAGE_SIZE)
-    layers = check_int(num_layers, op, "num_layers", 1, _INT32_MAX)
+    pages = check_int(num_pages, op, "num_pages", 1, MAX_PAGES)
+    layers = check_int(num_layers, op, "num_layers", 1, INT32_MAX)
     most = MAX_SPAN_BYTES // (pages * PAGE_BYTES)
     if layers > most:
         raise argument_error(
@@ -259,13 +247,7 @@ class KVCache(Closable):
         page_stride = check_int(page_stride, op, "page_stride", 0, MAX_SPAN_BYTES)
         if page_stride:
             if not page_stride_ok(page_stride):
-                raise argument_error(
-                    op,
-                    "page_stride",
-                    f"0 (packed) or a multiple of 128 >= {PAGE_BYTES} (a page's bytes) and "
-                    "< 2^40 (TMA)",
-                    str(page_stride),
-                )
+                raise argument_error(op, "page_stride", f"0 or {PAGE_STRIDES}", str(page_stride))
             if num_layers * num_pages * page_stride > MAX_SPAN_BYTES:
                 raise argument_error(
                     op, "page_stride", "a cache of at most 2^63 - 1 bytes", str(page_stride)
@@ -320,18 +302,14 @@ class KVCache(Closable):
             buffer, ptr = empty(op, (nbytes,), "uint8", device, stream)
             self._owned = OwnedMemory((buffer,), stream.handle(device), device)
             memory_bytes = nbytes
-        config = _lib.ffi.new(
-            "snapmla_cache_config_t*",
-            {
-                "struct_size": _lib.ffi.sizeof("snapmla_cache_config_t"),
-                "num_layers": num_layers,
-                "num_pages": num_pages,
-                "page_size": PAGE_SIZE,
-                "device": device,
-                "memory": _lib.ffi.cast("void*", ptr),
-                "memory_bytes": memory_bytes,
-                "page_stride": page_stride,
-            },
+        config = _lib.new_struct(
+            "snapmla_cache_config_t",
+            num_layers=num_layers,
+            num_pages=num_pages,
+            device=device,
+            memory=_lib.ffi.cast("void*", ptr),
+            memory_bytes=memory_bytes,
+            page_stride=page_stride,
         )
         layer_array = None
         if layer_ptrs:
@@ -341,8 +319,7 @@ class KVCache(Closable):
         _lib.check(lib.snapmla_cache_create(config, handle), "snapmla_cache_create")
         self._handle = handle[0]
         self._buffer = buffer
-        info = _lib.ffi.new("snapmla_cache_info_t*")
-        info.struct_size = _lib.ffi.sizeof("snapmla_cache_info_t")
+        info = _lib.new_struct("snapmla_cache_info_t")
         _lib.check(lib.snapmla_cache_info(self._handle, info), "snapmla_cache_info")
         self._num_layers = int(info.num_layers)
         self._num_pages = int(info.num_pages)
@@ -360,41 +337,27 @@ class KVCache(Closable):
 
     # ------------------------------------------------------------------------- properties
 
-    @property
-    def num_layers(self) -> int:
-        """Number of layers."""
-        return self._num_layers
-
-    @property
-    def num_pages(self) -> int:
-        """Pages per layer."""
-        return self._num_pages
-
-    @property
-    def page_size(self) -> int:
-        """Token slots per page (64)."""
-        return self._page_size
+    num_layers = read_only("_num_layers", "Number of layers.")
+    num_pages = read_only("_num_pages", "Pages per layer.")
+    page_size = read_only("_page_size", "Token slots per page (64).")
+    nbytes = read_only("_nbytes", "Bytes of cache memory (all layers).")
+    layer_bytes = read_only("_layer_bytes", "Bytes per layer (``num_pages * page_stride``).")
+    data_ptr = read_only(
+        "_data_ptr",
+        "Device address of the first page of layer 0 (with ``layers=``, the layers are not one "
+        "range from it: ``layer_data_ptr``).",
+    )
+    device = read_only("_device", "CUDA device ordinal.")
+    buffer = read_only(
+        "_buffer",
+        "The array object holding the memory (the caller's ``buffer``, the tuple of its "
+        "``layers``, or the CuPy array); ``None`` once closed.",
+    )
 
     @property
     def capacity(self) -> int:
         """Token slots per layer (``num_pages * 64``)."""
         return self._num_pages * self._page_size
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of cache memory (all layers)."""
-        return self._nbytes
-
-    @property
-    def layer_bytes(self) -> int:
-        """Bytes per layer (``num_pages * 41216``)."""
-        return self._layer_bytes
-
-    @property
-    def data_ptr(self) -> int:
-        """Device address of the first page of layer 0 (with ``layers=``, the layers are not
-        one range from it: ``layer_data_ptr``)."""
-        return self._data_ptr
 
     def layer_data_ptr(self, layer: int) -> int:
         """Device address of the first page of ``layer`` (``layer_bytes`` follow it)."""
@@ -402,17 +365,6 @@ class KVCache(Closable):
         if isinstance(self._extents, list):
             return self._extents[layer][0]
         return self._data_ptr + layer * self._layer_bytes
-
-    @property
-    def device(self) -> int:
-        """CUDA device ordinal."""
-        return self._device
-
-    @property
-    def buffer(self) -> Any:
-        """The array object holding the memory (the caller's ``buffer``, the tuple of its
-        ``layers``, or the CuPy array); ``None`` once closed."""
-        return self._buffer
 
     @property
     def closed(self) -> bool:
@@ -450,7 +402,7 @@ class KVCache(Closable):
     def _append(self, op: str, layer: Any, c_kv: Any, k_pe: Any, slots: Any, stream: Any) -> None:
         s = Stream(stream, op, (c_kv, k_pe, slots))
         checker = Checker(op, s)
-        # The call memo (issue #10: host time), as decode's: a call whose layer and tensors
+        # The call memo (host time), as decode's: a call whose layer and tensors
         # (each by Checker.read's key: address, device, dtype, shape, strides, flags) equal an
         # earlier call's on this cache passed every check then and takes the same C arguments.
         # The layer is checked first, as without the memo; each tensor is still read (with the
@@ -485,11 +437,7 @@ class KVCache(Closable):
                 remember(self._call_memo, memo_key, args, _CALL_MEMO_SIZE)
         if args[-1] == 0:  # n = 0: a no-op
             return
-        with on_device(op, self._device):
-            status = _lib.lib().snapmla_append(self._handle, *args, s.c(self._device))
-            if status:  # (_lib.check's own test, without the call on success)
-                _lib.check(status, "snapmla_append")
-        self._used_on(s)
+        self._launch(op, "snapmla_append", s, args)
 
     def gather_dequant(
         self,
@@ -556,28 +504,22 @@ class KVCache(Closable):
             checker.no_overlap("k_pe", k, inputs)
             if n == 0 or b == 0:
                 return
-            ffi = _lib.ffi
-            with on_device(op, self._device):
-                _lib.check(
-                    _lib.lib().snapmla_gather_dequant(
-                        self._handle,
-                        layer,
-                        ffi.cast(_CT["const int32_t*"], bt.ptr),
-                        bt_stride,
-                        b,
-                        max_pages,
-                        ffi.cast(_CT["const int32_t*"], sl.ptr),
-                        ffi.cast(_CT["const int64_t*"], rows.ptr),
-                        n,
-                        ffi.cast(_CT["void*"], c.ptr),
-                        c_stride,
-                        ffi.cast(_CT["void*"], k.ptr),
-                        k_stride,
-                        s.c(self._device),
-                    ),
-                    "snapmla_gather_dequant",
-                )
-            self._used_on(s)
+            cast = _lib.ffi.cast
+            args = (
+                layer,
+                cast(_CT["const int32_t*"], bt.ptr),
+                bt_stride,
+                b,
+                max_pages,
+                cast(_CT["const int32_t*"], sl.ptr),
+                cast(_CT["const int64_t*"], rows.ptr),
+                n,
+                cast(_CT["void*"], c.ptr),
+                c_stride,
+                cast(_CT["void*"], k.ptr),
+                k_stride,
+            )
+            self._launch(op, "snapmla_gather_dequant", s, args)
         finally:
             self._in_use.exit()
 
@@ -609,20 +551,14 @@ class KVCache(Closable):
                 checker.no_overlap(name, v, [("the cache", cache_view)])
             if n == 0:
                 return
-            ffi = _lib.ffi
-            with on_device(op, self._device):
-                _lib.check(
-                    _lib.lib().snapmla_copy_slots(
-                        self._handle,
-                        layer,
-                        ffi.cast(_CT["const int64_t*"], src.ptr),
-                        ffi.cast(_CT["const int64_t*"], dst.ptr),
-                        n,
-                        s.c(self._device),
-                    ),
-                    "snapmla_copy_slots",
-                )
-            self._used_on(s)
+            cast = _lib.ffi.cast
+            args = (
+                layer,
+                cast(_CT["const int64_t*"], src.ptr),
+                cast(_CT["const int64_t*"], dst.ptr),
+                n,
+            )
+            self._launch(op, "snapmla_copy_slots", s, args)
         finally:
             self._in_use.exit()
 
@@ -755,6 +691,15 @@ class KVCache(Closable):
         the cache is closed."""
         if self._handle is None or not self._in_use.enter():
             raise self._refuse_closed(op, argument)
+
+    def _launch(self, op: str, function: str, stream: Stream, args: tuple[Any, ...]) -> None:
+        """Call the C ``function`` on this cache with ``args`` (those after the handle, before
+        the stream) on ``stream``, with the cache's device current."""
+        with on_device(op, self._device):
+            status = getattr(_lib.lib(), function)(self._handle, *args, stream.c(self._device))
+            if status:  # (_lib.check's own test, without the call on success)
+                _lib.check(status, function)
+        self._used_on(stream)
 
     def _used_on(self, stream: Stream) -> None:
         """After a launch on ``stream``: order the release of owned memory after it."""

@@ -6,13 +6,26 @@ import functools
 import math
 import numbers
 import struct
+import types
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import _lib
+from ._args import (
+    KERNELS,
+    OUT_DTYPES,
+    Q_PRECISIONS,
+    check_batch,
+    check_config,
+    check_int,
+    decode_config,
+    kernel_code,
+    pack_decode_args,
+    q_precision_code,
+)
 from ._dlpack import TensorView
-from ._errors import argument_error
-from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_SIZE, ROPE_DIM
+from ._errors import SnapMLAError, argument_error
+from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, ROPE_DIM
 from ._lib import CTYPES as _CT
 from ._tensor import (
     BF16,
@@ -23,62 +36,22 @@ from ._tensor import (
     InUse,
     OwnedMemory,
     Stream,
-    check_int,
     empty,
     extent,
     on_device,
+    read_only,
     remember,
 )
 from .cache import Extent, KVCache, layer_extent
 
-__all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode"]
+__all__ = ["KERNELS", "DecodeConfig", "DecodePlan", "decode", "runnable_kernels", "select_kernel"]
 
-# decode(kernel=...) names -> snapmla_decode_kernel_t.
-KERNELS = {"auto": 0, "reference": 1, "fast": 2}
-# DecodePlan(q_precision=...) names -> snapmla_q_precision_t (quantize_q's precision names).
-Q_PRECISIONS = {"fp8": 0, "fp8x2": 1}
-# The seesaw kernel's two-term query: q_len * num_heads at most this (the C library's rule).
-TWO_TERM_FAST_ROWS = 32
-# decode(out_dtype=...) names -> snapmla_out_dtype_t, and the dtypes of ``out`` each takes (BF16
-# also as raw uint16 bits).
-OUT_DTYPES = {"bfloat16": 0, "float32": 1}
+# decode(out_dtype=...) names -> the dtypes of ``out`` each takes (BF16 also as raw uint16 bits).
 _OUT_DTYPE_NAMES = {"bfloat16": BF16, "float32": FP32, None: (*BF16, *FP32)}
+# snapmla_decode_kernel_t of the kernel that runs -> its name.
+_KERNEL_NAMES = {1: "reference", 2: "fast"}
 
-MAX_BATCH = 65536
-MAX_SM_PARTS = 65535
-_INT32_MAX = 2**31 - 1
 OUT_ALIGNMENT = 16  # the combine kernel's 16-byte stores
-
-# snapmla_decode_args_t written in one pack_into (ffi.new with a dict of 14 fields and cast
-# pointers was the largest fixed cost of a decode call, issue #10). Native byte order, no
-# padding: the offsets are checked against cffi's layout of the struct below.
-_ARGS_FIELDS = (
-    ("struct_size", "Q"),
-    ("layer", "i"),
-    ("causal", "i"),
-    ("softmax_scale", "f"),
-    ("kernel", "i"),
-    ("q", "Q"),
-    ("q_stride_batch", "q"),
-    ("q_stride_token", "q"),
-    ("q_stride_head", "q"),
-    ("block_table", "Q"),
-    ("block_table_stride", "q"),
-    ("cache_seqlens", "Q"),
-    ("out", "Q"),
-    ("lse", "Q"),
-    ("q_pe", "Q"),
-    ("q_pe_stride_batch", "q"),
-    ("q_pe_stride_token", "q"),
-    ("q_pe_stride_head", "q"),
-    ("out_dtype", "i"),
-)
-_ARGS_PACKED = "=" + "".join(code for _, code in _ARGS_FIELDS)
-_ARGS_T = _lib.ffi.typeof("snapmla_decode_args_t*")
-_ARGS_SIZE = _lib.ffi.sizeof("snapmla_decode_args_t")
-# The struct's tail padding (to its 8-byte alignment) as pad bytes.
-_ARGS = struct.Struct(_ARGS_PACKED + f"{_ARGS_SIZE - struct.calcsize(_ARGS_PACKED)}x")
-_U64 = 2**64 - 1  # pointers wrap as ffi.cast wraps them
 # Calls kept in a cache's decode memo (_decode); cleared when full. A serving step calls each
 # layer with the same tensors, so a few entries per layer and batch size are in use.
 _DECODE_MEMO_SIZE = 1024
@@ -86,62 +59,6 @@ _DECODE_MEMO_SIZE = 1024
 # the tensors that passed its checks; they depend on nothing else. Cleared when full.
 _update_memo: dict[Any, Any] = {}
 _UPDATE_MEMO_SIZE = 1024
-
-
-def _check_args_layout() -> None:
-    offset = 0
-    for name, code in _ARGS_FIELDS:
-        if _lib.ffi.offsetof("snapmla_decode_args_t", name) != offset:
-            raise ImportError(f"snapmla: unexpected layout of snapmla_decode_args_t.{name}")
-        offset += struct.calcsize("=" + code)
-    if not 0 <= _ARGS_SIZE - offset < 8:
-        raise ImportError("snapmla: unexpected size of snapmla_decode_args_t")
-
-
-_check_args_layout()
-
-
-def pack_decode_args(
-    layer: int,
-    causal: bool,
-    softmax_scale: float,
-    kernel: int,
-    q_ptr: int,
-    q_strides: tuple[int, int, int],
-    block_table_ptr: int,
-    block_table_stride: int,
-    seqlens_ptr: int,
-    out_ptr: int,
-    lse_ptr: int,
-    q_pe_ptr: int = 0,
-    q_pe_strides: tuple[int, int, int] = (0, 0, 0),
-    out_dtype: int = 0,
-) -> Any:
-    """A ``snapmla_decode_args_t`` of checked values, written in one pack_into (``decode`` and
-    ``snapmla.torch.decode``); pointers wrap to 64 bits as ``ffi.cast`` wraps them.
-    ``out_dtype``: snapmla_out_dtype_t (0 BF16, 1 fp32)."""
-    ffi = _lib.ffi
-    args = ffi.new(_ARGS_T)
-    _ARGS.pack_into(
-        ffi.buffer(args),
-        0,
-        _ARGS_SIZE,
-        layer,
-        int(causal),
-        softmax_scale,
-        kernel,
-        q_ptr & _U64,
-        *q_strides,
-        block_table_ptr & _U64,
-        block_table_stride,
-        seqlens_ptr & _U64,
-        out_ptr & _U64,
-        lse_ptr & _U64,
-        q_pe_ptr & _U64,
-        *q_pe_strides,
-        out_dtype,
-    )
-    return args
 
 
 def _plan_buffers(plan: DecodePlan) -> tuple[Any, Any, Any]:
@@ -184,15 +101,56 @@ class DecodeConfig:
     q_precision: str = "fp8"
 
 
-def _validate_config_args(
-    op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any
-) -> tuple[int, int, int, int]:
-    return (
-        check_int(num_heads, op, "num_heads", 1, MAX_HEADS),
-        check_int(q_len, op, "q_len", 1, MAX_Q_LEN),
-        check_int(max_pages, op, "max_pages", 1, _INT32_MAX // PAGE_SIZE),
-        check_int(num_sm_parts, op, "num_sm_parts", 0, MAX_SM_PARTS),
+def select_kernel(config: DecodeConfig, kernel: str = "auto", op: str = "decode") -> str:
+    """The kernel ``decode`` runs for ``config`` and the option ``kernel`` (``"auto"``,
+    ``"reference"`` or ``"fast"``): ``"reference"`` or ``"fast"``, as the library decides
+    (``snapmla_decode_select_kernel``; no device is touched).
+
+    Raises:
+        SnapMLAError: ``kernel`` is not a kernel name, or the library refuses the option for
+            this config (its message, naming ``'kernel'``: the two-term query past 32 rows a
+            request runs only on ``"reference"``), or the config is out of range.
+    """
+    code = kernel_code(op, kernel)
+    c = decode_config(
+        config.batch_size,
+        config.q_len,
+        config.num_heads,
+        config.max_pages,
+        config.num_sm_parts,
+        Q_PRECISIONS[config.q_precision],
     )
+    selected = _lib.ffi.new("int32_t*")
+    _lib.check(_lib.lib().snapmla_decode_select_kernel(c, code, selected), op)
+    return _KERNEL_NAMES[selected[0]]
+
+
+@functools.lru_cache(maxsize=256)
+def runnable_kernels(config: DecodeConfig) -> types.MappingProxyType[str, int]:
+    """The kernel options that can run ``config`` (name -> snapmla_decode_kernel_t), by
+    ``select_kernel``."""
+    runnable = {}
+    for name, code in KERNELS.items():
+        try:
+            select_kernel(config, name)
+        except SnapMLAError as exc:
+            if exc.argument != "kernel":
+                raise
+            continue
+        runnable[name] = code
+    return types.MappingProxyType(runnable)
+
+
+def __getattr__(name: str) -> Any:
+    # TWO_TERM_FAST_ROWS: the most rows a request (q_len * num_heads) of the two-term query on
+    # the fast kernel, asked of the library, for tools that state it without loading it.
+    if name == "TWO_TERM_FAST_ROWS":
+        return max(
+            h
+            for h in range(1, MAX_HEADS + 1)
+            if "fast" in runnable_kernels(DecodeConfig(1, 1, h, 1, q_precision="fp8x2"))
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _validate_seqlens(
@@ -215,10 +173,7 @@ def _validate_seqlens(
         shape=shape,
         shape_note="" if batch_size is None else " (batch_size of the plan)",
     )
-    if not 1 <= v.shape[0] <= MAX_BATCH:
-        raise argument_error(
-            op, "cache_seqlens", f"shape [b] with b in 1..{MAX_BATCH}", f"[{v.shape[0]}]"
-        )
+    check_batch(op, "cache_seqlens", v.shape[0])
     return v, checker.devices(device)
 
 
@@ -280,22 +235,17 @@ class DecodePlan(Closable):
                 about half the error where the query's rounding dominates). ``"fp8x2"``
                 reserves 516 more workspace bytes per query row. ``decode`` with this plan
                 runs the tensor-core kernel (``"auto"`` or ``"fast"``) where
-                ``q_len * num_heads <= 32``, its QK tile's empty half holding the low rows,
-                0.99-1.05x the one-term time at up to 16 rows (the most at 8x1x16x4096)
-                and 0.99-1.01x at 32 (H200, bench/NOTES.md, session 30); past 32 it
-                needs ``kernel="reference"`` (several times slower), which ``"auto"`` does
-                not pick for you. Since 0.2, tested on the H200.
+                ``q_len * num_heads <= 32``, its QK tile's empty half holding the low rows, at
+                about the one-term time; past 32 it needs ``kernel="reference"`` (several
+                times slower), which ``"auto"`` does not pick for you (``select_kernel``).
         """
         self._owned: OwnedMemory | None = None
         self._in_use = InUse()
         op = "DecodePlan"
-        num_heads, q_len, max_pages, num_sm_parts = _validate_config_args(
+        num_heads, q_len, max_pages, num_sm_parts = check_config(
             op, num_heads, q_len, max_pages, num_sm_parts
         )
-        if not isinstance(q_precision, str) or q_precision not in Q_PRECISIONS:
-            raise argument_error(
-                op, "q_precision", " or ".join(repr(k) for k in Q_PRECISIONS), repr(q_precision)
-            )
+        precision = q_precision_code(op, "q_precision", q_precision)
         s = Stream(stream, op, (cache_seqlens,))
         seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
         self.config = DecodeConfig(
@@ -304,17 +254,13 @@ class DecodePlan(Closable):
         self.device = device
         ffi = _lib.ffi
         lib = _lib.lib()
-        self._c_config = ffi.new(
-            "snapmla_decode_config_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
-                "batch_size": self.config.batch_size,
-                "q_len": q_len,
-                "num_heads": num_heads,
-                "max_pages": max_pages,
-                "num_sm_parts": num_sm_parts,
-                "q_precision": Q_PRECISIONS[q_precision],
-            },
+        self._c_config = decode_config(
+            self.config.batch_size,
+            q_len,
+            num_heads,
+            max_pages,
+            num_sm_parts,
+            precision,
         )
         plan_bytes = ffi.new("size_t*")
         workspace_bytes = ffi.new("size_t*")
@@ -325,6 +271,8 @@ class DecodePlan(Closable):
             )
             self.plan_bytes = int(plan_bytes[0])
             self.workspace_bytes = int(workspace_bytes[0])
+            # the kernel options decode takes with this plan (the library's rule)
+            self._kernels = runnable_kernels(self.config)
             plan, self._plan_ptr = empty(op, (max(self.plan_bytes, 1),), "uint8", device, s)
             workspace, self._workspace_ptr = empty(
                 op, (max(self.workspace_bytes, 1),), "uint8", device, s
@@ -332,30 +280,13 @@ class DecodePlan(Closable):
             self._owned = OwnedMemory((plan, workspace), s.handle(device), device)
             self._run(ffi.cast(_CT["const int32_t*"], seqlens.ptr), s)
 
-    @property
-    def batch_size(self) -> int:
-        """Requests ``b``."""
-        return self.config.batch_size
-
-    @property
-    def q_len(self) -> int:
-        """New tokens per request ``s_q``."""
-        return self.config.q_len
-
-    @property
-    def num_heads(self) -> int:
-        """Query heads ``h``."""
-        return self.config.num_heads
-
-    @property
-    def max_pages(self) -> int:
-        """Columns of the block table."""
-        return self.config.max_pages
-
-    @property
-    def num_sm_parts(self) -> int:
-        """Split-KV parallelism as requested (0 = derived from the device)."""
-        return self.config.num_sm_parts
+    batch_size = read_only("config.batch_size", "Requests ``b``.")
+    q_len = read_only("config.q_len", "New tokens per request ``s_q``.")
+    num_heads = read_only("config.num_heads", "Query heads ``h``.")
+    max_pages = read_only("config.max_pages", "Columns of the block table.")
+    num_sm_parts = read_only(
+        "config.num_sm_parts", "Split-KV parallelism as requested (0 = derived from the device)."
+    )
 
     def update(self, cache_seqlens: Any, stream: Any = None) -> None:
         """Re-plan in place for new ``cache_seqlens`` (int32 ``[batch_size]``, same device).
@@ -369,7 +300,7 @@ class DecodePlan(Closable):
         try:
             s = Stream(stream, op, (cache_seqlens,))
             checker = Checker(op, s)
-            # The call memo (issue #10: host time), as decode's: a tensor with the key of one
+            # The call memo (host time), as decode's: a tensor with the key of one
             # that passed these checks before, for a plan of the same batch size and device,
             # passes them again. It is still read (with the stream handshake).
             keys = checker.read_keys((("cache_seqlens", cache_seqlens),))
@@ -447,32 +378,29 @@ class _DecodeCall(NamedTuple):
 
 
 def _decode_scalars(
-    num_layers: int, config: DecodeConfig, layer: Any, kernel: Any, softmax_scale: Any
+    num_layers: int,
+    config: DecodeConfig,
+    layer: Any,
+    kernel: Any,
+    softmax_scale: Any,
+    kernels: types.MappingProxyType[str, int] | None = None,
 ) -> tuple[int, int, float]:
     """``decode``'s checks of its scalar arguments, first (before any tensor is read): the
-    layer, the kernel's C code, the softmax scale."""
+    layer, the kernel's C code, the softmax scale. ``kernels``: ``runnable_kernels(config)``
+    (the plan keeps it)."""
     op = "decode"
     if type(layer) is not int or not 0 <= layer < num_layers:  # else check_int's common case
         layer = check_int(layer, op, "layer", 0, num_layers - 1)
-    if not isinstance(kernel, str) or kernel not in KERNELS:
-        raise argument_error(
-            op, "kernel", "one of " + ", ".join(repr(k) for k in KERNELS), repr(kernel)
-        )
-    if config.q_precision == "fp8x2" and kernel != "reference":
-        # The seesaw kernel ("auto" or "fast") takes the two-term query where its QK tile
-        # holds both terms, near the one-term time; past that only the reference kernel, by
-        # name ("auto" refuses rather than run a kernel several times slower unasked).
-        rows = config.q_len * config.num_heads
-        if rows > TWO_TERM_FAST_ROWS:
-            raise argument_error(
-                op,
-                "kernel",
-                "'reference' for a plan made with q_precision='fp8x2' where q_len * num_heads"
-                f" > {TWO_TERM_FAST_ROWS} (the fast kernel takes it only up to"
-                f" {TWO_TERM_FAST_ROWS}; here {rows})",
-                repr(kernel),
-            )
-    return layer, KERNELS[kernel], _check_softmax_scale(op, softmax_scale)
+    if kernels is None:
+        kernels = runnable_kernels(config)
+    code = kernels.get(kernel) if type(kernel) is str else None
+    if code is None:
+        # Not a kernel name, or an option this config cannot run ("auto" refuses the two-term
+        # query past the fast kernel's rows rather than run a kernel several times slower
+        # unasked): the library's refusal, naming 'kernel'.
+        select_kernel(config, kernel, op)
+        code = KERNELS[kernel]
+    return layer, code, _check_softmax_scale(op, softmax_scale)
 
 
 def _check_out_dtype(op: str, out_dtype: Any) -> None:
@@ -668,8 +596,8 @@ def _check_softmax_scale(op: str, softmax_scale: Any) -> float:
     return scale
 
 
-# Floats that passed _check_softmax_scale (a serving loop passes the same one at every call;
-# issue #10). Only finite values > 0 get here, so no NaN or -0.0 can match another value.
+# Floats that passed _check_softmax_scale (a serving loop passes the same one at every call).
+# Only finite values > 0 get here, so no NaN or -0.0 can match another value.
 _checked_scales: set[float] = set()
 
 
@@ -714,13 +642,13 @@ def decode(
         softmax_scale: Finite and > 0 (also in fp32), e.g. ``192 ** -0.5``.
         causal: Causal mask among the ``s_q`` new tokens (bottom-right aligned).
         out: Output BF16 ``[b, s_q, h, 512]``, contiguous, 16-byte aligned, or ``None`` for a
-            new CuPy array. Since 0.2 also fp32 (same shape and alignment): it then receives
+            new CuPy array. Or fp32 (same shape and alignment): it then receives
             the fp32 values the BF16 output rounds, ``O / l`` unrounded (rounded to nearest
             even, bit for bit the BF16 output of the same call): the two-term query's
             precision (``q_precision="fp8x2"``) that BF16 rounding would mostly hide.
         lse: Output fp32 ``[b, h, s_q]``, contiguous, or ``None`` for a new CuPy array.
-        kernel: ``"auto"`` (runs ``"fast"``: it meets the numerics contract's tensor-core
-            tier and was faster than ``"reference"`` at every measured shape), ``"fast"``
+        kernel: ``"auto"`` (the library's choice, ``select_kernel``: ``"fast"``, which meets
+            the numerics contract's tensor-core tier and is the faster one), ``"fast"``
             (the seesaw kernel: FP8 wgmma, the contract's tensor-core tier) or
             ``"reference"`` (the simple kernel that states the contract with fp32
             accumulation, within 2e-3 of its NumPy model; several times slower). Measured
@@ -731,11 +659,11 @@ def decode(
             that ``torch.cuda.graph`` capture works without ``stream=``), else CuPy's current
             stream (for JAX inputs, the legacy default stream unless a CuPy stream is made
             current). The producers' ``__dlpack__(stream=...)`` is given this stream.
-        q_pe: Optional (since 0.2): the RoPE part of the queries in its own BF16
+        q_pe: Optional: the RoPE part of the queries in its own BF16
             ``[b, s_q, h, 64]`` tensor (strides >= 64, unit inner stride); ``q`` then holds
             ``q_nope`` only, ``[b, s_q, h, 512]``. Engines keep the two apart: no concat per layer
             and step.
-        out_dtype: Optional (since 0.2): ``"bfloat16"`` or ``"float32"``, the dtype of the
+        out_dtype: Optional: ``"bfloat16"`` or ``"float32"``, the dtype of the
             ``out`` allocated when none is given; with ``out`` given, ``out``'s dtype decides
             and ``out_dtype``, if not ``None``, must be that dtype. ``None``: ``"bfloat16"``.
 
@@ -763,7 +691,7 @@ def decode(
             raise argument_error(op, "plan", "a snapmla.DecodePlan", type(plan).__name__)
         plan._enter(op, "plan")
         try:
-            # (positional: keywords cost a tenth of a microsecond here, issue #10)
+            # (positional: keywords cost a tenth of a microsecond here)
             return _decode(
                 op,
                 cache,
@@ -809,7 +737,7 @@ def _decode(
     device = cache._device
     num_layers = cache._num_layers
     checker = Checker(op, s)
-    # The call memo (issue #10: host time): with the outputs given, a call whose scalars and
+    # The call memo (host time): with the outputs given, a call whose scalars and
     # tensors (each by Checker.read's key: torch attributes or DLPack bytes, so the address,
     # device, dtype, shape and strides) equal an earlier call's on this cache and a plan of
     # the same config and device passed every check then and packs the same C arguments: it
@@ -821,7 +749,7 @@ def _decode(
     args = None
     scalars = None
     if out is not None and lse is not None:
-        scalars = _decode_scalars(num_layers, c, layer, kernel, softmax_scale)
+        scalars = _decode_scalars(num_layers, c, layer, kernel, softmax_scale, plan._kernels)
         _check_out_dtype(op, out_dtype)  # (before it enters the memo key: a str or None)
         keys = checker.read_keys(
             (

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _lib
+from ._args import q_precision_code
 from ._dlpack import TensorView
 from ._errors import argument_error
 from ._lib import CONTENT_DIM, HEAD_DIM, ROPE_DIM
@@ -18,9 +19,6 @@ from ._tensor import BF16, FP8, FP32, Checker, Stream, empty, on_device, remembe
 __all__ = ["quantize_q"]
 
 MAX_QUANTIZE_HEADS = 1024
-# Query precisions: "fp8", the contract's one FP8 row; "fp8x2", the two-term query (a second
-# FP8 row on the first's rounding residual at scale s1 / 16; snapmla.reference.quantize_q2).
-PRECISIONS = ("fp8", "fp8x2")
 # Why the outputs' alignments (4: the element size, no note).
 _ALIGN_NOTES = {8: "the kernel's 8-byte stores", 16: "the kernel's 16-byte stores"}
 # quantize_q's call memo (outputs given): (device, two-term, the C arguments but the stream;
@@ -59,11 +57,7 @@ def _token_stride(op: str, v: TensorView, default: int) -> int:
 
 def _check_precision(precision: Any) -> int:
     """The number of outputs of ``precision`` (refused if unknown)."""
-    if precision not in PRECISIONS:
-        raise argument_error(
-            "quantize_q", "precision", " or ".join(repr(p) for p in PRECISIONS), repr(precision)
-        )
-    return 5 if precision == "fp8x2" else 3
+    return 5 if q_precision_code("quantize_q", "precision", precision) else 3
 
 
 def _validate_quantize_args(
@@ -154,7 +148,7 @@ def quantize_q(
             q_content + q_lo_scale * q_lo`` to about 2^-8 relative; the first three outputs
             are the same bits as with ``"fp8"`` (``snapmla.reference.quantize_q2``, the C
             header's ``snapmla_quantize_q2``). ``decode`` quantizes both terms itself for a
-            plan made with ``q_precision="fp8x2"``; opt-in, tested on the H200 (bench/NOTES.md).
+            plan made with ``q_precision="fp8x2"``; opt-in.
 
     Returns:
         ``(q_content, q_rope, q_scale)`` (``"fp8x2"``: ``+ (q_lo, q_lo_scale)``): the given
@@ -166,12 +160,12 @@ def quantize_q(
         SnapMLAError: An argument is refused (nothing is written) or the library failed.
     """
     op = "quantize_q"
-    # (a list or tuple without the Sequence ABC's isinstance, a tenth of a microsecond; #10)
+    # (a list or tuple without the Sequence ABC's isinstance, a tenth of a microsecond)
     plain = type(out) is list or type(out) is tuple
     outputs = tuple(out) if plain or _is_sequence(out) else ()
     s = Stream(stream, op, (q, *outputs))
     checker = Checker(op, s)
-    # The call memo (issue #10: host time), as decode's: with every output given, a call whose
+    # The call memo (host time), as decode's: with every output given, a call whose
     # precision and tensors (each by Checker.read's key: address, device, dtype, shape,
     # strides, flags) equal an earlier call's passed every check then and takes the same C
     # arguments. The precision is checked first, as without the memo; each tensor is still

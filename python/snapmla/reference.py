@@ -24,7 +24,7 @@ Three layers:
   and within 1.15x of this model's own error against :func:`exact_attention` per
   ``snapmla.workload`` layer (``python -m snapmla.accuracy --kernel fast`` reports it).
 
-The two-term FP8 query (issue #9; ``q_precision="fp8x2"`` in ``snapmla.DecodePlan`` and the
+The two-term FP8 query (``q_precision="fp8x2"`` in ``snapmla.DecodePlan`` and the
 C API's ``SNAPMLA_Q_PRECISION_FP8X2``: both kernels run it, the tensor-core one where
 ``q_len * num_heads <= 32``, and this model states it). A query row's content ``q_nope`` is
 carried as two FP8 rows, the second at a sixteenth of the first's scale,
@@ -44,13 +44,11 @@ operation rounding to nearest even (:func:`quantize_q2` is the bit-exact stateme
 * ``s2 = s1 * 2^-4`` (:data:`Q_LO_RATIO`; exact, a power-of-two multiple) and
   ``q_lo = e4m3(16 * (x - q_hi))`` (the product is exact; one e4m3 rounding, RNE, within
   +-256 so never saturating). Each element alone: no second row maximum and no division, so
-  a quantizer computes the low term from the first term's own quotients (``bench/NOTES.md``,
-  session 30: the two-term Q-quant kernel 0.22 us shorter at 16 rows, the two-term decode's
-  cost at 1x1x16x8192 from 1.053 / 1.044x to 1.028 / 1.015x in one call). Until then ``s2``
-  was the residual's own row scale, ``max(amax(r) / 448, s1 * 2^-16)``; the fixed ratio
-  represents the query as well on random rows (relative error 6.2e-4 against 6.1e-4 with
-  the row scale, half a BF16 query's) and up to ~25% worse on rows with a few large outliers (4.2e-4
-  against 3.4e-4), where the residual's maximum would have been smaller than 16 ``s1``.
+  a quantizer computes the low term from the first term's own quotients, in a shorter Q-quant
+  kernel than a row scale of the residual (``max(amax(r) / 448, s1 * 2^-16)``) needs. The
+  fixed ratio represents the query as well as that row scale on random rows (relative error
+  6.2e-4 against 6.1e-4, half a BF16 query's) and up to ~25% worse on rows with a few large
+  outliers (4.2e-4 against 3.4e-4), where the residual's maximum is smaller than 16 ``s1``.
   Scale invariance holds as in the one-term form (a power-of-two scaling of a row scales
   ``s1`` and ``s2`` and nothing else, down to ``s1``'s floor). Denormals are kept (IEEE);
   only a subnormal quotient ``x`` (an input more than ~2^135 below its row's maximum) would
@@ -150,26 +148,28 @@ _CHUNK_TOKENS = 4096  # logits are computed this many tokens at a time (memory b
 # ---------------------------------------------------------------------------- dtype helpers
 
 
+def _as_dtype(x: np.ndarray, dtype: np.dtype, raw: str, cast_floats: bool) -> np.ndarray:
+    """``x`` as ``dtype``: passed through, viewed from the same-size raw integers (``raw``:
+    their unsigned dtype name; signed ones too), or, with ``cast_floats``, cast from any float
+    array through float32 (RNE)."""
+    x = np.asarray(x)
+    if x.dtype == dtype:
+        return x
+    if x.dtype in (np.dtype(raw), np.dtype(raw[1:])):
+        return x.view(dtype)
+    if cast_floats and np.issubdtype(x.dtype, np.floating):
+        return x.astype(np.float32).astype(dtype)
+    raise TypeError(f"expected {np.dtype(dtype).name} (or raw {raw} values), got {x.dtype}")
+
+
 def _as_fp8(x: np.ndarray) -> np.ndarray:
     """Views raw uint8/int8 bytes as float8_e4m3fn; passes float8_e4m3fn arrays through."""
-    x = np.asarray(x)
-    if x.dtype == FP8:
-        return x
-    if x.dtype in (np.uint8, np.int8):
-        return x.view(FP8)
-    raise TypeError(f"expected float8_e4m3fn (or raw uint8 bytes), got {x.dtype}")
+    return _as_dtype(x, FP8, "uint8", cast_floats=False)
 
 
 def _as_bf16(x: np.ndarray) -> np.ndarray:
     """Views raw uint16/int16 as bfloat16; casts any float array to bfloat16 (RNE)."""
-    x = np.asarray(x)
-    if x.dtype == BF16:
-        return x
-    if x.dtype in (np.uint16, np.int16):
-        return x.view(BF16)
-    if np.issubdtype(x.dtype, np.floating):
-        return x.astype(np.float32).astype(BF16)
-    raise TypeError(f"expected bfloat16 (or raw uint16 bits), got {x.dtype}")
+    return _as_dtype(x, BF16, "uint16", cast_floats=True)
 
 
 def _fp8_to_f64(x: np.ndarray) -> np.ndarray:

@@ -37,11 +37,9 @@ from typing import Any
 
 import torch
 
-from . import _lib
+from . import _args, _lib
 from ._errors import argument_error
-from ._lib import CONTENT_DIM, HEAD_DIM, MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, ROPE_DIM
-from .cache import page_stride_ok
-from .decode import KERNELS, MAX_BATCH, MAX_SM_PARTS, OUT_DTYPES, pack_decode_args
+from ._lib import CONTENT_DIM, HEAD_DIM, PAGE_BYTES, ROPE_DIM
 
 __all__ = [
     "append",
@@ -55,13 +53,13 @@ __all__ = [
 ]
 
 Tensor = torch.Tensor
-# decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (snapmla.decode.OUT_DTYPES).
+# decode's out dtypes: snapmla_out_dtype_t BF16 and FP32 (_args.OUT_DTYPES).
 _OUT_DTYPES = (torch.bfloat16, torch.float32)
 
 # --------------------------------------------------------------- eager calls, direct
 # The public functions below call an op's implementation directly where torch's dispatcher
-# would only pass the call on to it: the dispatcher's Python-kernel round trip costs about
-# 7 us a call (issue #10's host time; more than the memo-hit call itself). Through
+# would only pass the call on to it: the dispatcher's Python-kernel round trip costs more host
+# time than the memo-hit call itself. Through
 # torch.ops.snapmla.* wherever something may need to see the op: while torch.compile traces
 # (Dynamo records the op), under any TorchDispatchMode (FakeTensorMode, functionalization,
 # debug modes), while the profiler records (it names the op), for any tensor that is not a
@@ -109,7 +107,7 @@ def _check(
 ) -> None:
     """``t`` is a CUDA tensor of one of ``dtypes`` and ``shape`` (``None``: any size), on
     ``device`` if given; ``contiguous``: compact row-major; ``inner``: unit last stride."""
-    # The common case in a few C-level comparisons (host overhead, issue #10).
+    # The common case in a few C-level comparisons (host overhead).
     if (
         isinstance(t, Tensor)
         and t.dtype in dtypes
@@ -220,16 +218,14 @@ def empty_cache(
 
 
 def _check_cache(op: str, cache: Any) -> None:
-    """uint8 ``[layers, pages, page_stride]``, contiguous; page_stride 41216 (packed) or a
-    larger multiple of 128."""
+    """uint8 ``[layers, pages, page_stride]``, contiguous, with a page stride the C library
+    takes."""
     _check(op, "cache", cache, (torch.uint8,), (None, None, None), contiguous=True)
-    stride = cache.shape[2]
-    if not page_stride_ok(stride):
+    if not _args.page_stride_ok(cache.shape[2]):
         raise argument_error(
             op,
             "cache",
-            f"uint8 [layers, pages, page_stride] with page_stride {PAGE_BYTES} or a larger "
-            "multiple of 128 below 2^40",
+            f"uint8 [layers, pages, page_stride] with page_stride {_args.PAGE_STRIDES}",
             _describe(cache),
         )
 
@@ -245,18 +241,14 @@ def _handle(cache: Tensor) -> Any:
         handle = _handles.get(key)
         if handle is None:
             ffi = _lib.ffi
-            config = ffi.new(
-                "snapmla_cache_config_t*",
-                {
-                    "struct_size": ffi.sizeof("snapmla_cache_config_t"),
-                    "num_layers": num_layers,
-                    "num_pages": num_pages,
-                    "page_size": 0,
-                    "page_stride": 0 if cache.shape[2] == PAGE_BYTES else cache.shape[2],
-                    "device": cache.device.index,
-                    "memory": ffi.cast("void*", cache.data_ptr()),
-                    "memory_bytes": cache.numel(),
-                },
+            config = _lib.new_struct(
+                "snapmla_cache_config_t",
+                num_layers=num_layers,
+                num_pages=num_pages,
+                page_stride=0 if cache.shape[2] == PAGE_BYTES else cache.shape[2],
+                device=cache.device.index,
+                memory=ffi.cast("void*", cache.data_ptr()),
+                memory_bytes=cache.numel(),
             )
             out = ffi.new("snapmla_cache_t*")
             _lib.check(_lib.lib().snapmla_cache_create(config, out), "snapmla_cache_create")
@@ -284,7 +276,7 @@ def release(cache: Tensor) -> bool:
 # Each op: the real implementation (checks, then one C call on the current stream) and a fake
 # one (the same checks of what a fake tensor has: dtypes, shapes; it returns nothing new).
 # Registered with torch.library.Library rather than torch.library.custom_op: the latter's
-# Python dispatch wrapper cost ~18 us a call on our CPU machine against ~2 us (issue #10).
+# Python dispatch wrapper costs several times the host time of the whole call.
 # The real implementation is registered for CUDA and CPU (where it refuses the tensors by
 # name); the schemas state exactly which arguments each op writes.
 
@@ -466,31 +458,7 @@ def _quantize_q(q: Tensor, q_content: Tensor, q_rope: Tensor, q_scale: Tensor) -
 
 # ----------------------------------------------------------------- plan and decode
 
-_configs: dict[tuple[int, ...], Any] = {}
 _sizes: dict[tuple[int, ...], tuple[int, int]] = {}
-
-
-def _config(batch: int, q_len: int, num_heads: int, max_pages: int, num_sm_parts: int) -> Any:
-    """A ``snapmla_decode_config_t`` for this shape, built once and kept (never mutated)."""
-    key = (batch, q_len, num_heads, max_pages, num_sm_parts)
-    config = _configs.get(key)
-    if config is None:
-        ffi = _lib.ffi
-        config = ffi.new(
-            "snapmla_decode_config_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_config_t"),
-                "batch_size": batch,
-                "q_len": q_len,
-                "num_heads": num_heads,
-                "max_pages": max_pages,
-                "num_sm_parts": num_sm_parts,
-            },
-        )
-        if len(_configs) > 4096:
-            _configs.clear()
-        _configs[key] = config
-    return config
 
 
 def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
@@ -504,7 +472,7 @@ def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
         with _on_device(device.index):
             _lib.check(
                 _lib.lib().snapmla_decode_buffer_sizes(
-                    _config(*config_key), plan_bytes, workspace_bytes
+                    _args.decode_config(*config_key), plan_bytes, workspace_bytes
                 ),
                 "snapmla_decode_buffer_sizes",
             )
@@ -524,18 +492,16 @@ def decode_buffers(
     """The plan and workspace of decode steps of up to ``batch_size`` requests, allocated by
     PyTorch (uint8, 1-D): they serve every batch size up to ``batch_size`` with the same
     ``num_heads``, ``max_pages``, ``q_len`` and ``num_sm_parts``."""
+    op = "snapmla.torch.decode_buffers"
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
     if device.type != "cuda":
-        raise argument_error("snapmla.torch.decode_buffers", "device", "a CUDA device", str(device))
-    if not isinstance(batch_size, int) or not 1 <= batch_size <= MAX_BATCH:
-        raise argument_error(
-            "snapmla.torch.decode_buffers",
-            "batch_size",
-            f"an int in 1..{MAX_BATCH}",
-            repr(batch_size),
-        )
+        raise argument_error(op, "device", "a CUDA device", str(device))
+    batch_size = _args.check_int(batch_size, op, "batch_size", 1, _args.MAX_BATCH)
+    num_heads, q_len, max_pages, num_sm_parts = _args.check_config(
+        op, num_heads, q_len, max_pages, num_sm_parts
+    )
     plan_bytes, workspace_bytes = _buffer_sizes(
         device, batch_size, q_len, num_heads, max_pages, num_sm_parts
     )
@@ -555,20 +521,10 @@ def _check_buffer(op: str, name: str, t: Any, nbytes: int, device: torch.device)
         )
 
 
-def _plan_checks(
-    op: str,
-    plan: Tensor,
-    cache_seqlens: Tensor,
-    q_len: int = 1,
-    num_heads: int = 1,
-    max_pages: int = 1,
-    num_sm_parts: int = 0,
-) -> None:
+def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor, *config: int) -> None:
+    """The plan op's tensors (its config is checked by the public ``plan`` and the C library)."""
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
-    if not 1 <= cache_seqlens.shape[0] <= MAX_BATCH:
-        raise argument_error(
-            op, "cache_seqlens", f"[b] with b in 1..{MAX_BATCH}", _describe(cache_seqlens)
-        )
+    _args.check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
 
 
@@ -591,7 +547,7 @@ def _plan(
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
             _lib.lib().snapmla_decode_plan(
-                _config(*key),
+                _args.decode_config(*key),
                 _ptr(cache_seqlens, "const int32_t*"),
                 _ptr(plan, "void*"),
                 _stream(device),
@@ -600,23 +556,10 @@ def _plan(
         )
 
 
-def _decode_checks(
-    op: str,
-    cache: Tensor,
-    layer: int,
-    q: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    plan: Tensor,
-    workspace: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    softmax_scale: float = 1.0,
-    causal: bool = True,
-    kernel: int = 0,
-    num_sm_parts: int = 0,
-) -> tuple[int, int, int, int]:
-    """(b, s_q, h, max_pages) of a decode call."""
+def _decode_checks(op: str, *args: Any) -> tuple[int, int, int, int]:
+    """(b, s_q, h, max_pages) of a decode call; ``args``: the op's, the tensors checked (the
+    scalars are the C library's to check)."""
+    cache, _layer, q, block_table, cache_seqlens, plan, workspace, out, lse = args[:9]
     _check_cache(op, cache)
     d = cache.device
     _check(op, "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM), inner=True, device=d)
@@ -625,7 +568,7 @@ def _decode_checks(
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (b,), contiguous=True, device=d)
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=d)
     _check(op, "workspace", workspace, (torch.uint8,), (None,), contiguous=True, device=d)
-    # out: BF16, or (since 0.2) fp32: the values the BF16 output rounds (snapmla.decode's out)
+    # out: BF16, or fp32: the values the BF16 output rounds (snapmla.decode's out)
     _check(op, "out", out, _OUT_DTYPES, (b, s_q, h, CONTENT_DIM), contiguous=True, device=d)
     _check(op, "lse", lse, (torch.float32,), (b, h, s_q), contiguous=True, device=d)
     return b, s_q, h, block_table.shape[1]
@@ -653,7 +596,7 @@ def _decode(
     kernel: int,
     num_sm_parts: int,
 ) -> None:
-    # The call memo (issue #10: host time): every check (_decode_prepare) is a function of
+    # The call memo (host time): every check (_decode_prepare) is a function of
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
     # call equal to an earlier checked one in all of them reuses its packed C arguments, config,
     # cache handle and buffer pointers. The stream and the current device are read at every
@@ -692,7 +635,7 @@ def _decode(
             num_sm_parts,
         )
         index = cache.device.index
-        prepared = (args, _config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
+        prepared = (args, _args.decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
     args, config, handle, plan_ptr, workspace_ptr, index = prepared
     if _current_device() == index:  # (the common case, without a context: host time)
         status = _lib.lib().snapmla_decode(
@@ -742,7 +685,7 @@ def _decode_prepare(
     plan_bytes, workspace_bytes = _buffer_sizes(device, *key)  # (on the device itself)
     _check_buffer(op, "plan", plan, plan_bytes, device)
     _check_buffer(op, "workspace", workspace, workspace_bytes, device)
-    args = pack_decode_args(  # q holds q_nope | q_pe: no q_pe
+    args = _args.pack_decode_args(  # q holds q_nope | q_pe: no q_pe
         layer,
         bool(causal),
         float(softmax_scale),
@@ -754,7 +697,7 @@ def _decode_prepare(
         cache_seqlens.data_ptr(),
         out.data_ptr(),
         lse.data_ptr(),
-        out_dtype=OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
+        out_dtype=_args.OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
     )
     return args, key, _ptr(plan), _ptr(workspace, "void*")
 
@@ -847,22 +790,13 @@ def plan(
     """Build the step's split-KV schedule into ``plan`` (from ``decode_buffers``) from
     ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
     launch, no host synchronization."""
-    _check_config("snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts)
+    num_heads, q_len, max_pages, num_sm_parts = _args.check_config(
+        "snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts
+    )
     if _eager(plan, cache_seqlens):
         _plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
     else:
         torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
-
-
-def _check_config(op: str, num_heads: Any, q_len: Any, max_pages: Any, num_sm_parts: Any) -> None:
-    for name, value, low, high in (
-        ("num_heads", num_heads, 1, MAX_HEADS),
-        ("q_len", q_len, 1, MAX_Q_LEN),
-        ("max_pages", max_pages, 1, (2**31 - 1) // 64),
-        ("num_sm_parts", num_sm_parts, 0, MAX_SM_PARTS),
-    ):
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise argument_error(op, name, f"an int in {low}..{high}", repr(value))
 
 
 def decode(
@@ -886,13 +820,12 @@ def decode(
     ``plan`` for the same ``cache_seqlens``: ``q`` BF16 ``[b, s_q, h, 576]``, ``block_table``
     int32 ``[b, max_pages]``; returns ``(out bf16 [b, s_q, h, 512], lse fp32 [b, h, s_q])``,
     the given outputs or new tensors. ``kernel``: ``"auto"``, ``"fast"`` or ``"reference"``.
-    ``out`` may also be fp32 (since 0.2): the values the BF16 output rounds, unrounded
+    ``out`` may also be fp32: the values the BF16 output rounds, unrounded
     (``snapmla.decode``'s ``out``). ``out_dtype``: ``torch.bfloat16`` or ``torch.float32``, the
     dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
     or ``out``'s dtype."""
     op = "snapmla.torch.decode"
-    if kernel not in KERNELS:
-        raise argument_error(op, "kernel", " or ".join(map(repr, KERNELS)), repr(kernel))
+    code = _args.kernel_code(op, kernel)
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise argument_error(
             op, "out_dtype", "torch.bfloat16, torch.float32 or None", repr(out_dtype)
@@ -907,14 +840,8 @@ def decode(
             out = torch.empty((b, s_q, h, CONTENT_DIM), dtype=dtype, device=q.device)
         if lse is None:
             lse = torch.empty((b, h, s_q), dtype=torch.float32, device=q.device)
-    run = (
-        _decode
-        if _eager(
-            cache, q, block_table, cache_seqlens, plan, workspace, out, lse,
-            ints=(layer, num_sm_parts),
-        )  # fmt: skip
-        else torch.ops.snapmla.decode
-    )
+    tensors = (cache, q, block_table, cache_seqlens, plan, workspace, out, lse)
+    run = _decode if _eager(*tensors, ints=(layer, num_sm_parts)) else torch.ops.snapmla.decode
     run(
         cache,
         layer,
@@ -927,7 +854,7 @@ def decode(
         lse,
         float(softmax_scale),
         bool(causal),
-        KERNELS[kernel],
+        code,
         num_sm_parts,
     )
     return out, lse

@@ -145,37 +145,21 @@ class LayerProfile:
     sink_logit: tuple[float, float] = (4.0, 11.0)
 
 
-DEFAULT_LAYERS: tuple[LayerProfile, ...] = (
-    LayerProfile(
-        "early",
-        gamma_rms=0.30, token_sigma=0.10, spike_rate=1e-3, sink_value=5.0,
-        rope_peak=100.0, logit_std=(0.8, 2.0), rope_share=(0.1, 0.3), sink_logit=(3.0, 9.0),
-    ),
-    LayerProfile(
-        "early-mid",
-        gamma_rms=0.40, token_sigma=0.12, spike_rate=2e-3, sink_value=6.5,
-        rope_peak=200.0, logit_std=(0.9, 2.2), rope_share=(0.15, 0.4), sink_logit=(4.0, 10.0),
-    ),
-    LayerProfile(
-        "mid",
-        gamma_rms=0.45, token_sigma=0.15, spike_rate=2e-3, sink_value=7.0,
-        rope_peak=300.0, logit_std=(1.0, 2.4), rope_share=(0.2, 0.5), sink_logit=(4.0, 11.0),
-    ),
-    LayerProfile(
-        "mid-deep",
-        gamma_rms=0.50, token_sigma=0.15, spike_rate=3e-3, sink_value=8.0,
-        rope_peak=400.0, logit_std=(1.0, 2.6), rope_share=(0.25, 0.6), sink_logit=(5.0, 12.0),
-    ),
-    LayerProfile(
-        "deep",
-        gamma_rms=0.55, token_sigma=0.18, spike_rate=4e-3, sink_value=9.0,
-        rope_peak=500.0, logit_std=(1.1, 2.8), rope_share=(0.3, 0.65), sink_logit=(5.0, 12.0),
-    ),
-    LayerProfile(
-        "last",
-        gamma_rms=0.60, token_sigma=0.20, spike_rate=5e-3, sink_value=10.0,
-        rope_peak=600.0, logit_std=(1.2, 3.0), rope_share=(0.3, 0.7), sink_logit=(6.0, 13.0),
-    ),
+# The default layers, shallow to deep (the other fields at LayerProfile's defaults).
+_LAYER_FIELDS = (
+    "name", "gamma_rms", "token_sigma", "spike_rate", "sink_value", "rope_peak", "logit_std",
+    "rope_share", "sink_logit",
+)  # fmt: skip
+_LAYER_TABLE = (
+    ("early", 0.30, 0.10, 1e-3, 5.0, 100.0, (0.8, 2.0), (0.1, 0.3), (3.0, 9.0)),
+    ("early-mid", 0.40, 0.12, 2e-3, 6.5, 200.0, (0.9, 2.2), (0.15, 0.4), (4.0, 10.0)),
+    ("mid", 0.45, 0.15, 2e-3, 7.0, 300.0, (1.0, 2.4), (0.2, 0.5), (4.0, 11.0)),
+    ("mid-deep", 0.50, 0.15, 3e-3, 8.0, 400.0, (1.0, 2.6), (0.25, 0.6), (5.0, 12.0)),
+    ("deep", 0.55, 0.18, 4e-3, 9.0, 500.0, (1.1, 2.8), (0.3, 0.65), (5.0, 12.0)),
+    ("last", 0.60, 0.20, 5e-3, 10.0, 600.0, (1.2, 3.0), (0.3, 0.7), (6.0, 13.0)),
+)
+DEFAULT_LAYERS: tuple[LayerProfile, ...] = tuple(
+    LayerProfile(**dict(zip(_LAYER_FIELDS, row))) for row in _LAYER_TABLE
 )
 
 
@@ -489,7 +473,12 @@ def generate(
     """One :class:`MLAWorkload` per profile in ``layers`` (layer index = position)."""
     return [
         generate_layer(
-            p, context, num_heads, seed=seed, layer_index=i, q_len=q_len,
+            p,
+            context,
+            num_heads,
+            seed=seed,
+            layer_index=i,
+            q_len=q_len,
             softmax_scale=softmax_scale,
         )
         for i, p in enumerate(layers)

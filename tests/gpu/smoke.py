@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 import snapmla
+from snapmla.decode import runnable_kernels
 
 
 def main() -> int:
@@ -77,7 +78,7 @@ def main() -> int:
         cupy.cuda.get_current_stream().synchronize()
         print(f"garbage plan, {kernel}: all NaN: {bool(cupy.isnan(lse).all())}")
 
-    # Engine layouts (0.2): pages inside larger slots, one buffer per layer, q_nope and q_pe
+    # Engine layouts: pages inside larger slots, one buffer per layer, q_nope and q_pe
     # apart, slot copies and reads by block table, including out-of-range ids and rows.
     stride = 64 * 656
     pages = b * max_pages
@@ -109,16 +110,15 @@ def main() -> int:
         engine.close()
     print("engine layouts: done")
 
-    # The two-term query (issue 9): its quantizer, and decode with it (the reference kernel,
-    # and the fast one where s_q * h <= 32: its N = 16 and 32 two-term instantiations), on the
+    # The two-term query: its quantizer, and decode with it (the reference kernel, and the
+    # fast one where the library runs it, s_q * h <= 32: its N = 16 and 32 instantiations), on the
     # mixed contexts, a strided cache, out-of-range pages and lengths, and many splits.
     for heads, q_len, parts in [(16, 1, 0), (24, 2, 3), (1, 3, 2), (7, 1, 5), (8, 4, 0)]:
         q = (rs.standard_normal((b, q_len, heads, 576), dtype=cupy.float32) * 0.5).astype(bf16)
         snapmla.quantize_q(q, precision="fp8x2")
         plan = snapmla.DecodePlan(seqlens, num_heads=heads, q_len=q_len, max_pages=max_pages,
                                   num_sm_parts=parts, q_precision="fp8x2")
-        kernels = ["reference"] + (["fast"] if heads * q_len <= 32 else [])
-        for kernel in kernels:
+        for kernel in [k for k in ("reference", "fast") if k in runnable_kernels(plan.config)]:
             snapmla.decode(cache, 1, q, table, seqlens, plan, softmax_scale=192**-0.5,
                            kernel=kernel)
     engine = snapmla.KVCache(2, pages, buffer=strided, page_stride=stride)
@@ -131,7 +131,7 @@ def main() -> int:
     engine.close()
     print("two-term query: done")
 
-    # Parts of more than 4 blocks (session 42): the seesaw kernels' ring of 4 row-statistics
+    # Parts of more than 4 blocks: the seesaw kernels' ring of 4 row-statistics
     # slots is reused within a part, which the shapes above never do (at most 5 blocks a
     # request). One part a request of 10 blocks, and one part across two requests, at 16 and 32
     # query rows (the two-term layout's N = 16 and 32 kernels) and 64, both query precisions.

@@ -2,10 +2,9 @@
 
 The decode tests use random data, where attention has no early mass; the workload layers
 (`snapmla.workload`: sinks, spikes, outlier channels) do, and an accumulator that grows large
-early in a CTA's chain of blocks loses the later blocks' low bits. Session 13's PV into O^T
-(`SNAPMLA_SEESAW_PV_DIRECT`, off) passed every decode test and reached 8.6x the model's error
-here with one CTA a context (the contract allows 1.15x, 1.05x in geometric mean): this is the
-check that catches that. 128 heads (N = 64) and 16 heads (N = 16), at the default split and
+early in a CTA's chain of blocks loses the later blocks' low bits. A PV accumulated into O^T
+passes every decode test and reaches 8.6x the model's error here with one CTA a context (the
+contract allows 1.15x, 1.05x in geometric mean): this is the check that catches that. 128 heads (N = 64) and 16 heads (N = 16), at the default split and
 with one CTA a row tile (the longest chain a CTA's accumulators see: 64 and 256 blocks).
 """
 

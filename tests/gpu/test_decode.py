@@ -50,7 +50,7 @@ from hypothesis import strategies as st
 
 import snapmla
 from snapmla import reference as ref
-from snapmla.decode import TWO_TERM_FAST_ROWS
+from snapmla.decode import DecodeConfig, runnable_kernels
 
 pytestmark = pytest.mark.gpu
 
@@ -267,8 +267,8 @@ def test_combine_paths(
 
 # Batches of 1-20 requests at 40-128 heads whose requests the plan splits into up to 8 parts of
 # their own (the aligned line), with requests that take fewer parts, one part or none, a partial
-# second row tile, and two blocks a part at batch 1. They ran in session 20 with the cluster
-# merge (SNAPMLA_CLUSTER_MERGE, since removed: bench/NOTES.md); here they check the combine.
+# second row tile, and two blocks a part at batch 1: the combine's inputs at their most
+# ragged.
 SPLIT_SHAPES = [
     ("ragged-8", 128, 1, [4096, 4000, 100, 0, 65, 4096, 1, 2048]),
     ("batch1-1k", 128, 1, [1024]),
@@ -517,8 +517,8 @@ def test_repeated_call_follows_its_inputs(
     a repeated call replays from a key's second call on, SNAPMLA_DECODE_GRAPHS: it must read the
     inputs anew and write where its own call says): each output is a fresh call's, bit for bit,
     and the buffer a call does not name stays untouched. On a stream of torch's and on the
-    legacy default stream (torch's current stream unless one is set; graphs replay there too
-    since session 25)."""
+    legacy default stream (torch's current stream unless one is set; graphs replay there
+    too)."""
     torch = torch_module()
     case, lens_a, lens_b, q_b = _graph_case(rng, h)
     cache = make_cache(case)
@@ -744,12 +744,10 @@ def test_n64_pv_paths(
 ) -> None:
     """N = 64 on long single-CTA chains and wide block tables, against the model and, on the
     long chains, against float64 attention: at most 1.05x the model's own error (the
-    contract's randn limit). The cases lie on both sides of the scaled PV's bound (launch.cu's
-    typical chain from the launch's shape, SNAPMLA_SEESAW_SCALED_PV_MIN_CHAIN): the first takes
-    the promoted PV's kernel, the others the scaled one's (the second with short real chains and
-    edge blocks). In a build with SNAPMLA_SEESAW_PV_DIRECT=1 (experimental,
-    cpp/decode/seesaw/config.h) they lie on both sides of its 256-block bound: the first and
-    third take the PV into O^T, the second and fourth the promoted one."""
+    contract's randn limit). The cases lie on both sides of the scaled PV's bound (the dispatch
+    rule's typical chain from the launch's shape against kScaledPvMinChain, cpp/decode/
+    dispatch.h): the first takes the promoted PV's kernel, the others the scaled one's (the
+    second with short real chains and edge blocks)."""
     case = make_case(rng, seqlens, num_heads=128, q_len=1, spread=0.0, extra_columns=extra_columns)
     cache = make_cache(case)
     out, lse = run_decode(cache, case, num_sm_parts=num_sm_parts)
@@ -977,9 +975,11 @@ def test_fp32_out_is_what_the_bf16_out_rounds(
     64 (the long requests split, written by the combine), empty and NaN rows."""
     c = _fp32_out_case(rng, h, s_q)
     cache = make_cache(c.case)
-    two_term_fast = s_q * h <= TWO_TERM_FAST_ROWS
-    kernels = KERNELS if q_precision == "fp8" or two_term_fast else ("reference",)
-    for kernel in kernels:
+    runnable = runnable_kernels(DecodeConfig(1, s_q, h, 1, q_precision=q_precision))
+    assert set(runnable) == (
+        set(KERNELS) if q_precision == "fp8" or s_q * h <= 32 else {"reference"}
+    ), runnable
+    for kernel in (k for k in KERNELS if k in runnable):
         label = f"fp32 out {q_precision} h={h} s_q={s_q} parts={num_sm_parts} {kernel}"
         run = {"kernel": kernel, "num_sm_parts": num_sm_parts, "q_precision": q_precision}
         _check_fp32_out(cache, c, label, **run)

@@ -1,11 +1,10 @@
 """The tensor-core decode gives the same bits call after call, at plans whose parts hold more
 than four 64-token blocks.
 
-Session 42 (bench/NOTES.md): compute-sanitizer racecheck reports hazards in the seesaw kernel's
-two-term layout (the N = 16 and 32 kernels, one-term and two-term queries alike) at every plan
-whose parts hold more than 4 blocks, where the row statistics' ring of 4 slots is reused: a write
-of a block's statistics against the other warpgroup's read of them. The barrier order reads as
-kept; a real race there would feed one softmax another block's maximum or sum, and its outputs
+compute-sanitizer racecheck reports hazards in the seesaw kernel's two-term layout (the N = 16
+and 32 kernels, one-term and two-term queries alike) at every plan whose parts hold more than 4
+blocks, where the row statistics' ring of 4 slots is reused: a write of a block's statistics
+against the other warpgroup's read of them. The barrier order reads as kept; a real race there would feed one softmax another block's maximum or sum, and its outputs
 could change from call to call with the warps' timing. This test checks the first call against
 the contract's model at the tensor-core tier's bounds, then repeats it and compares every output
 bit, with the inputs and the plan fixed (a race that always resolved the same way would pass the

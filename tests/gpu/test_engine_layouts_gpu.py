@@ -1,4 +1,4 @@
-"""Engine layouts on the GPU (issue #10): one tensor per layer (``KVCache(layers=...)``, the C
+"""Engine layouts on the GPU: one tensor per layer (``KVCache(layers=...)``, the C
 API's ``config.layer_memory``), pages inside larger slots (``page_stride``) and q_nope / q_pe
 apart (``q_pe=``). Each gives the bytes of the packed, concatenated layout."""
 

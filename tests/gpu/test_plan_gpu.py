@@ -1,5 +1,5 @@
 """The split-KV plan, word for word against a model of cpp/decode/plan.cu, and decodes in the
-regime where the plan aligns requests to parts (SNAPMLA_PLAN_ALIGN, session 16).
+regime where the plan aligns requests to parts (the aligned cost line).
 
 The plan is int32 words (cpp/decode/decode.h, PlanHeader and PlanLayout): the header, the cost
 line's prefix [b + 1], blocks per request [b], each request's first and last part [b], and
@@ -64,7 +64,7 @@ def free_parts_model(batch: int, q_len: int, num_heads: int, num_parts: int, sm_
 
 
 def usable_parts(total: int, num_parts: int, free_parts: int, min_part_cost: int) -> int:
-    """plan.cu usable_parts (SNAPMLA_PLAN_QQ_ROOM): free_parts where the parts are short (at
+    """plan.cu usable_parts: free_parts where the parts are short (at
     most 4 units) and that costs each part at most two units more."""
     if free_parts <= 0 or free_parts >= num_parts:
         return num_parts
@@ -260,7 +260,7 @@ def test_aligned_and_plain_lines_agree_on_the_example() -> None:
 
 
 def test_parts_leave_the_q_quant_kernels_sms_free() -> None:
-    """The rule on session 42's cases (CPU arithmetic, a 132-SM H200): 8 x 4k at 16 heads,
+    """The rule on 132 SMs (CPU arithmetic, an H200's count): 8 x 4k at 16 heads,
     16 Q-quant CTAs: T = 5 over the first 116 parts (the aligned line: 14 parts a request, 112
     with work), not T = 4 over all 132; at 32 heads (32 CTAs) T = 6 over 100; where the parts
     are longer (4 x 16k at 16 heads, T = 8) all parts stay usable."""

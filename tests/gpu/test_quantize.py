@@ -124,8 +124,7 @@ def test_quantize_q2_bit_exact(rng: np.random.Generator, n: int, h: int) -> None
     the first three outputs are quantize_q's, the low row and its scale the two-term model's,
     with the edge rows: all zero (s1 floored), exactly representable (zero residual: q_lo all
     zero), tiny, huge, an infinity, a NaN, and a RoPE value that overflows its quotient (the
-    row's quotients, high and low term alike, by the IEEE division; until session 41 the low
-    term divided again by the fast one)."""
+    row's quotients, high and low term alike, by the IEEE division)."""
     q = random_bf16(rng, (n, h, 576), std=1.0, spread=10.0)
     rows = q.reshape(n * h, 576)
     edges = [
@@ -181,8 +180,8 @@ def test_quantize_q2_allocates_and_matches_one_term(rng: np.random.Generator) ->
         assert np.array_equal(to_numpy(a).view(np.uint8), to_numpy(b).view(np.uint8))
 
 
-# The fast divider of cpp/common/row_quant.cuh once turned a -0 element into +0 (code 0x00, not
-# the contract's 0x80): SNAPMLA_SIGNED_ZERO_QUOTIENT, now the default.
+# A -0 element quantizes to -0 (code 0x80, the contract's), not +0 (0x00): the fast divider of
+# cpp/common/row_quant.cuh keeps the sign of a zero quotient.
 @pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
 def test_quantize_q_keeps_the_sign_of_zero(rng: np.random.Generator, precision: str) -> None:
     q = random_bf16(rng, (3, 4, 576), std=1.0, spread=4.0)
@@ -212,9 +211,9 @@ def _tiny_rope_rows(rng: np.random.Generator, n: int) -> np.ndarray:
     return rows.astype(BF16)
 
 
-# FastDivider's correction underflows for numerators below ~2^-100 (session 30's review found
-# q_pe = 41 * 2^-133 in a row of content amax 128 rounded to BF16 0x008F, the model's 0x0090):
-# its checked() form sends such rows to the IEEE division. Query and key paths both.
+# FastDivider's correction underflows for numerators below ~2^-100 (q_pe = 41 * 2^-133 in a
+# row of content amax 128 would round to BF16 0x008F, the model's 0x0090): its checked() form
+# sends such rows to the IEEE division. Query and key paths both.
 @pytest.mark.parametrize("path", ["fp8", "fp8x2", "append"])
 def test_tiny_rope_values_round_as_the_model(rng: np.random.Generator, path: str) -> None:
     n = 1024  # ~30 quotients the unchecked divider misrounds (exact emulation: 7-11 per 256)

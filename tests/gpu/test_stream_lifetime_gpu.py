@@ -1,8 +1,8 @@
-"""The Python layer's default stream and memory lifetime on the GPU (issue #8, section 3).
+"""The Python layer's default stream and memory lifetime on the GPU.
 
 - ``stream=None`` with torch tensors is torch's current stream: ``plan.update`` + ``decode``
   captured in a ``torch.cuda.CUDAGraph`` without ``stream=`` replay bit for bit like eager
-  calls (before, ``__dlpack__(stream=1)`` broke the capture).
+  calls (``__dlpack__(stream=1)`` would break the capture).
 - Dropping a KVCache / DecodePlan (memory allocated by snapmla through CuPy) right after
   enqueuing work on a non-blocking torch stream, then allocating and overwriting memory on the
   legacy default stream while that work still waits behind a sleep kernel, leaves the result
@@ -40,7 +40,7 @@ from snapmla import _tensor
 pytestmark = pytest.mark.gpu
 
 SLEEP_CYCLES = (
-    4_000_000_000  # ~2 s on an H200: still pending when dropped (0.25 s was not, 0d8aa48)
+    4_000_000_000  # ~2 s on an H200: still pending when dropped (a quarter second is not)
 )
 
 

@@ -1,6 +1,6 @@
 """snapmla.torch on the GPU: the custom ops against the generic API on the same memory (bit for
 bit), torch.library.opcheck on each op, torch.compile(fullgraph=True) of a decode step against
-eager, CUDA graph capture and replay, a plan sized for a larger batch (issue #10)."""
+eager, CUDA graph capture and replay, a plan sized for a larger batch."""
 
 from __future__ import annotations
 
@@ -74,7 +74,7 @@ def test_decode_matches_the_generic_api_bit_for_bit(
 
 @pytest.mark.parametrize("kernel", ["auto", "reference"])
 def test_decode_fp32_out(rng: np.random.Generator, kernel: str) -> None:
-    """An fp32 out through the op (0.2, args.out_dtype FP32): bit for bit the generic API's
+    """An fp32 out through the op (args.out_dtype FP32): bit for bit the generic API's
     fp32 out on the same memory, the same lse as the op's BF16 call, and rounded to nearest
     even its BF16 out; opcheck passes with it."""
     seqlens, heads = [700, 0, 130, 64], 16

@@ -1,4 +1,4 @@
-"""The direct read of CUDA torch tensors (``_dlpack.torch_fields``, issue #10): where it applies
+"""The direct read of CUDA torch tensors (``_dlpack.torch_fields``): where it applies
 it gives exactly what PyTorch's DLPack capsule gives, and where the DLPack path would order
 streams or refuse the tensor it steps aside."""
 

@@ -112,7 +112,7 @@ def _bad_decode_arguments(setup: dict[str, Any]) -> list[tuple[str, Any, tuple[s
         ("cache_seqlens", sl.long(), ("cache_seqlens",)),
         ("cache_seqlens", torch.cat([sl, sl]), ("cache_seqlens",)),
         ("cache_seqlens", torch.cat([sl, sl])[::2], ("cache_seqlens",)),
-        ("out", nan_torch((3, 2, 16, 512), "float16"), ("out",)),  # (fp32 is accepted since 0.2)
+        ("out", nan_torch((3, 2, 16, 512), "float16"), ("out",)),  # (fp32 is accepted)
         ("out", nan_torch((3, 2, 16, 511)), ("out",)),
         ("out", nan_torch((3, 16, 2, 512)).transpose(1, 2), ("out",)),  # not contiguous
         ("out", nan_torch((3, 2, 16, 512)).cpu(), ("out",)),
