@@ -227,7 +227,7 @@ def test_fast_kernel_qk_descriptors_stay_uniform(n: int, scaled: bool) -> None:
     not in ordinary ones moved over by R2UR before each wgmma (~8 instructions a QK wgmma on the
     consumers' latency-bound chain, which a store in the producer's copy of the request loop
     once caused by making ptxas keep the shared base in an ordinary register across the role
-    split). Allowed: one R2UR a wgmma on average (loop-carried stage indices); printed."""
+    split). At most one R2UR a wgmma on average (loop-carried stage indices); printed."""
     sass = _sm90(n, scaled)
     pending = before_ss = ss = 0
     for line in sass:
