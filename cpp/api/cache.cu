@@ -1,5 +1,4 @@
-// A cache handle's life (create, destroy) and its queries (info, a layer's base, the bytes of a
-// shape).
+// A cache handle's life (create, destroy) and its queries (info, layer data, bytes of a shape).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -23,10 +22,9 @@ constexpr int64_t kMaxPageStride = int64_t{1} << 40;  // TMA: global strides bel
 constexpr uint64_t kCacheMagicBegin = 0x534e41504d4c4131ull;  // "SNAPMLA1", big-endian
 constexpr uint64_t kCacheMagicEnd = 0x31414c4d50414e53ull;    // the same, byte-reversed
 
-// Live caches by handle. A handle is an id, kHandleTag | serial number, never an address: a
-// lookup dereferences nothing the caller gave, and serial numbers are never reused, so a
-// destroyed handle stays refused after its object's memory is reused. Readers (every call on
-// a cache) take the lock shared; create and destroy take it exclusively.
+// Live caches by handle. A handle is kHandleTag | a serial number, never an address: a lookup
+// dereferences nothing the caller gave, and a destroyed handle stays refused. Calls on a cache
+// take the lock shared; create and destroy take it exclusively.
 enum class Lookup { kLive, kUnknown, kCorrupt };
 
 class CacheRegistry {
@@ -103,8 +101,7 @@ snapmla_status_t cache_bytes_of(const char* op, const char* layers_name, const c
   return SNAPMLA_SUCCESS;
 }
 
-// The checked config's cache object over its memory (allocated on `device` when it names none),
-// registered: its handle into *cache_out.
+// The registered cache of a checked config, its memory allocated on `device` if not given.
 snapmla_status_t make_cache(const char* op, const snapmla_cache_config_t& c, size_t bytes,
                             int64_t page_stride, int device, const std::vector<uint8_t*>& layers,
                             snapmla_cache_t* cache_out) {

@@ -6,9 +6,8 @@
 
 #include "snapmla/snapmla.h"
 
-// A live cache carries a magic word at each end (as NCCL's communicator does); destroy clears
-// them before the object is freed. Handles are looked up in the registry below, never
-// dereferenced as given, so the magic words guard against corruption of the object itself.
+// A live cache carries a magic word at each end, cleared by destroy: handles are looked up, never
+// dereferenced, so the words guard against corruption of the object itself.
 struct snapmla_cache {
   uint64_t magic_begin;
   uint8_t* data;

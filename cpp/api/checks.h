@@ -59,10 +59,9 @@ struct OptionalField {
   size_t size;
 };
 
-// Copy a caller's size-prefixed struct into a zeroed local one, as the header's "Config
-// structs" rule says: a struct_size below `min_size` or ending inside one of `optional` is
-// refused; fields beyond a smaller struct_size read as zero; a larger struct_size (at most
-// kMaxStructSize) is accepted only if every byte past sizeof(T) is zero.
+// A caller's size-prefixed struct into a zeroed *out by the header's "Config structs" rule: a
+// struct_size below min_size or ending inside an `optional` field is refused, missing fields
+// read as zero, and bytes past sizeof(T) must be zero.
 template <typename T>
 snapmla_status_t read_sized(const char* op, const char* name, const T* in, T* out, size_t min_size,
                             std::initializer_list<OptionalField> optional = {}) {
@@ -91,8 +90,7 @@ snapmla_status_t read_sized(const char* op, const char* name, const T* in, T* ou
   return SNAPMLA_SUCCESS;
 }
 
-// A device pointer argument: not NULL and aligned to `alignment` bytes (`why` says what
-// needs it).
+// A device pointer: not NULL, aligned to `alignment` bytes (`why` says what needs it).
 snapmla_status_t check_pointer(const char* op, const char* name, const void* p, size_t alignment,
                                const char* why);
 
@@ -104,17 +102,13 @@ struct Dim {
   const char* name;
 };
 
-// The bytes an argument at `p` spans: the elements at offsets sum((count - 1) * stride) +
-// [0, inner) of `elem` bytes each, in checked int64 arithmetic. Refused naming the stride (or
-// count) whose term overflows int64, or whose term is the largest when the span in bytes does;
-// naming the argument when the span runs past the end of the address space. Strides of
-// dimensions with count > 1 are non-negative here (checked before).
+// The bytes an argument spans, sum((count - 1) * stride) + inner elements of `elem` bytes, in
+// checked int64 arithmetic (strides already checked non-negative). An overflow is refused naming
+// the stride whose term overflows or is the largest; an end past the address space, the argument.
 snapmla_status_t check_span(const char* op, const char* name, const void* p, int64_t elem,
                             int64_t inner, std::initializer_list<Dim> dims);
 
-// The bytes [first, last] an argument spans (as check_span measures them, which must have
-// passed: no overflow, non-negative strides, the last byte inside the address space); an absent
-// or empty argument spans nothing.
+// The bytes [first, last] of an argument that passed check_span; empty for NULL or no elements.
 struct Extent {
   const char* name;
   uintptr_t first, last;
@@ -132,13 +126,11 @@ snapmla_status_t check_apart(const char* op, const Extent& out,
 // CUDA call of every operation that launches: validation-only mode stops here.
 snapmla_status_t check_device(const char* op, const snapmla_cache* cache);
 
-// BF16 rows of the latent and the RoPE key, `rows` of each: c_kv [rows, 512] and k_pe
-// [rows, 64] with their row strides (append's inputs, fetch-dequant's and gather's outputs).
+// BF16 c_kv [rows, 512] and k_pe [rows, 64] with their row strides.
 snapmla_status_t check_bf16_rows(const char* op, const void* c_kv, int64_t c_kv_stride,
                                  const void* k_pe, int64_t k_pe_stride, int64_t rows);
 
-// q: BF16, `tokens` x `heads` rows of 576, strides named as given.
-// `row`: the elements of one (token, head) row: 576 (q_nope | q_pe), 512 (q_nope), 64 (q_pe).
+// BF16 query rows of `row` elements: 576 (q_nope | q_pe), 512 (q_nope) or 64 (q_pe).
 snapmla_status_t check_q(const char* op, const char* name, const void* q, Dim batch, Dim token,
                          Dim head, int row = kHeadDim);
 

@@ -54,9 +54,8 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
   return SNAPMLA_SUCCESS;
 }
 
-// Upper bounds of the plan's and the workspace's int64 size arithmetic over every valid
-// config (decode::PlanLayout / WorkspaceLayout): far from overflow, so the sizes computed from
-// a checked config are exact.
+// Bounds of the plan's and the workspace's size arithmetic over every valid config: far from
+// int64 overflow, so the sizes of a checked config are exact.
 constexpr int64_t kWorstRows = int64_t{kMaxBatch} * SNAPMLA_MAX_Q_LEN * SNAPMLA_MAX_HEADS;
 constexpr int64_t kWorstRowTiles =
     (int64_t{SNAPMLA_MAX_Q_LEN} * SNAPMLA_MAX_HEADS + decode::kTileRows - 1) / decode::kTileRows;
@@ -95,11 +94,9 @@ int row_tiles_of(const snapmla_decode_config_t& c) {
   return ceil_div(int64_t{c.q_len} * c.num_heads, decode::kTileRows);
 }
 
-// The parts whose attention CTAs find an SM free when the attention kernel launches
-// (decode/plan.cu): with the default part count, where a request's rows
-// are one row tile (the last parts are then the CTAs dispatched last) and a Q-quant kernel runs
-// before the attention kernel, all but the last G, G the Q-quant kernel's CTAs (up to 8 warps
-// each); else all of them.
+// The parts whose attention CTAs find an SM free at launch (decode/plan.cu): with the default
+// part count, one row tile a request and a Q-quant kernel before the attention kernel, all but
+// the last G, G the Q-quant kernel's CTAs; else all of them.
 int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
   const int64_t rows_per_request = int64_t{c.q_len} * c.num_heads;
   if (c.num_sm_parts > 0 || row_tiles_of(c) != 1) return parts;
@@ -109,8 +106,7 @@ int free_parts_of(const snapmla_decode_config_t& c, int parts, int sms) {
   return held < parts ? parts - static_cast<int>(held) : parts;
 }
 
-// The plan's part count (the config's, or the default from the SM count) and, where
-// free_parts is given, the parts of them free_parts_of leaves work to.
+// The plan's part count (the config's, or the default for the SM count) and its free parts.
 snapmla_status_t num_parts_of(const char* op, const snapmla_decode_config_t& c, int* parts,
                               int* free_parts = nullptr) {
   if (c.num_sm_parts > 0) {
@@ -136,8 +132,7 @@ void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* pl
                               .total_bytes);
 }
 
-// The plan (and the workspace, if given) must not run past the end of the address space.
-// Their sizes for `parts` go to *sizes_out (plan, then workspace bytes) when given.
+// The plan (and the workspace, if given) inside the address space; their sizes into sizes_out.
 snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_config_t& c, int parts,
                                       const void* plan, const void* workspace,
                                       size_t* sizes_out = nullptr) {
@@ -199,8 +194,7 @@ snapmla_status_t check_buffers_apart(const char* op, const snapmla_decode_config
   return check_apart(op, e.lse, {plan_ext});
 }
 
-// A decode call's launches, and the key launch_repeated (common/repeated_launch.h) replays them
-// by: every value they read on the host, byte for byte.
+// A decode call's launches; also launch_repeated's key: every value they read on the host.
 struct Launches {
   decode::DecodeParams p;
   QuantizeQParams qp;
@@ -271,8 +265,7 @@ void make_launches(const snapmla_decode_config_t& c, const snapmla_decode_args_t
   k->kernel = select_kernel(c, a.kernel, decode::typical_chain(p.batch, p.max_pages, p.num_parts));
 }
 
-// The launches in stream order: the Q-quant kernel, the attention kernel, the split combine.
-// The first error stops the sequence.
+// Q-quant, attention, split combine, in stream order; the first error stops the sequence.
 cudaError_t launch_decode(void* launches, cudaStream_t s) {
   const Launches& k = *static_cast<const Launches*>(launches);
   cudaError_t err = launch_quantize_q(k.qp, s);
@@ -395,8 +388,7 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   SNAPMLA_TRY(check_pointer(op, "plan", plan, kAlignPlan, "the plan's int32 words"));
   SNAPMLA_TRY(check_pointer(op, "workspace", workspace, kAlignWorkspace,
                             "its parts are 256-byte aligned for TMA and vector loads"));
-  // The buffers' sizes need the part count: checked before the device is asked where the config
-  // gives it, after otherwise.
+  // The buffers' sizes need the part count: from the config before the device check, else after.
   if (c.num_sm_parts > 0) {
     SNAPMLA_TRY(check_buffers_apart(op, c, c.num_sm_parts, plan, workspace, e));
   }

@@ -9,9 +9,7 @@
 namespace snapmla {
 namespace {
 
-// A model step calls decode once a layer, each with its own layer pointer (its own key): a key
-// is captured the second time it is seen among the last kSeen keys, and kGraphs graphs are
-// kept, enough for a step of that many layers on one thread.
+// A model step decodes each layer with its own key: kGraphs graphs hold a step of that many.
 constexpr int kGraphs = 128;
 constexpr int kSeen = 128;
 constexpr int kMaxGraphDevices = 64;
@@ -85,11 +83,9 @@ uint64_t key_hash(int device, const void* key, size_t bytes) {
   return h == 0 ? 1 : h;
 }
 
-// fn's launches captured on this thread's capture stream of `device` into an executable graph
-// that takes graph slot `slot` (its previous graph destroyed); null where any step failed (the
-// caller then launches directly, which reports a launch error as it would without graphs).
-// Every runtime call here runs in relaxed capture mode for this thread, so that a capture in
-// global mode on another thread neither fails on them nor is invalidated by them.
+// fn's launches captured into an executable graph for `slot` (its previous graph destroyed);
+// null on any failure (the caller launches directly, reporting errors as without graphs). Runs
+// in relaxed capture mode, so a global-mode capture on another thread is left undisturbed.
 cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);

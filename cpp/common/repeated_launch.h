@@ -1,15 +1,11 @@
-// A call's launches, replayed as one CUDA graph when the same call repeats: a graph launch takes
-// a fraction of the host time of a decode call's three launches. The second time a thread makes
-// a call whose key is among its last 128 keys, the launches are captured on a private stream and
-// replayed into the caller's stream; later calls with a key it holds (128 graphs a thread: a
-// model step's layers) replay the graph, into any stream of the current device. Never while the
-// caller's stream is capturing (that capture takes the launches as they are); a key whose capture
-// failed launches directly from then on; SNAPMLA_DECODE_GRAPHS=0 in the environment launches
-// directly always. The graphs belong to the device's primary context: a thread must not use them
-// across a device reset.
-// The key holds every value the launches read on the host (parameters, pointers, sizes, the
-// kernel choice), byte for byte with no uninitialized padding: a replay reads device memory anew,
-// but a changed pointer or size needs a changed key.
+// A call's launches, replayed as one CUDA graph when the same call repeats (a graph launch costs
+// a fraction of the host time of several launches). A key seen again among a thread's last 128
+// is captured on a private stream; later calls with it replay the graph into any stream of the
+// current device, except while the caller's stream is capturing. A failed capture, or
+// SNAPMLA_DECODE_GRAPHS=0 in the environment, launches directly. Graphs belong to the primary
+// context: a thread must not use them across a device reset.
+// The key holds every value the launches read on the host, byte for byte with no uninitialized
+// padding: a replay reads device memory anew, but a changed pointer or size needs a new key.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -40,16 +40,11 @@ __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// x / s correctly rounded (IEEE fp32 division, as the contract says) for a row's scale s, in a
-// multiply and two FMAs: with r = RN(1/s) and q0 = RN(x * r), the exact remainder x - q0 * s
-// corrects q0 to the correctly rounded quotient (Markstein). That holds for finite results
-// while the remainder does not underflow; `ok` turns false on a non-finite quotient and the
-// caller redoes the row with the IEEE division.
-// The remainder underflows for |x| below about 2^-100. Content quotients change a code only
-// from 2^-14 up (|x| >= 2^-46 by the scale's 2^-32 floor), so operator() ignores that range;
-// checked() is for values kept in full (the RoPE's BF16) and also fails `ok` for a nonzero
-// |x| < 2^-100 or a subnormal quotient. copysign keeps the sign of a zero numerator: the FMAs
-// alone turn -0 into +0, and the contract's E4M3 code of -0 is 0x80.
+// x / s correctly rounded (the contract's IEEE division) in a multiply and two FMAs: with
+// r = RN(1/s) and q0 = RN(x * r), the exact remainder x - q0 * s corrects q0 (Markstein). `ok`
+// turns false where that may fail: a non-finite quotient; in checked(), for values kept in full
+// (the RoPE's BF16), also a nonzero |x| < 2^-100 (the remainder underflows) or a subnormal
+// quotient. Content quotients that small change no E4M3 code. copysign keeps the sign of -0.
 struct FastDivider {
   float s, r;
   __device__ __forceinline__ float operator()(float x, bool& ok) const {
@@ -72,9 +67,8 @@ struct IeeeDivider {
   __device__ __forceinline__ float checked(float x, bool& ok) const { return (*this)(x, ok); }
 };
 
-// quantize(div, ok) for a row with scale s: with the fast divider where every quotient passed,
-// else again with the IEEE division for the whole row, warp-uniformly (rare: NaN or inf
-// inputs, an overflowing or tiny RoPE quotient). Whole warp must call it.
+// quantize(div, ok) with the fast divider, or again with the IEEE division for the whole row
+// where any lane's quotient failed (rare: non-finite inputs, extreme RoPE). Whole warp.
 template <class Result, class Quantize>
 __device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantize& quantize) {
   bool ok = isfinite(s);
@@ -105,8 +99,7 @@ __device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
   return make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
 }
 
-// The contract's row from its scale s and divider; x receives the content's quotients q / s
-// (chunk i in x[i]), from which the two-term query takes its low codes.
+// The contract's row; x receives the content's quotients (chunk i in x[i]) for the low term.
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
                                                       const Bf16x8& c1, uint32_t r, float s,
@@ -121,8 +114,7 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
   return q;
 }
 
-// One lane's inputs of a row: content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8), and
-// RoPE elements 2l, 2l + 1 (element 2l in the low half of r).
+// One lane's inputs of a row (RoPE element 2l in the low half of r).
 struct RowInputs {
   Bf16x8 c0, c1;
   uint32_t r;
@@ -145,8 +137,7 @@ __device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uin
   return in;
 }
 
-// A loaded row's scale: the contract's row_scale of its content's largest |value| (NaN
-// propagating). Whole warp must call it.
+// The row's scale: row_scale of its content's amax, NaN propagating. Whole warp.
 __device__ __forceinline__ float loaded_row_scale(const RowInputs& in) {
   float amax = 0.f;
 #pragma unroll
@@ -158,7 +149,7 @@ __device__ __forceinline__ float loaded_row_scale(const RowInputs& in) {
   return row_scale(amax);
 }
 
-// The contract's quantization of a loaded row. Whole warp must call it.
+// The contract's quantization of a loaded row. Whole warp.
 __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   const float s = loaded_row_scale(in);
 
@@ -168,7 +159,7 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   });
 }
 
-// content / rope: this row's inputs (element 0). Whole warp must call it.
+// content / rope: this row's inputs (element 0). Whole warp.
 template <bool kAligned>
 __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, const uint16_t* rope,
                                                      int lane) {
@@ -176,10 +167,8 @@ __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, co
 }
 
 // The two-term query (snapmla.reference.quantize_q2): the high term is the contract's row; the
-// low term is, per element, q_lo = e4m3(16 (x - q_hi)) with x = q / s1 the quotient that q_hi
-// rounds (the difference and the product are exact: one rounding), and s2 = s1 / 16. The low
-// codes reuse the high term's quotients, so both terms come from the same x. Same
-// element-to-lane map as QuantizedRow's content.
+// low term is q_lo = e4m3(16 (x - q_hi)) per element, x the quotient that q_hi rounds (exact
+// difference and product: one rounding), and s2 = s1 / 16.
 struct QuantizedLo {
   uint2 content[2];
   float scale;
@@ -202,7 +191,7 @@ __device__ __forceinline__ uint2 low_codes(const float (&x)[8], uint2 hi) {
   return to_e4m3x8(v);
 }
 
-// Both terms of a loaded row. Whole warp must call it.
+// Both terms of a loaded row. Whole warp.
 __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInputs& in) {
   const float s = loaded_row_scale(in);
   return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
@@ -218,8 +207,7 @@ __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInput
   });
 }
 
-// Store a quantized row: content to `content_out` (512 bytes, 8-byte aligned), RoPE to
-// `rope_out` (64 bf16, 4-byte aligned), scale to `scale_out`.
+// Store a row: content (512 bytes, 8-byte aligned), RoPE (64 bf16, 4-byte aligned), scale.
 __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* content_out,
                                           uint16_t* rope_out, float* scale_out, int lane) {
   reinterpret_cast<uint2*>(content_out)[lane] = q.content[0];
@@ -228,7 +216,7 @@ __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* conten
   if (lane == 0) *scale_out = q.scale;
 }
 
-// Store the low term: content to `content_out` (512 bytes, 8-byte aligned), scale to `scale_out`.
+// Store the low term: content (512 bytes, 8-byte aligned) and scale.
 __device__ __forceinline__ void store_low_term(const QuantizedLo& lo, uint8_t* content_out,
                                                float* scale_out, int lane) {
   reinterpret_cast<uint2*>(content_out)[lane] = lo.content[0];

@@ -29,9 +29,8 @@ __device__ __forceinline__ void for_each_warp_item(int64_t n, const Body& body) 
 }
 #endif
 
-// launch(aligned, strided, blocks) for a cache kernel over p's tokens, one warp each, with
-// aligned (p's BF16 rows take 16-byte accesses) and strided (p's pages are not packed) as
-// std::bool_constant: the kernel's template arguments. Nothing for no tokens.
+// launch(aligned, strided, blocks) over p's tokens: aligned (16-byte BF16 row accesses) and
+// strided (pages not packed) as std::bool_constant, the kernel's template arguments.
 template <class Params, class Launch>
 cudaError_t launch_token_kernel(const Params& p, const Launch& launch) {
   if (p.num_tokens == 0) return cudaSuccess;

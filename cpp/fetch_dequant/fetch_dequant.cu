@@ -65,7 +65,7 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
   if (lane < kRopeLanes) store_words<kAligned>(k_out + lane * 8, rope, 4);
 }
 
-// One warp per slot: a negative slot (padding) gives zeros, one past the layer NaN.
+// One warp per slot: a negative slot (padding) gives zeros, a slot past the layer NaN.
 // kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
 template <bool kAligned, bool kStrided>
 __global__ void __launch_bounds__(kItemThreads) fetch_dequant_kernel(const FetchDequantParams p) {

@@ -31,15 +31,13 @@ struct QuantizeQParams {
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);
 
-// The Q-quant kernel's geometry: one warp a row, kQuantizeQWarps warps a CTA, at most
-// kQuantizeQBlocksPerSm CTAs an SM (its grid: common/launch.h, warp_per_item_grid; the decode
-// plan leaves the SMs it holds to it: decode/plan.cu, SNAPMLA_PLAN_QQ_ROOM).
+// The Q-quant kernel's geometry (one warp a row), which the decode plan also reads: it leaves
+// the SMs the Q-quant CTAs hold to them.
 constexpr int kQuantizeQWarps = 8;
 constexpr int kQuantizeQBlocksPerSm = 8;
 
 // Every row's content and RoPE can be read with 16-byte loads (16-byte aligned bases, strides
-// in whole 8-element units): the Q-quant kernel's aligned instantiations, and the condition
-// for the seesaw kernel's own quantization (decode.h, seesaw_fuses_q).
+// in whole 8-element units): the Q-quant kernel's aligned path, and the seesaw kernel's own.
 inline bool quantize_q_vectorizable(const QuantizeQParams& p) {
   auto ok = [](const void* ptr, int64_t s0, int64_t s1, int64_t s2) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && s0 % 8 == 0 && s1 % 8 == 0 &&

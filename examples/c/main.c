@@ -81,7 +81,7 @@ static void host_checks(void) {
             strstr(snapmla_last_error(), "memory_bytes") != NULL,
         "too small caller memory is refused by name");
 
-  /* An engine's layout: each layer in its own allocation (since 0.2). */
+  /* An engine's layout: each layer in its own allocation. */
   {
     void* layers[2] = {(void*)(uintptr_t)0x7f0000400000ull, (void*)(uintptr_t)0x7f0000000000ull};
     void* data = NULL;
@@ -102,7 +102,7 @@ static void host_checks(void) {
           "overlapping layers are refused");
   }
 
-  /* Pages inside larger slots (since 0.2): 64 tokens x 656 bytes a page. */
+  /* Pages inside larger slots: 64 tokens x 656 bytes a page. */
   {
     snapmla_cache_config_t sc = SNAPMLA_CACHE_CONFIG_INIT;
     snapmla_cache_info_t si = SNAPMLA_CACHE_INFO_INIT;
