@@ -8,22 +8,13 @@ one-shot float64 softmax, and the page packer against the header's byte layout.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-
 import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-try:
-    from snapmla import reference as ref
-except (ImportError, OSError, RuntimeError):  # package not importable: load the file itself
-    _path = pathlib.Path(__file__).resolve().parents[1] / "python" / "snapmla" / "reference.py"
-    _spec = importlib.util.spec_from_file_location("snapmla_reference", _path)
-    ref = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(ref)
+from snapmla import reference as ref
 
 FP8 = ml_dtypes.float8_e4m3fn
 BF16 = ml_dtypes.bfloat16

@@ -8,8 +8,6 @@ bit (tests/gpu/test_quantize.py) and both decode kernels to the decode model.
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
 from fractions import Fraction
 
 import ml_dtypes
@@ -18,13 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-try:
-    from snapmla import reference as ref
-except (ImportError, OSError, RuntimeError):  # package not importable: load the file itself
-    _path = pathlib.Path(__file__).resolve().parents[1] / "python" / "snapmla" / "reference.py"
-    _spec = importlib.util.spec_from_file_location("snapmla_reference", _path)
-    ref = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(ref)
+from snapmla import reference as ref
 
 FP8 = ml_dtypes.float8_e4m3fn
 BF16 = ml_dtypes.bfloat16

@@ -20,6 +20,7 @@ from ._errors import argument_error
 from ._lib import MAX_HEADS, MAX_Q_LEN, PAGE_BYTES, PAGE_SIZE
 
 __all__ = [
+    "INT32_MAX",
     "KERNELS",
     "MAX_BATCH",
     "MAX_DEVICE",
@@ -27,6 +28,7 @@ __all__ = [
     "MAX_SM_PARTS",
     "OUT_DTYPES",
     "PAGE_STRIDES",
+    "PLANE_ALIGNMENT",
     "Q_PRECISIONS",
     "check_batch",
     "check_config",
@@ -46,7 +48,10 @@ MAX_BATCH = 65536
 MAX_SM_PARTS = 65535
 MAX_DEVICE = 63
 MAX_PAGE_STRIDE = 2**40
-PAGE_STRIDE_ALIGNMENT = 128  # the planes' alignment inside a page slot
+# A page's planes are 128-byte aligned: page strides and each layer's own memory are too.
+PLANE_ALIGNMENT = 128
+# The page strides the C library takes (page_stride_ok), as messages state them.
+PAGE_STRIDES = f"{PAGE_BYTES} (packed) or a larger multiple of {PLANE_ALIGNMENT} below 2^40"
 
 # decode(kernel=...) names -> snapmla_decode_kernel_t.
 KERNELS = {"auto": 0, "reference": 1, "fast": 2}
@@ -111,10 +116,6 @@ def kernel_code(op: str, kernel: Any) -> int:
     return code
 
 
-# The page strides the C library takes, as messages state them.
-PAGE_STRIDES = f"{PAGE_BYTES} (packed) or a larger multiple of {PAGE_STRIDE_ALIGNMENT} below 2^40"
-
-
 def q_precision_code(op: str, argument: str, precision: Any) -> int:
     """The ``snapmla_q_precision_t`` of a query precision name."""
     code = Q_PRECISIONS.get(precision) if type(precision) is str else None
@@ -128,7 +129,7 @@ def q_precision_code(op: str, argument: str, precision: Any) -> int:
 def page_stride_ok(stride: int) -> bool:
     """A page stride the C library takes (``PAGE_STRIDES``)."""
     return stride == PAGE_BYTES or (
-        PAGE_BYTES < stride < MAX_PAGE_STRIDE and stride % PAGE_STRIDE_ALIGNMENT == 0
+        PAGE_BYTES < stride < MAX_PAGE_STRIDE and stride % PLANE_ALIGNMENT == 0
     )
 
 

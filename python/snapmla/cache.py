@@ -6,7 +6,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import _lib
-from ._args import INT32_MAX, MAX_DEVICE, MAX_PAGES, PAGE_STRIDES, check_int, page_stride_ok
+from ._args import (
+    INT32_MAX,
+    MAX_DEVICE,
+    MAX_PAGES,
+    PAGE_STRIDES,
+    PLANE_ALIGNMENT,
+    check_int,
+    page_stride_ok,
+)
 from ._dlpack import TensorView
 from ._errors import SnapMLAError, argument_error
 from ._lib import CONTENT_DIM, PAGE_BYTES, ROPE_DIM
@@ -33,8 +41,7 @@ from ._tensor import (
 
 __all__ = ["KVCache"]
 
-_MEMORY_ALIGNMENT = 256
-_LAYER_ALIGNMENT = 128  # a layer of KVCache(layers=...): the planes' alignment (C: kAlignLayer)
+_MEMORY_ALIGNMENT = 256  # cudaMalloc's, as the C library asks of a cache's memory
 # Calls kept in a cache's memo of append and fetch_dequant calls (KVCache._call_memo).
 _CALL_MEMO_SIZE = 1024
 
@@ -271,7 +278,7 @@ class KVCache(Closable):
             views = []
             for index, tensor in enumerate(layers):
                 v, device = _validate_buffer(
-                    tensor, layer_bytes, device, f"layers[{index}]", _LAYER_ALIGNMENT
+                    tensor, layer_bytes, device, f"layers[{index}]", PLANE_ALIGNMENT
                 )
                 views.append(v)
             order = sorted(range(num_layers), key=lambda i: views[i].ptr)

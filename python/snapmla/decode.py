@@ -112,17 +112,17 @@ def select_kernel(config: DecodeConfig, kernel: str = "auto", op: str = "decode"
             request runs only on ``"reference"``), or the config is out of range.
     """
     code = kernel_code(op, kernel)
-    c = decode_config(
-        config.batch_size,
-        config.q_len,
-        config.num_heads,
-        config.max_pages,
-        config.num_sm_parts,
-        Q_PRECISIONS[config.q_precision],
-    )
     selected = _lib.ffi.new("int32_t*")
-    _lib.check(_lib.lib().snapmla_decode_select_kernel(c, code, selected), op)
+    _lib.check(_lib.lib().snapmla_decode_select_kernel(_c_config(config), code, selected), op)
     return _KERNEL_NAMES[selected[0]]
+
+
+def _c_config(config: DecodeConfig) -> Any:
+    """``config`` as the C calls take it (``_args.decode_config``: built once, read-only)."""
+    c = config
+    return decode_config(
+        c.batch_size, c.q_len, c.num_heads, c.max_pages, c.num_sm_parts, Q_PRECISIONS[c.q_precision]
+    )
 
 
 @functools.lru_cache(maxsize=256)
@@ -245,7 +245,7 @@ class DecodePlan(Closable):
         num_heads, q_len, max_pages, num_sm_parts = check_config(
             op, num_heads, q_len, max_pages, num_sm_parts
         )
-        precision = q_precision_code(op, "q_precision", q_precision)
+        q_precision_code(op, "q_precision", q_precision)
         s = Stream(stream, op, (cache_seqlens,))
         seqlens, device = _validate_seqlens(op, cache_seqlens, None, None, s)
         self.config = DecodeConfig(
@@ -254,14 +254,7 @@ class DecodePlan(Closable):
         self.device = device
         ffi = _lib.ffi
         lib = _lib.lib()
-        self._c_config = decode_config(
-            self.config.batch_size,
-            q_len,
-            num_heads,
-            max_pages,
-            num_sm_parts,
-            precision,
-        )
+        self._c_config = _c_config(self.config)
         plan_bytes = ffi.new("size_t*")
         workspace_bytes = ffi.new("size_t*")
         with on_device(op, device):

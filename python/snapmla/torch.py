@@ -23,10 +23,10 @@ implementations): ``append`` (mutates ``cache``), ``fetch_dequant`` (``c_kv``, `
 ``lse``). The functions of this module allocate missing outputs and call them.
 
 The cache tensor is the cache: the C handle over its memory is made on first use and kept,
-keyed by (address, layers, pages, device); ``release(cache)`` drops it. An engine that holds
-one tensor per layer passes each as a one-layer cache (``view(1, num_pages, 41216)``, layer 0). A plan and workspace
-sized for a batch serve every smaller batch (and ``decode_buffers`` checks the sizes grow with
-the batch), so a graph captured at a padded batch stays valid.
+keyed by (address, layers, pages, device, page stride); ``release(cache)`` drops it. An
+engine that holds one tensor per layer passes each as a one-layer cache (``view(1, num_pages,
+41216)``, layer 0). A plan and workspace sized for a batch serve every smaller batch (the
+buffer sizes grow with the batch), so a graph captured at a padded batch stays valid.
 """
 
 from __future__ import annotations

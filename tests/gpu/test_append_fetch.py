@@ -171,7 +171,7 @@ def test_fetch_dequant_matches_reference(rng: np.random.Generator, framework: st
     capacity = num_pages * 64
     slots = np.concatenate(
         [
-            rng.choice(written[layer], 200),  # written, with repeats
+            rng.choice(written[layer], 200),  # written (a slot may repeat)
             rng.integers(0, capacity, 30),  # some unwritten: NaN bytes -> NaN
             np.array([-1, -(2**40), capacity, capacity + 1, 2**40], np.int64),
         ]

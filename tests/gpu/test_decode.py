@@ -20,9 +20,9 @@ from _util import (
     FAST_EXACT_RTOL,
     FAST_LSE_ATOL,
     FAST_OUT_RTOL,
+    FRAMEWORKS,
     REF_LSE_ATOL,
     REF_OUT_RTOL,
-    FRAMEWORKS,
     SM_SCALE,
     assert_all_nan,
     assert_rounds_to,
@@ -775,7 +775,7 @@ def test_corrupted_plan_gives_nan_rows(rng: np.random.Generator, corrupt: str) -
     cupy = cupy_module()
     case = make_case(rng, [3000, 64, 1, 700], num_heads=16, q_len=2)
     cache = make_cache(case)
-    q_dev, bt_dev, sl_dev = device_inputs(case)
+    _, _, sl_dev = device_inputs(case)
     plan = make_plan(case, sl_dev)
     for kernel in KERNELS:
         out, lse = run_decode(cache, case, kernel=kernel, plan=plan)

@@ -54,7 +54,7 @@ def aligned_stride(batch: int, num_parts: int, min_part_cost: int, max_cost: int
 
 def free_parts_model(batch: int, q_len: int, num_heads: int, num_parts: int, sm_count: int,
                      explicit_parts: bool) -> int:
-    """The parts whose CTAs find an SM the Q-quant kernel leaves free (cpp/api/decode.cu, free_parts_of):
+    """The parts whose CTAs find an SM the Q-quant kernel leaves free (the C API's free_parts_of):
     with the default part count and one row tile a request, all but the Q-quant kernel's CTAs
     (no width fuses the Q by default, so a Q-quant kernel runs before every seesaw launch)."""
     if explicit_parts or math.ceil(q_len * num_heads / TILE_ROWS) != 1:

@@ -259,8 +259,16 @@ def test_decode_memo_hit_refuses_what_the_checks_refuse(rng: np.random.Generator
     out, lse = poisoned_outputs(1, 1, 16)
 
     def call(**changed):
-        a = dict(cache=cache, q=q, block_table=bt, cache_seqlens=sl, plan=plan,
-                 workspace=workspace, out=out, lse=lse)  # fmt: skip
+        a = {
+            "cache": cache,
+            "q": q,
+            "block_table": bt,
+            "cache_seqlens": sl,
+            "plan": plan,
+            "workspace": workspace,
+            "out": out,
+            "lse": lse,
+        }
         a.update(changed)
         return smt.decode(
             a["cache"], 0, a["q"], a["block_table"], a["cache_seqlens"], a["plan"],
