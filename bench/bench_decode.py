@@ -177,10 +177,6 @@ def select_cases(spec: str | None) -> list[Case]:
     return [Case.parse(n) for n in chosen if not (n in seen or seen.add(n))]
 
 
-# The fast kernel takes the two-term query where q_len * heads <= this (the library's rule).
-TWO_TERM_FAST_ROWS = 32
-
-
 def rows_padded(s_q: int, h: int) -> int:
     return -(-s_q * h // TILE_ROWS) * TILE_ROWS
 
@@ -850,8 +846,10 @@ def run_case(
             call: its kernel, time, cost against this run's one-term time (also interleaved and
             in alternating rounds), and its error against the fp32 reference next to the
             one-term error."""
-            rows_fast = case.q_len * h <= TWO_TERM_FAST_ROWS
-            kernel = "auto" if rows_fast else "reference"
+            from snapmla.decode import DecodeConfig, runnable_kernels  # the library's rule
+
+            config = DecodeConfig(case.batch, case.q_len, h, 1, q_precision="fp8x2")
+            kernel = "auto" if "auto" in runnable_kernels(config) else "reference"
             doc: dict[str, Any] = {"kernel": kernel}
             plan2 = None
             try:
@@ -1154,8 +1152,7 @@ def _parser() -> argparse.ArgumentParser:
         "--two-term",
         action="store_true",
         help="also time the two-term query (q_precision fp8x2) in the same run: AUTO "
-        f"(the fast kernel) where q_len * heads <= {TWO_TERM_FAST_ROWS}, else the reference "
-        "kernel",
+        "(the fast kernel) where the library runs it there, else the reference kernel",
     )
     p.add_argument(
         "--two-term-rounds",

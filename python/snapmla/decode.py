@@ -141,18 +141,6 @@ def runnable_kernels(config: DecodeConfig) -> types.MappingProxyType[str, int]:
     return types.MappingProxyType(runnable)
 
 
-def __getattr__(name: str) -> Any:
-    # TWO_TERM_FAST_ROWS: the most rows a request (q_len * num_heads) of the two-term query on
-    # the fast kernel, asked of the library, for tools that state it without loading it.
-    if name == "TWO_TERM_FAST_ROWS":
-        return max(
-            h
-            for h in range(1, MAX_HEADS + 1)
-            if "fast" in runnable_kernels(DecodeConfig(1, 1, h, 1, q_precision="fp8x2"))
-        )
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def _validate_seqlens(
     op: str,
     cache_seqlens: Any,
