@@ -1,26 +1,10 @@
 // The sm90 decode kernel ("the seesaw"): tile constants, the shared-memory plan, the named
 // barriers and the traits of each variant.
 //
-// One CTA = 64 query rows (s_q x heads, flattened, heads fastest) of one part of the split-KV
-// schedule: two consumer warpgroups and a producer warpgroup. Per 64-token block (one page):
-//   QK       S[64 rows x 64 tokens] = Q K^T: 16 FP8 wgmma m64n64k32 over the content and 4 BF16
-//            wgmma m64n64k16 over the pre-scaled RoPE, in two fp32 halves (content 0-255 and
-//            256-511 + RoPE) that the CUDA cores add: FP8 wgmma does not accumulate in fp32.
-//            Blocks alternate between the warpgroups: WG w owns blocks i = w, w + 2, ...
-//   softmax  the owner runs the contract's block step on its S and publishes P8 (to shared
-//            memory, the B operand of PV) and the row statistics m, sigma, l, gamma.
-//   PV       transposed: O^T[512 latent x N rows] = V^T P^T. WG w owns latent half
-//            [256 w, 256 w + 256) for every block: 4 m-tiles of 64 latent rows x 2 k-steps of
-//            32 tokens. V^T is built straight into wgmma A registers from the TMA'd content
-//            tile (ldmatrix.trans + one byte permute per register): no transpose pass, no V^T
-//            buffer. Each product goes into a zeroed fp32 temporary that the CUDA cores add into
-//            O = gamma O + T (the rescale every online softmax pays anyway). Order: the owner's
-//            softmax of block i, then its PV of block i - 1 (the other's) and of block i.
-//   TMA      a ring of kStages pages, each loaded in three parts (the two content halves, then
-//            the RoPE tile and the scales); full[stage] counts those three arrivals. The
-//            producer's elected thread refills a stage once both consumer warpgroups have
-//            arrived on empty[stage] (after their PVs of the block).
-//   P8 and the row statistics live in kPBuffers buffers, handed over by named barriers.
+// One CTA = 64 query rows (s_q x heads, flattened) of one part of the split-KV plan: a producer
+// warpgroup that issues every TMA load into a ring of kStages pages, and two consumer warpgroups
+// that alternate blocks for QK and the softmax (WG w owns blocks w, w + 2, ...) and split every
+// block's transposed PV, O^T = V^T P8^T, by latent halves. docs/design.md explains the schedule.
 //
 // Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
 //   V^T A fragment of warp v, m-tile m, k-step ks: M-row 16 v + g <-> latent d = base + 2 g,
