@@ -19,7 +19,9 @@ struct Ring {
   __device__ __forceinline__ SharedStorage::Stage& stage(int i) const {
     return s.stage[(it0 + i) % kStages];
   }
-  __device__ __forceinline__ uint64_t* full(int i) const { return &s.full_bar[(it0 + i) % kStages]; }
+  __device__ __forceinline__ uint64_t* full(int i) const {
+    return &s.full_bar[(it0 + i) % kStages];
+  }
   __device__ __forceinline__ uint32_t phase(int i) const { return ((it0 + i) / kStages) & 1u; }
 };
 

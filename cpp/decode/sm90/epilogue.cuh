@@ -13,9 +13,10 @@ namespace seesaw {
 // row's 1/l: into the split partial of seg.slot (FP16 with a per-group exponent, segment.cuh),
 // or into out (BF16 or fp32).
 template <int kMTiles, int kNRegs>
-__device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float (&o)[kMTiles][kNRegs],
-                                             const float* inv_l_of, int b, int tile,
-                                             int rows_total, int d0, int t, const Segment& seg) {
+__device__ __forceinline__ void store_o_rows(const DecodeParams& p,
+                                             const float (&o)[kMTiles][kNRegs],
+                                             const float* inv_l_of, int b, int tile, int rows_total,
+                                             int d0, int t, const Segment& seg) {
   // Row (nn, c1): query row 8 nn + 2 t + c1, its values o[m][4 nn + c1] and o[m][4 nn + 2 + c1]
   // (latent d0 + 64 m and + 1). One loop per destination (a uniform branch outside them).
   auto each_row = [&](auto&& store_row) {
@@ -59,7 +60,6 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p, const float 
   }
 }
 
-
 // The request's epilogue, after every PV. A row's 1/l and lse are computed once per row and
 // warpgroup (thread wtid of each warpgroup, row wtid) into a statistics buffer no block uses any
 // more (n >= 1, so (n + wg) % kPBuffers is neither warpgroup's last (n - 1) % kPBuffers), where
@@ -79,8 +79,8 @@ __device__ __forceinline__ void epilogue(SharedStorage& s, const DecodeParams& p
     if (th.wg == 0) store_lse(p, req.b, fr, req.seg, res.lse);
   }
   sm90::named_barrier_unaligned(kBarWg + th.wg, kWgThreads);
-  store_o_rows(p, o, res_of.l, req.b, req.tile, rows_total, kHalfDim * th.wg + 16 * th.warp + 2 * th.g,
-               th.t, req.seg);
+  store_o_rows(p, o, res_of.l, req.b, req.tile, rows_total,
+               kHalfDim * th.wg + 16 * th.warp + 2 * th.g, th.t, req.seg);
 }
 
 }  // namespace seesaw

@@ -18,7 +18,8 @@ namespace seesaw {
 template <class T>
 __device__ __forceinline__ void release(SharedStorage& s, const Request& req,
                                         const ConsumerThread<T>& th, int i) {
-  if (th.wtid == 0 && i + kStages < req.n) sm90::mbar_arrive(&s.empty_bar[(req.ring.it0 + i) % kStages]);
+  if (th.wtid == 0 && i + kStages < req.n)
+    sm90::mbar_arrive(&s.empty_bar[(req.ring.it0 + i) % kStages]);
 }
 
 // The consumer warpgroups' loop over the part's requests: per request the Q tile, then the
@@ -35,8 +36,9 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
     Segment seg;
     if (plan_segment(p, L, part, b, tile, &seg) != SegmentKind::kRun) continue;
     const int seqlen = p.seqlens[b];
-    const Request req{b, tile, seqlen, seg.blk_hi - seg.blk_lo,
-                      p.causal ? seqlen - p.q_len + 1 : seqlen, seg, Ring{s, it}};
+    const Request req{
+        b,   tile,       seqlen, seg.blk_hi - seg.blk_lo, p.causal ? seqlen - p.q_len + 1 : seqlen,
+        seg, Ring{s, it}};
     const int n = req.n;
     const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
 
@@ -58,8 +60,10 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
 #pragma unroll
       for (int e = 0; e < T::kNRegs; ++e) o[m][e] = 0.f;
     }
-    const sm90::SmemDesc q_desc = sm90::make_desc_base(s.q_content[0], sm90::Swizzle::k128B, kChunkBytes);
-    const sm90::SmemDesc qr_desc = sm90::make_desc_base(s.q_rope, sm90::Swizzle::k128B, kChunkBytes);
+    const sm90::SmemDesc q_desc =
+        sm90::make_desc_base(s.q_content[0], sm90::Swizzle::k128B, kChunkBytes);
+    const sm90::SmemDesc qr_desc =
+        sm90::make_desc_base(s.q_rope, sm90::Swizzle::k128B, kChunkBytes);
     float sa[32], sb[32];
 
     // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
@@ -70,7 +74,8 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
       softmax_block(s, p, req, th, i, sa, sb);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(s, req, th, i - 1, o);
-        if (i - 1 + kPBuffers < n) sm90::named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
+        if (i - 1 + kPBuffers < n)
+          sm90::named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         release(s, req, th, i - 1);
       }
       pv(s, req, th, i, o);

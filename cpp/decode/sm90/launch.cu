@@ -53,10 +53,10 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   const uint64_t pages = static_cast<uint64_t>(p.num_pages);
   const uint64_t page_stride = static_cast<uint64_t>(p.page_stride);  // TMA: a multiple of 16
   const uint64_t rows = static_cast<uint64_t>(p.batch) * p.q_len * p.num_heads;
-  cudaError_t err = encode<3>(&maps->k_content, CU_TENSOR_MAP_DATA_TYPE_UINT8,
-                              p.layer_base + kPageContentOffset, {kContentDim, kBlockN, pages},
-                              {kContentDim, page_stride}, {seesaw::kChunkBytes, kBlockN, 1},
-                              CU_TENSOR_MAP_SWIZZLE_128B);
+  cudaError_t err =
+      encode<3>(&maps->k_content, CU_TENSOR_MAP_DATA_TYPE_UINT8, p.layer_base + kPageContentOffset,
+                {kContentDim, kBlockN, pages}, {kContentDim, page_stride},
+                {seesaw::kChunkBytes, kBlockN, 1}, CU_TENSOR_MAP_SWIZZLE_128B);
   if (err != cudaSuccess) return err;
   err = encode<3>(&maps->k_rope, CU_TENSOR_MAP_DATA_TYPE_UINT16, p.layer_base + kPageRopeOffset,
                   {kRopeDim, kBlockN, pages}, {kRopeDim * 2, page_stride}, {kRopeDim, kBlockN, 1},
@@ -134,11 +134,16 @@ cudaError_t launch_sm90_decode(Kernel kernel, const DecodeParams& p, cudaStream_
   const cudaError_t err = cached_maps(p, &maps);
   if (err != cudaSuccess) return err;
   switch (kernel) {
-    case Kernel::kSm90N16: return seesaw::run<seesaw::KernelTraits<16>>(p, maps, stream);
-    case Kernel::kSm90N32: return seesaw::run<seesaw::KernelTraits<32>>(p, maps, stream);
-    case Kernel::kSm90N64: return seesaw::run<seesaw::KernelTraits<64>>(p, maps, stream);
-    case Kernel::kSm90N64Scaled: return seesaw::run<seesaw::KernelTraits<64, true>>(p, maps, stream);
-    default: return cudaErrorInvalidValue;
+    case Kernel::kSm90N16:
+      return seesaw::run<seesaw::KernelTraits<16>>(p, maps, stream);
+    case Kernel::kSm90N32:
+      return seesaw::run<seesaw::KernelTraits<32>>(p, maps, stream);
+    case Kernel::kSm90N64:
+      return seesaw::run<seesaw::KernelTraits<64>>(p, maps, stream);
+    case Kernel::kSm90N64Scaled:
+      return seesaw::run<seesaw::KernelTraits<64, true>>(p, maps, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
 }
 

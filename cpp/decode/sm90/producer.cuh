@@ -74,8 +74,8 @@ template <class T>
 __device__ __forceinline__ void load_q_interleaved(SharedStorage& s, const DecodeParams& p, int b,
                                                    int64_t row0, int rows_total, int tid) {
   static_assert(T::kInterleaved, "the interleaved Q tile");
-  griddep_wait();  // the Q-quant kernel's output
-  constexpr int kRowUnits = kChunks * 8 + 8;      // 16-byte units a tile row: content, RoPE
+  griddep_wait();                                // the Q-quant kernel's output
+  constexpr int kRowUnits = kChunks * 8 + 8;     // 16-byte units a tile row: content, RoPE
   constexpr int kUnits = 2 * T::kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
   static_assert(kUnits % kThreads == 0, "whole rounds");
   constexpr int kRounds = kUnits / kThreads;
@@ -89,9 +89,8 @@ __device__ __forceinline__ void load_q_interleaved(SharedStorage& s, const Decod
     const int r = 8 * (R / 16) + R % 8;
     const bool low = (R / 8) % 2 != 0, rope = k >= kChunks * 8;
     const int unit = k % 8;
-    const uint32_t dst =
-        sm90::smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
-        sw128_offset(R, unit);
+    const uint32_t dst = sm90::smem_u32(rope ? s.q_rope : s.q_content[min(k / 8, kChunks - 1)]) +
+                         sw128_offset(R, unit);
     const bool valid = r < rows_total && !(rope && low) && (!low || p.q_lo != nullptr);
     const uint8_t* src = !valid ? p.q_content
                          : rope ? reinterpret_cast<const uint8_t*>(p.q_rope) +

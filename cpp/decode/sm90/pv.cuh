@@ -15,23 +15,35 @@ namespace seesaw {
 template <int N, bool kInit>
 __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (N == 64) {
-    kInit ? sm90::wgmma_m64n64k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
+    kInit ? sm90::wgmma_m64n64k32_e4m3_rs_init(d, a, desc)
+          : sm90::wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
   } else if constexpr (N == 32) {
-    kInit ? sm90::wgmma_m64n32k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
+    kInit ? sm90::wgmma_m64n32k32_e4m3_rs_init(d, a, desc)
+          : sm90::wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
   } else if constexpr (N == 16) {
-    kInit ? sm90::wgmma_m64n16k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
+    kInit ? sm90::wgmma_m64n16k32_e4m3_rs_init(d, a, desc)
+          : sm90::wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
   } else {
-    kInit ? sm90::wgmma_m64n8k32_e4m3_rs_init(d, a, desc) : sm90::wgmma_m64n8k32_e4m3_rs(d, a, desc, 1);
+    kInit ? sm90::wgmma_m64n8k32_e4m3_rs_init(d, a, desc)
+          : sm90::wgmma_m64n8k32_e4m3_rs(d, a, desc, 1);
   }
 }
 
 // wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
-    case 0: sm90::wgmma_wait<0>(); break;
-    case 1: sm90::wgmma_wait<1>(); break;
-    case 2: sm90::wgmma_wait<2>(); break;
-    default: sm90::wgmma_wait<3>(); break;
+    case 0:
+      sm90::wgmma_wait<0>();
+      break;
+    case 1:
+      sm90::wgmma_wait<1>();
+      break;
+    case 2:
+      sm90::wgmma_wait<2>();
+      break;
+    default:
+      sm90::wgmma_wait<3>();
+      break;
   }
 }
 
@@ -58,7 +70,8 @@ __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int va
 #pragma unroll
     for (int ks = 0; ks < 2; ++ks) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
+      for (int hh = 0; hh < 2; ++hh)
+        vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
     }
   }
 #pragma unroll
@@ -209,8 +222,9 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 
 // pv_block with the block's edge variant chosen at run time.
 template <class T>
-__device__ __forceinline__ void pv(SharedStorage& s, const Request& req, const ConsumerThread<T>& th,
-                                   int i, float (&o)[kMTiles][T::kNRegs]) {
+__device__ __forceinline__ void pv(SharedStorage& s, const Request& req,
+                                   const ConsumerThread<T>& th, int i,
+                                   float (&o)[kMTiles][T::kNRegs]) {
   if (req.is_edge(i)) {
     pv_block<true>(s, req, th, i, o);
   } else {

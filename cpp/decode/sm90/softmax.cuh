@@ -44,7 +44,8 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
                                          float (&sb)[32]) {
   const SharedStorage::Stage& st = ring.stage(i);
   sm90::mbar_wait(ring.full(i), ring.phase(i));
-  const sm90::SmemDesc k_desc = sm90::make_desc_base(st.content[0], sm90::Swizzle::k128B, kChunkBytes);
+  const sm90::SmemDesc k_desc =
+      sm90::make_desc_base(st.content[0], sm90::Swizzle::k128B, kChunkBytes);
   const sm90::SmemDesc kr_desc = sm90::make_desc_base(st.rope, sm90::Swizzle::k128B, kChunkBytes);
   sm90::wgmma_fence();
 #pragma unroll
@@ -53,7 +54,7 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
     for (int k = 0; k < kQkChunkSteps; ++k) {
       const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
       const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-      float(&acc)[32] = c < 2 ? sa : sb;
+      float (&acc)[32] = c < 2 ? sa : sb;
       if (c % 2 == 0 && k == 0) {
         sm90::wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
       } else {
@@ -137,7 +138,7 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
   float m_new[2], sig[2], l[2], gamma[2];
   if constexpr (T::kInterleaved) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;
   uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
-  float(&z)[32] = sa;
+  float (&z)[32] = sa;
   float mx[2] = {-INFINITY, -INFINITY};
   float row_factor[2];
   float rho = 0.f;  // interleaved: s2 / s1 of the thread's query row

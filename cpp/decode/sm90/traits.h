@@ -30,7 +30,7 @@ constexpr int kThreads = 256;  // two consumer warpgroups
 constexpr int kWgThreads = 128;
 constexpr int kCtaThreads = kThreads + kWgThreads;  // and the producer warpgroup
 constexpr int kProducerWg = 2;
-constexpr int kLoaderTid = kThreads;  // the producer's thread that issues every load
+constexpr int kLoaderTid = kThreads;                // the producer's thread that issues every load
 constexpr int kRowsM = 64;                          // QK's M: query rows per CTA
 constexpr int kStages = 4;                          // pages in flight
 constexpr int kChunkBytes = 128;                    // one 128-byte swizzle row of FP8 content
@@ -43,8 +43,8 @@ constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byt
 // i - kPBuffers, so it waits for the other warpgroup's PV of that block only when that PV is
 // kPBuffers blocks behind (with 2 that wait sits on the critical path).
 constexpr int kPBuffers = 4;
-constexpr int kQkChunkSteps = kChunkBytes / 32;     // k32 FP8 steps per content chunk
-constexpr int kRopeSteps = kRopeDim / 16;           // k16 BF16 steps over the RoPE
+constexpr int kQkChunkSteps = kChunkBytes / 32;      // k32 FP8 steps per content chunk
+constexpr int kRopeSteps = kRopeDim / 16;            // k16 BF16 steps over the RoPE
 constexpr uint32_t kContentHalfTx = 2 * kTileBytes;  // one warpgroup's refill
 constexpr uint32_t kRopeScaleTx = kTileBytes + kBlockN * 4;
 constexpr uint32_t kStageTx = 2 * kContentHalfTx + kRopeScaleTx;
@@ -66,8 +66,9 @@ enum Barrier : int {
 };
 static_assert(kBarStart < 16, "16 named barriers per CTA");
 static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
-static_assert(kPBuffers >= 4, "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
-                              "from the last block's (n - 1) % kPBuffers");
+static_assert(kPBuffers >= 4,
+              "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
+              "from the last block's (n - 1) % kPBuffers");
 
 // Row statistics of one block, published by its owner (log2-domain m).
 struct RowStats {
@@ -87,7 +88,7 @@ struct alignas(1024) SharedStorage {
   } stage[kStages];
   // block i % kPBuffers: [rows][64 B]
   alignas(1024) uint8_t p8[kPBuffers][kRowsM * kPRowBytes];
-  RowStats stats[kPBuffers];                                // block i % kPBuffers
+  RowStats stats[kPBuffers];  // block i % kPBuffers
   float q_scale[kRowsM];
   int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
