@@ -726,6 +726,110 @@ def _quantize_cases(fn: str) -> list[Case]:
     return cases
 
 
+OVERLAP = r"bytes \[0x[0-9a-f]+, 0x[0-9a-f]+\] overlap argument '{}' at"
+
+
+def _apart(fn: str, pairs: list[tuple[str, dict[str, Any], str, str]]) -> list[Case]:
+    """Overlap cases: (what, overrides, argument named, the argument it overlaps)."""
+    return [
+        (f"{fn}/{what}", fn, overrides, named, OVERLAP.format(other))
+        for what, overrides, named, other in pairs
+    ]
+
+
+def _cache_ops_overlap_cases() -> list[Case]:
+    """Outputs apart from the inputs and each other, inputs apart from the cache the call
+    writes; the live cache is one block: a call on layer 1 must not alias layer 0 either."""
+    layer_0, layer_1 = CACHE_MEMORY, CACHE_MEMORY + NUM_PAGES * PAGE_BYTES
+    end = CACHE_MEMORY + CACHE_BYTES
+    cases = _apart(
+        "snapmla_append",
+        [
+            ("c_kv-in-cache", {"c_kv": layer_1 + 4096}, "c_kv", "cache"),
+            ("c_kv-in-other-layer", {"c_kv": layer_0}, "c_kv", "cache"),
+            ("c_kv-ends-in-cache", {"c_kv": layer_0 - 3 * 1024 + 2}, "c_kv", "cache"),
+            # rows 2^39 bytes apart: the bytes from the first row to the last hold the cache
+            ("c_kv-stride-reaches-cache", {"c_kv_stride": 2**38}, "c_kv", "cache"),
+            ("k_pe-in-cache", {"k_pe": end - 2}, "k_pe", "cache"),
+            ("slots-in-cache", {"slots": layer_1}, "slots", "cache"),
+        ],
+    )
+    cases += _apart(
+        "snapmla_fetch_dequant",
+        [
+            # BF16 rows written over FP8 pages: the other layer's too
+            ("c_kv-in-cache", {"c_kv": layer_0}, "c_kv", "cache"),
+            ("c_kv-in-layer", {"c_kv": layer_1 + 512}, "c_kv", "cache"),
+            ("k_pe-in-cache", {"k_pe": end - 128}, "k_pe", "cache"),
+            ("c_kv-on-slots", {"c_kv": dev(3) - 1024}, "c_kv", "slots"),
+            ("k_pe-on-slots", {"k_pe": dev(3) + 16}, "k_pe", "slots"),
+            ("c_kv-on-k_pe", {"c_kv": dev(2) - 2048}, "c_kv", "k_pe"),
+            # rows 1 MiB apart: the third is on slots
+            ("c_kv-stride-reaches-slots", {"c_kv_stride": 2**19}, "c_kv", "slots"),
+        ],
+    )
+    cases += _apart(
+        "snapmla_gather_dequant",
+        [
+            ("c_kv-in-cache", {"c_kv": layer_0 + 1024}, "c_kv", "cache"),
+            ("k_pe-in-cache", {"k_pe": layer_1}, "k_pe", "cache"),
+            ("c_kv-on-block_table", {"c_kv": dev(2)}, "c_kv", "block_table"),
+            ("c_kv-on-seqlens", {"c_kv": dev(3) - 1024}, "c_kv", "seqlens"),
+            ("c_kv-on-out_rows", {"c_kv": dev(7) + 8}, "c_kv", "out_rows"),
+            ("c_kv-on-k_pe", {"c_kv": dev(5) - 1024}, "c_kv", "k_pe"),
+            ("k_pe-on-block_table", {"k_pe": dev(2) + 32}, "k_pe", "block_table"),
+            ("k_pe-on-seqlens", {"k_pe": dev(3)}, "k_pe", "seqlens"),
+            ("k_pe-on-out_rows", {"k_pe": dev(7) - 128}, "k_pe", "out_rows"),
+            # block_table's second row, 2 MiB on, is in c_kv
+            (
+                "block_table-stride-reaches-c_kv",
+                {"block_table_stride": 2**19},
+                "c_kv",
+                "block_table",
+            ),
+        ],
+    )
+    cases += _apart(
+        "snapmla_copy_slots",
+        [
+            ("src_slots-in-cache", {"src_slots": layer_1 + 64}, "src_slots", "cache"),
+            ("dst_slots-in-other-layer", {"dst_slots": layer_0}, "dst_slots", "cache"),
+            ("src_slots-ends-in-cache", {"src_slots": layer_0 - 32}, "src_slots", "cache"),
+            ("dst_slots-ends-the-cache", {"dst_slots": end - 8}, "dst_slots", "cache"),
+        ],
+    )
+    return cases
+
+
+def _quantize_overlap_cases(fn: str) -> list[Case]:
+    """The outputs apart from q and from each other (the earlier output of a pair named). The
+    base: q 3 x 8 rows of 576 BF16 at dev(1), q_content ... q_lo_scale at dev(2) ... dev(6)."""
+    q_bytes = 3 * 8 * 576 * 2
+    pairs = [
+        ("q_content-on-q", {"q_content": dev(1)}, "q_content", "q"),
+        ("q_rope-in-q", {"q_rope": dev(1) + 4096}, "q_rope", "q"),
+        ("q_scale-ends-q", {"q_scale": dev(1) + q_bytes - 4}, "q_scale", "q"),
+        ("q_content-on-q_rope", {"q_content": dev(3) - 8}, "q_content", "q_rope"),
+        ("q_content-on-q_scale", {"q_content": dev(4)}, "q_content", "q_scale"),
+        ("q_rope-on-q_scale", {"q_rope": dev(4) - 16}, "q_rope", "q_scale"),
+        # q's second token, 1 MiB on, is q_content
+        ("q-stride-reaches-q_content", {"q_stride_token": 2**19}, "q_content", "q"),
+    ]
+    if fn.endswith("2"):
+        pairs += [
+            ("q_content-on-q_lo", {"q_content": dev(5) + 512}, "q_content", "q_lo"),
+            ("q_content-on-q_lo_scale", {"q_content": dev(6)}, "q_content", "q_lo_scale"),
+            ("q_rope-on-q_lo", {"q_rope": dev(5)}, "q_rope", "q_lo"),
+            ("q_rope-on-q_lo_scale", {"q_rope": dev(6) - 16}, "q_rope", "q_lo_scale"),
+            ("q_scale-on-q_lo", {"q_scale": dev(5) + 64}, "q_scale", "q_lo"),
+            ("q_scale-on-q_lo_scale", {"q_scale": dev(6) + 8}, "q_scale", "q_lo_scale"),
+            ("q_lo-on-q", {"q_lo": dev(1) + 8}, "q_lo", "q"),
+            ("q_lo-on-q_lo_scale", {"q_lo": dev(6) - 8}, "q_lo", "q_lo_scale"),
+            ("q_lo_scale-in-q", {"q_lo_scale": dev(1) + 1024}, "q_lo_scale", "q"),
+        ]
+    return _apart(fn, pairs)
+
+
 def _decode_cases() -> list[Case]:
     fn = "snapmla_decode"
     cases = _decode_config_cases(fn)
@@ -752,8 +856,12 @@ def _decode_cases() -> list[Case]:
         (
             f"{fn}/q_precision-fp8x2-kernel-{kernel}-rows-33",
             fn,
-            {"config.q_precision": 1, "config.q_len": 3, "config.num_heads": 11,
-             "args.kernel": kernel},
+            {
+                "config.q_precision": 1,
+                "config.q_len": 3,
+                "config.num_heads": 11,
+                "args.kernel": kernel,
+            },
             "args.kernel",
             r"expected 1 \(reference\) for config.q_precision 1 \(fp8x2\) where q_len \* "
             + rf"num_heads > 32 \(the fast kernel takes it only up to 32; here 33\), got {kernel}",
@@ -1300,6 +1408,9 @@ def _all_cases() -> list[Case]:
         (f"{fn}/cache_seqlens-wraps", fn, {"cache_seqlens": TOP - 4}, "cache_seqlens", "runs"),
         (f"{fn}/plan-wraps", fn, {"plan": TOP - 128}, "plan", "runs past the end"),
     ]
+    cases += _cache_ops_overlap_cases()
+    cases += _quantize_overlap_cases("snapmla_quantize_q")
+    cases += _quantize_overlap_cases("snapmla_quantize_q2")
     cases += _decode_cases()
     return cases
 
@@ -1347,6 +1458,91 @@ def test_decode_outputs_next_to_each_other_are_accepted() -> None:
     result = invoke(fn, with_overrides(fn, {"args.lse": out_end - 4}))
     assert result.status == INVALID, result.message
     assert result.message.startswith(f"{fn}: argument 'args.out': bytes "), result.message
+
+
+# Arrays that touch: (function, overrides where one ends where the other begins, the same one
+# element further (overlapping), the argument then named). The base's shapes: append / fetch
+# 3 rows (c_kv 3072 bytes at dev(1)), gather 100 rows (c_kv 102400 bytes at dev(4), k_pe at
+# dev(5)), copy_slots 5 slots (40 bytes), quantize 3 x 8 rows (q 27648 bytes at dev(1)).
+TOUCHING = [
+    ("snapmla_append", {"c_kv": CACHE_MEMORY - 3072}, {"c_kv": CACHE_MEMORY - 3070}, "c_kv"),
+    (
+        "snapmla_append",
+        {"slots": CACHE_MEMORY + CACHE_BYTES},
+        {"slots": CACHE_MEMORY + CACHE_BYTES - 8},
+        "slots",
+    ),
+    ("snapmla_fetch_dequant", {"k_pe": dev(1) + 3072}, {"k_pe": dev(1) + 3070}, "c_kv"),
+    (
+        "snapmla_fetch_dequant",
+        {"c_kv": CACHE_MEMORY + CACHE_BYTES},
+        {"c_kv": CACHE_MEMORY + CACHE_BYTES - 2},
+        "c_kv",
+    ),
+    ("snapmla_fetch_dequant", {"k_pe": dev(3) - 384}, {"k_pe": dev(3) - 382}, "k_pe"),
+    ("snapmla_gather_dequant", {"c_kv": dev(5) - 102400}, {"c_kv": dev(5) - 102398}, "c_kv"),
+    ("snapmla_gather_dequant", {"k_pe": dev(7) + 16}, {"k_pe": dev(7) + 14}, "k_pe"),
+    ("snapmla_gather_dequant", {"c_kv": dev(3) + 8}, {"c_kv": dev(3) + 6}, "c_kv"),
+    (
+        "snapmla_copy_slots",
+        {"dst_slots": CACHE_MEMORY - 40},
+        {"dst_slots": CACHE_MEMORY - 32},
+        "dst_slots",
+    ),
+    (
+        "snapmla_quantize_q",
+        {"q_content": dev(1) + 27648},
+        {"q_content": dev(1) + 27640},
+        "q_content",
+    ),
+    ("snapmla_quantize_q", {"q_scale": dev(3) + 3072}, {"q_scale": dev(3) + 3068}, "q_rope"),
+    ("snapmla_quantize_q2", {"q_lo_scale": dev(5) + 12288}, {"q_lo_scale": dev(5) + 12284}, "q_lo"),
+    ("snapmla_quantize_q2", {"q_lo": dev(1) - 12288}, {"q_lo": dev(1) - 12280}, "q_lo"),
+]
+
+
+@pytest.mark.parametrize(("fn", "apart", "overlapping", "named"), TOUCHING)
+def test_arrays_that_touch_are_accepted(
+    fn: str, apart: dict[str, Any], overlapping: dict[str, Any], named: str
+) -> None:
+    # The overlap rule is on bytes [first, last]: an array that starts right after another's
+    # last byte is apart, one element earlier overlaps.
+    result = invoke(fn, with_overrides(fn, apart))
+    assert result.status == VALIDATED, result.message
+    result = invoke(fn, with_overrides(fn, overlapping))
+    assert result.status == INVALID, result.message
+    assert result.message.startswith(f"{fn}: argument '{named}': bytes "), result.message
+    assert not result.wrote
+
+
+def test_per_layer_cache_aliasing_is_the_layers_own_memory() -> None:
+    """A cache made from config.layer_memory: a call on layer 1 refuses arrays in layer 1's
+    memory and accepts them in layer 0's (another allocation), as snapmla_decode does."""
+    layer_bytes = NUM_PAGES * PAGE_BYTES
+    config = base_cache_config()
+    config.fields.update(memory=0, memory_bytes=0, layer_memory=_host_pointers((dev(30), dev(40))))
+    pointer, keep = config.build()
+    handle = ffi.new("snapmla_cache_t*")
+    assert LIB.snapmla_cache_create(pointer, handle) == SUCCESS, last_error()
+    cache = int(ffi.cast("uintptr_t", handle[0]))
+    try:
+        for fn, name in (
+            ("snapmla_append", "c_kv"),
+            ("snapmla_fetch_dequant", "k_pe"),
+            ("snapmla_gather_dequant", "c_kv"),
+            ("snapmla_copy_slots", "src_slots"),
+        ):
+            for address in (dev(30), dev(40) - 2**17, dev(40) + layer_bytes):
+                result = invoke(fn, with_overrides(fn, {"cache": cache, name: address}))
+                assert result.status == VALIDATED, (fn, address, result.message)
+            for address in (dev(40), dev(40) + layer_bytes - 8):
+                result = invoke(fn, with_overrides(fn, {"cache": cache, name: address}))
+                assert result.status == INVALID, (fn, address, result.message)
+                assert result.message.startswith(f"{fn}: argument '{name}': bytes "), result.message
+                assert re.search(OVERLAP.format("cache"), result.message), result.message
+    finally:
+        assert LIB.snapmla_cache_destroy(handle[0]) == SUCCESS
+    del keep
 
 
 def test_fp32_out_spans_four_bytes_an_element() -> None:
@@ -1750,6 +1946,36 @@ def handle_ok(handle: int) -> bool:
     return handle == LIVE
 
 
+Extent = tuple[int, int] | None  # bytes [first, last] of an argument; None: no bytes
+
+
+def extent(pointer: int, elem: int, inner: int, dims: list[tuple[int, int]]) -> Extent:
+    """C extent_of: the bytes from the first element to the last of a strided array."""
+    elems = inner + sum((count - 1) * stride for count, stride in dims if count > 1)
+    return None if pointer == 0 or elems <= 0 else (pointer, pointer + elems * elem - 1)
+
+
+def overlap(x: Extent, y: Extent) -> bool:
+    return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
+
+
+# What a call on a layer of the live cache must not alias: all of it (one block).
+LIVE_EXTENT = (CACHE_MEMORY, CACHE_MEMORY + CACHE_BYTES - 1)
+
+
+def rows_apart(v: dict[str, Any], rows: int, inputs: list[Extent]) -> set[str]:
+    """The outputs c_kv [rows, 512] and k_pe [rows, 64] apart from the inputs and each other
+    (c_kv named for the pair)."""
+    c_kv = extent(v["c_kv"], 2, 512, [(rows, v["c_kv_stride"])])
+    k_pe = extent(v["k_pe"], 2, 64, [(rows, v["k_pe_stride"])])
+    bad = set()
+    if any(overlap(c_kv, x) for x in [*inputs, k_pe]):
+        bad.add("c_kv")
+    if any(overlap(k_pe, x) for x in inputs):
+        bad.add("k_pe")
+    return bad
+
+
 def pointer_bad(v: dict[str, Any], name: str, align: int, key: str | None = None) -> bool:
     value = v[key or name]
     return value == 0 or value % align != 0
@@ -1871,7 +2097,13 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
                 bad.add(f"{name}_stride")
             if not span_ok(v[name], 2, width, [(rows, v[f"{name}_stride"])]):
                 bad |= {name, f"{name}_stride"}
-        return bad, VALIDATED
+        inputs = [
+            LIVE_EXTENT,
+            extent(v["block_table"], 4, pages, [(batch, stride)]),
+            extent(v["seqlens"], 4, batch, []),
+            extent(v["out_rows"], 8, batch, []),
+        ]
+        return bad | rows_apart(v, rows, inputs), VALIDATED
     if fn == "snapmla_copy_slots":
         if not handle_ok(v["cache"]):
             bad.add("cache")
@@ -1887,6 +2119,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
                 bad.add(name)
             elif not span_ok(v[name], 8, 1, [(n, 1)]):
                 bad |= {name, "num_tokens"}  # the count that makes the span too long
+            if overlap(extent(v[name], 8, n, []), LIVE_EXTENT):
+                bad.add(name)  # an input apart from the cache the call writes
         return bad, VALIDATED
     if fn == "snapmla_cache_layer_data":
         if not handle_ok(v["cache"]):
@@ -1917,6 +2151,14 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
                 bad |= {name, f"{name}_stride"}
         if not span_ok(v["slots"], 8, 1, [(n, 1)]):
             bad |= {"slots", "num_tokens"}
+        slots = extent(v["slots"], 8, n, [])
+        if fn == "snapmla_fetch_dequant":
+            return bad | rows_apart(v, n, [LIVE_EXTENT, slots]), VALIDATED
+        # append: the inputs apart from the cache it writes
+        for name, elem, width in (("c_kv", 2, 512), ("k_pe", 2, 64), ("slots", 8, 1)):
+            dims = [(n, v[f"{name}_stride"])] if name != "slots" else [(n, 1)]
+            if overlap(extent(v[name], elem, width, dims), LIVE_EXTENT):
+                bad.add(name)
         return bad, VALIDATED
     if fn in ("snapmla_quantize_q", "snapmla_quantize_q2"):
         n, h = v["num_tokens"], v["num_heads"]
@@ -1946,6 +2188,12 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
                 bad.add(name)
             if not span_ok(v[name], elem, width, [(rows, width)]):
                 bad |= {name, "num_tokens"}
+        # The outputs apart from q and from each other (of a pair, the earlier one is named).
+        spans = [extent(v["q"], 2, 576, [(n, st_), (h, sh)])]
+        spans += [extent(v[name], elem, rows * width, []) for name, _, width, elem in outputs]
+        for i, (name, *_) in enumerate(outputs):
+            if any(overlap(spans[i + 1], x) for x in [spans[0], *spans[i + 2 :]]):
+                bad.add(name)
         return bad, VALIDATED
     config_bad, c = decode_config_violations(v["config"])
     if c is None:
@@ -1959,7 +2207,9 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
         if v["selected"] == 0:
             bad.add("selected")
         rows = c["q_len"] * c["num_heads"]
-        if v["kernel"] not in (0, 1, 2) or (c["q_precision"] == 1 and rows > 32 and v["kernel"] != 1):
+        if v["kernel"] not in (0, 1, 2) or (
+            c["q_precision"] == 1 and rows > 32 and v["kernel"] != 1
+        ):
             bad.add("kernel")
         return bad, SUCCESS
     b, s_q, h, max_pages = c["batch_size"], c["q_len"], c["num_heads"], c["max_pages"]
@@ -2042,22 +2292,14 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     if sizes and not span_ok(v["workspace"], 1, sizes[1], []):
         bad.add("workspace")
 
-    # The outputs apart from the inputs and each other (the C check_apart; bytes
-    # [first, last]).
-    def extent(pointer: int, elem: int, inner: int, dims: list[tuple[int, int]]) -> tuple:
-        elems = inner + sum((count - 1) * stride for count, stride in dims if count > 1)
-        return None if pointer == 0 or elems <= 0 else (pointer, pointer + elems * elem - 1)
-
-    def overlap(x: tuple | None, y: tuple | None) -> bool:
-        return x is not None and y is not None and x[0] <= y[1] and y[0] <= x[1]
-
+    # The outputs apart from the inputs and each other (the C check_apart).
     inputs = [
         extent(a["q"], 2, row, dims),
         extent(q_pe, 2, 64, pe_dims),
         extent(a["block_table"], 4, max_pages, [(b, a["block_table_stride"])]),
         extent(a["cache_seqlens"], 4, b, []),
     ]
-    inputs.insert(0, (CACHE_MEMORY, CACHE_MEMORY + CACHE_BYTES - 1))  # the live cache, all of it
+    inputs.insert(0, LIVE_EXTENT)
     out = extent(a["out"], out_elem, b * s_q * h * 512, [])
     lse = extent(a["lse"], 4, b * h * s_q, [])
     if any(overlap(out, x) for x in [*inputs, lse]):
@@ -2121,6 +2363,16 @@ POINTER = often(
         st.integers(0, 2**64 - 1),
     ),
     90,
+)
+# Pointers that often overlap each other or the live cache: a few buffers 0 .. 16 KiB apart,
+# and addresses in and around the cache (64-byte aligned: every alignment rule holds).
+SHARED = often(
+    POINTER,
+    st.one_of(
+        st.builds(lambda k, o: dev(k) + 64 * o, st.integers(1, 2), st.integers(0, 256)),
+        st.builds(lambda o: CACHE_MEMORY + 64 * o, st.integers(-256, CACHE_BYTES // 64 + 256)),
+    ),
+    60,
 )
 INT64 = st.one_of(
     st.integers(-(2**63), 2**63 - 1),
@@ -2281,8 +2533,8 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {
             "cache": HANDLE,
             "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
-            "src_slots": POINTER,
-            "dst_slots": POINTER,
+            "src_slots": SHARED,
+            "dst_slots": SHARED,
             "num_tokens": COUNT,
             "stream": st.just(0),
         }
@@ -2298,11 +2550,11 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {
             "cache": HANDLE,
             "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
-            "c_kv": POINTER,
+            "c_kv": SHARED,
             "c_kv_stride": row_stride(512),
-            "k_pe": POINTER,
+            "k_pe": SHARED,
             "k_pe_stride": row_stride(64),
-            "slots": POINTER,
+            "slots": SHARED,
             "num_tokens": COUNT,
             "stream": STREAM,
         }
@@ -2311,40 +2563,40 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {
             "cache": HANDLE,
             "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
-            "slots": POINTER,
+            "slots": SHARED,
             "num_tokens": COUNT,
-            "c_kv": POINTER,
+            "c_kv": SHARED,
             "c_kv_stride": row_stride(512),
-            "k_pe": POINTER,
+            "k_pe": SHARED,
             "k_pe_stride": row_stride(64),
             "stream": STREAM,
         }
     ),
     "snapmla_quantize_q": st.fixed_dictionaries(
         {
-            "q": POINTER,
+            "q": SHARED,
             "num_tokens": COUNT,
             "num_heads": _maybe_valid(st.integers(1, 1024), st.one_of(st.integers(0, 1025), INT32)),
             "q_stride_token": row_stride(576),
             "q_stride_head": row_stride(576),
-            "q_content": POINTER,
-            "q_rope": POINTER,
-            "q_scale": POINTER,
+            "q_content": SHARED,
+            "q_rope": SHARED,
+            "q_scale": SHARED,
             "stream": STREAM,
         }
     ),
     "snapmla_quantize_q2": st.fixed_dictionaries(
         {
-            "q": POINTER,
+            "q": SHARED,
             "num_tokens": COUNT,
             "num_heads": _maybe_valid(st.integers(1, 1024), st.one_of(st.integers(0, 1025), INT32)),
             "q_stride_token": row_stride(576),
             "q_stride_head": row_stride(576),
-            "q_content": POINTER,
-            "q_rope": POINTER,
-            "q_scale": POINTER,
-            "q_lo": POINTER,
-            "q_lo_scale": POINTER,
+            "q_content": SHARED,
+            "q_rope": SHARED,
+            "q_scale": SHARED,
+            "q_lo": SHARED,
+            "q_lo_scale": SHARED,
             "stream": STREAM,
         }
     ),
@@ -2366,16 +2618,16 @@ STRATEGIES: dict[str, st.SearchStrategy[dict[str, Any]]] = {
         {
             "cache": HANDLE,
             "layer": _maybe_valid(st.integers(0, 1), st.one_of(st.integers(-1, 2), INT32)),
-            "block_table": POINTER,
+            "block_table": SHARED,
             "block_table_stride": row_stride(8),
             "batch": _maybe_valid(st.integers(1, 4), INT32),
             "max_pages": _maybe_valid(st.integers(1, 8), INT32),
-            "seqlens": POINTER,
-            "out_rows": POINTER,
+            "seqlens": SHARED,
+            "out_rows": SHARED,
             "num_rows": COUNT,
-            "c_kv": POINTER,
+            "c_kv": SHARED,
             "c_kv_stride": row_stride(512),
-            "k_pe": POINTER,
+            "k_pe": SHARED,
             "k_pe_stride": row_stride(64),
             "stream": STREAM,
         }

@@ -4,6 +4,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/checks.h"
 #include "snapmla/snapmla.h"
 
 // A live cache carries a magic word at each end, cleared by destroy: handles are looked up, never
@@ -38,6 +39,13 @@ snapmla_status_t check_layer_rows(const char* op, snapmla_cache_t handle, int32_
 inline uint8_t* layer_base(const snapmla_cache& c, int32_t layer) {
   if (c.layers != nullptr) return c.layers[layer];
   return c.data + static_cast<int64_t>(layer) * c.num_pages * c.page_stride;
+}
+
+// The memory a call on `layer` must not alias: all of a one-block cache (its layers are one
+// allocation), the layer's own memory in a cache made from config.layer_memory.
+inline Extent layer_extent(const snapmla_cache& c, int32_t layer) {
+  if (c.layers == nullptr) return extent_of("cache", c.data, 1, static_cast<int64_t>(c.bytes), {});
+  return extent_of("cache", c.layers[layer], 1, int64_t{c.num_pages} * c.page_stride, {});
 }
 
 }  // namespace snapmla::api

@@ -5,6 +5,31 @@
 #include "copy_slots/copy_slots.h"
 #include "fetch_dequant/fetch_dequant.h"
 
+namespace snapmla::api {
+namespace {
+
+// The bytes of BF16 c_kv [rows, 512] and k_pe [rows, 64], for the aliasing checks.
+struct Bf16Rows {
+  Extent c_kv, k_pe;
+};
+
+Bf16Rows bf16_rows(const void* c_kv, int64_t c_kv_stride, const void* k_pe, int64_t k_pe_stride,
+                   int64_t rows) {
+  return {extent_of("c_kv", c_kv, 2, kContentDim, {{rows, c_kv_stride, ""}}),
+          extent_of("k_pe", k_pe, 2, kRopeDim, {{rows, k_pe_stride, ""}})};
+}
+
+// The outputs c_kv and k_pe apart from the inputs and from each other.
+snapmla_status_t check_rows_apart(const char* op, const Bf16Rows& out,
+                                  std::initializer_list<Extent> inputs) {
+  SNAPMLA_TRY(check_apart(op, out.c_kv, inputs));
+  SNAPMLA_TRY(check_apart(op, out.c_kv, {out.k_pe}));
+  return check_apart(op, out.k_pe, inputs);
+}
+
+}  // namespace
+}  // namespace snapmla::api
+
 using namespace snapmla;
 using namespace snapmla::api;
 
@@ -20,6 +45,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t handle, i
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  // The inputs apart from the cache the call writes.
+  const Extent cache_ext = layer_extent(cache, layer);
+  const Bf16Rows rows = bf16_rows(c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens);
+  for (const Extent& in : {rows.c_kv, rows.k_pe, extent_of("slots", slots, 8, num_tokens, {})}) {
+    SNAPMLA_TRY(check_apart(op, in, {cache_ext}));
+  }
   SNAPMLA_TRY(check_device(op, &cache));
   AppendParams p{static_cast<const uint16_t*>(c_kv),
                  static_cast<const uint16_t*>(k_pe),
@@ -44,6 +75,9 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(
   SNAPMLA_TRY(check_pointer(op, "slots", slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "slots", slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens));
+  SNAPMLA_TRY(
+      check_rows_apart(op, bf16_rows(c_kv, c_kv_stride, k_pe, k_pe_stride, num_tokens),
+                       {layer_extent(cache, layer), extent_of("slots", slots, 8, num_tokens, {})}));
   SNAPMLA_TRY(check_device(op, &cache));
   FetchDequantParams p{layer_base(cache, layer),
                        int64_t{cache.num_pages} * kPageSize,
@@ -82,6 +116,12 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
   SNAPMLA_TRY(check_pointer(op, "out_rows", out_rows, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "out_rows", out_rows, 8, batch, {}));
   SNAPMLA_TRY(check_bf16_rows(op, c_kv, c_kv_stride, k_pe, k_pe_stride, num_rows));
+  SNAPMLA_TRY(check_rows_apart(
+      op, bf16_rows(c_kv, c_kv_stride, k_pe, k_pe_stride, num_rows),
+      {layer_extent(cache, layer),
+       extent_of("block_table", block_table, 4, max_pages, {{batch, block_table_stride, ""}}),
+       extent_of("seqlens", seqlens, 4, batch, {}),
+       extent_of("out_rows", out_rows, 8, batch, {})}));
   SNAPMLA_TRY(check_device(op, &cache));
   const GatherDequantParams p{layer_base(cache, layer),
                               cache.num_pages,
@@ -114,6 +154,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t handl
   SNAPMLA_TRY(check_pointer(op, "dst_slots", dst_slots, kAlignInt64, "int64 elements"));
   SNAPMLA_TRY(check_span(op, "src_slots", src_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
   SNAPMLA_TRY(check_span(op, "dst_slots", dst_slots, 8, 1, {{num_tokens, 1, "num_tokens"}}));
+  // The slot arrays apart from the cache the call writes.
+  const Extent cache_ext = layer_extent(cache, layer);
+  SNAPMLA_TRY(check_apart(op, extent_of("src_slots", src_slots, 8, num_tokens, {}), {cache_ext}));
+  SNAPMLA_TRY(check_apart(op, extent_of("dst_slots", dst_slots, 8, num_tokens, {}), {cache_ext}));
   SNAPMLA_TRY(check_device(op, &cache));
   const CopySlotsParams p{layer_base(cache, layer),
                           int64_t{cache.num_pages} * kPageSize,

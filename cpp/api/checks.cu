@@ -124,14 +124,14 @@ Extent extent_of(const char* name, const void* p, int64_t elem, int64_t inner,
   return {name, first, first + static_cast<uintptr_t>(elems * elem - 1), false};
 }
 
-snapmla_status_t check_apart(const char* op, const Extent& out,
+snapmla_status_t check_apart(const char* op, const Extent& arg,
                              std::initializer_list<Extent> others) {
   for (const Extent& o : others) {
-    SNAPMLA_REQUIRE(out.empty || o.empty || out.last < o.first || o.last < out.first,
-                    "%s: argument '%s': bytes [%p, %p] overlap argument '%s' at [%p, %p] (an "
-                    "output must not overlap the call's inputs or its other outputs)",
-                    op, out.name, reinterpret_cast<void*>(out.first),
-                    reinterpret_cast<void*>(out.last), o.name, reinterpret_cast<void*>(o.first),
+    SNAPMLA_REQUIRE(arg.empty || o.empty || arg.last < o.first || o.last < arg.first,
+                    "%s: argument '%s': bytes [%p, %p] overlap argument '%s' at [%p, %p] (what "
+                    "a call writes must not overlap what it reads or its other outputs)",
+                    op, arg.name, reinterpret_cast<void*>(arg.first),
+                    reinterpret_cast<void*>(arg.last), o.name, reinterpret_cast<void*>(o.first),
                     reinterpret_cast<void*>(o.last));
   }
   return SNAPMLA_SUCCESS;

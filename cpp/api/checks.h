@@ -117,9 +117,10 @@ struct Extent {
 Extent extent_of(const char* name, const void* p, int64_t elem, int64_t inner,
                  std::initializer_list<Dim> dims);
 
-// An output's bytes must not overlap the call's inputs or its other outputs (another CTA, or a
-// later kernel of the call, would read what one writes). Refused naming the output.
-snapmla_status_t check_apart(const char* op, const Extent& out,
+// An argument's bytes must not overlap `others`: an output apart from the call's inputs and its
+// other outputs, an input apart from the cache the call writes (another CTA, or a later kernel
+// of the call, would read what one writes). Refused naming `arg`.
+snapmla_status_t check_apart(const char* op, const Extent& arg,
                              std::initializer_list<Extent> others);
 
 // The current device must be a Hopper (sm_90) and, if given, the cache's device. The first

@@ -150,8 +150,7 @@ snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_confi
   return SNAPMLA_SUCCESS;
 }
 
-// The bytes of a decode call's arguments, for the aliasing checks. The cache: all of it when it
-// is one block, the layer's own memory when each layer has one.
+// The bytes of a decode call's arguments, for the aliasing checks.
 struct DecodeExtents {
   Extent cache, q, q_pe, block_table, seqlens, out, lse;
 };
@@ -161,10 +160,7 @@ DecodeExtents decode_extents(const snapmla_decode_config_t& c, const snapmla_dec
   const int64_t b = c.batch_size, s_q = c.q_len, h = c.num_heads;
   const int64_t out_elem = a.out_dtype == SNAPMLA_OUT_FP32 ? 4 : 2;
   DecodeExtents e;
-  e.cache = cache.layers == nullptr
-                ? extent_of("cache", cache.data, 1, static_cast<int64_t>(cache.bytes), {})
-                : extent_of("cache", cache.layers[a.layer], 1,
-                            int64_t{cache.num_pages} * cache.page_stride, {});
+  e.cache = layer_extent(cache, a.layer);
   e.q =
       extent_of("args.q", a.q, 2, a.q_pe != nullptr ? kContentDim : kHeadDim,
                 {{b, a.q_stride_batch, ""}, {s_q, a.q_stride_token, ""}, {h, a.q_stride_head, ""}});

@@ -41,6 +41,20 @@ snapmla_status_t quantize_q_impl(const char* op, const void* q, int64_t num_toke
     SNAPMLA_TRY(check_span(op, "q_lo", q_lo, 1, kContentDim, {{rows, kContentDim, "num_tokens"}}));
     SNAPMLA_TRY(check_span(op, "q_lo_scale", q_lo_scale, 4, 1, {{rows, 1, "num_tokens"}}));
   }
+  // The outputs apart from q and each other (without the two-term query q_lo and q_lo_scale
+  // are NULL: no bytes).
+  const Extent q_ext = extent_of(
+      "q", q, 2, kHeadDim, {{num_tokens, q_stride_token, ""}, {num_heads, q_stride_head, ""}});
+  const Extent content = extent_of("q_content", q_content, 1, rows * kContentDim, {});
+  const Extent rope = extent_of("q_rope", q_rope, 2, rows * kRopeDim, {});
+  const Extent scale = extent_of("q_scale", q_scale, 4, rows, {});
+  const Extent lo = extent_of("q_lo", q_lo, 1, rows * kContentDim, {});
+  const Extent lo_scale = extent_of("q_lo_scale", q_lo_scale, 4, rows, {});
+  SNAPMLA_TRY(check_apart(op, content, {q_ext, rope, scale, lo, lo_scale}));
+  SNAPMLA_TRY(check_apart(op, rope, {q_ext, scale, lo, lo_scale}));
+  SNAPMLA_TRY(check_apart(op, scale, {q_ext, lo, lo_scale}));
+  SNAPMLA_TRY(check_apart(op, lo, {q_ext, lo_scale}));
+  SNAPMLA_TRY(check_apart(op, lo_scale, {q_ext}));
   SNAPMLA_TRY(check_device(op, nullptr));
   QuantizeQParams p{};  // q as groups of one token: [n, 1, h, 576]
   p.q = static_cast<const uint16_t*>(q);
