@@ -48,7 +48,11 @@
  *   over its shape and strides, are computed in checked 64-bit arithmetic: a span over
  *   2^63 - 1 bytes, or one that runs past the end of the address space, is refused naming the
  *   stride or count that makes it so. The library cannot check on the host that a pointer is
- *   device memory, nor that the span is allocated.
+ *   device memory, nor that the span is allocated. Two arguments overlap when their spans,
+ *   from the first byte to the last (the gaps between strided rows included), share a byte;
+ *   each function's comment says which overlaps it refuses, and the message names the
+ *   argument refused and the one it overlaps. "The cache" there is all of a cache made on one
+ *   block of memory, or the layer's own memory in one made with config.layer_memory.
  *
  * Validation-only mode (tests, argument checks on machines without a GPU)
  *   snapmla_set_validate_only(1) makes the calling thread's calls check their arguments as
@@ -316,9 +320,9 @@ SNAPMLA_API snapmla_status_t snapmla_cache_layer_data(snapmla_cache_t cache, int
  *             cannot be checked on the host without a synchronization); nothing outside the
  *             layer is written.
  *   (Rows 16-byte aligned with strides that are multiples of 8 take 16-byte vector loads;
- *   other layouts are read element by element.) Inputs must not alias the cache. Two tokens
- *   with the same slot race. n = 0 is a no-op that checks only cache, layer and n.
- * [graph-safe] */
+ *   other layouts are read element by element.) c_kv, k_pe or slots overlapping the cache is
+ *   refused, naming that input. Two tokens with the same slot race. n = 0 is a no-op that
+ *   checks only cache, layer and n. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer, const void* c_kv,
                                             int64_t c_kv_stride, const void* k_pe,
                                             int64_t k_pe_stride, const int64_t* slots,
@@ -335,7 +339,8 @@ SNAPMLA_API snapmla_status_t snapmla_append(snapmla_cache_t cache, int32_t layer
  *   k_pe      BF16 [n, 64] out, 2-byte aligned, row stride k_pe_stride elements (>= 64 when
  *             n > 1)
  *   (16-byte aligned rows with strides that are multiples of 8 take 16-byte vector stores.)
- *   Outputs must not alias each other or the cache. n = 0 is a no-op. [graph-safe] */
+ *   An output (c_kv, then k_pe) overlapping the cache, slots or the other output is refused,
+ *   naming it. n = 0 is a no-op. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_t layer,
                                                    const int64_t* slots, int64_t num_tokens,
                                                    void* c_kv, int64_t c_kv_stride, void* k_pe,
@@ -352,6 +357,8 @@ SNAPMLA_API snapmla_status_t snapmla_fetch_dequant(snapmla_cache_t cache, int32_
  *   out_rows     int64 [batch], device, 8-byte aligned: each request's first output row
  *   num_rows     rows of the outputs; a token whose row falls outside [0, num_rows) is skipped
  *   c_kv, k_pe   BF16 [num_rows, 512] / [num_rows, 64] out, strides as fetch_dequant's
+ *   An output (c_kv, then k_pe) overlapping the cache, block_table, seqlens, out_rows or the
+ *   other output is refused, naming it.
  *   A page id outside the layer gives a NaN row. Rows no token maps to keep their contents;
  *   two tokens mapped to one row race. num_rows = 0 is a no-op that checks only cache and
  *   layer. [graph-safe] */
@@ -370,8 +377,8 @@ SNAPMLA_API snapmla_status_t snapmla_gather_dequant(
  *             the token; so does a slot >= num_pages * 64 (it cannot be checked on the host
  *             without a synchronization); nothing outside the layer is read or written.
  *   A slot written by one token and read or written by another races: keep the destinations
- *   distinct and apart from the sources. n = 0 is a no-op that checks only cache, layer and n.
- *   [graph-safe] */
+ *   distinct and apart from the sources. src_slots or dst_slots overlapping the cache is
+ *   refused, naming it. n = 0 is a no-op that checks only cache, layer and n. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t layer,
                                                 const int64_t* src_slots, const int64_t* dst_slots,
                                                 int64_t num_tokens, snapmla_stream_t stream);
@@ -385,7 +392,8 @@ SNAPMLA_API snapmla_status_t snapmla_copy_slots(snapmla_cache_t cache, int32_t l
  *   q_rope    BF16 [n, h, 64] out, contiguous, 16-byte aligned (16-byte stores), pre-divided
  *             by the row's scale
  *   q_scale   fp32 [n, h] out, contiguous, 4-byte aligned
- *   h in 1 .. 1024. Outputs must not alias q or each other. n = 0 is a no-op. [graph-safe] */
+ *   h in 1 .. 1024. An output overlapping q or a later output (in argument order) is refused,
+ *   naming it. n = 0 is a no-op. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_tokens,
                                                 int32_t num_heads, int64_t q_stride_token,
                                                 int64_t q_stride_head, void* q_content,
@@ -402,8 +410,9 @@ SNAPMLA_API snapmla_status_t snapmla_quantize_q(const void* q, int64_t num_token
  * zero or NaN). snapmla.reference.quantize_q2 models it bit for bit.
  *   q_lo       FP8 E4M3 [n, h, 512] out, contiguous, 8-byte aligned
  *   q_lo_scale fp32 [n, h] out, contiguous, 4-byte aligned
- *   The rest as snapmla_quantize_q. snapmla_decode quantizes the two terms itself for a plan
- *   made with config.q_precision FP8X2. Since 0.2.
+ *   The rest as snapmla_quantize_q, with q_lo and q_lo_scale its last outputs in the overlap
+ *   rule. snapmla_decode quantizes the two terms itself for a plan made with
+ *   config.q_precision FP8X2. Since 0.2.
  *   [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_quantize_q2(const void* q, int64_t num_tokens,
                                                  int32_t num_heads, int64_t q_stride_token,
