@@ -45,11 +45,17 @@ constexpr int64_t typical_chain(int64_t batch, int64_t max_pages, int64_t num_pa
   return cost < max_pages ? cost : max_pages;
 }
 
+// The most query rows a request may have on a kernel: the PV width at N = 16 and 32 (one row
+// tile a request); the others take any count, in row tiles of 64.
+constexpr int64_t max_rows(Kernel k) {
+  return k == Kernel::kSm90N16 ? 16 : k == Kernel::kSm90N32 ? 32 : INT64_MAX;
+}
+
 constexpr Kernel select_kernel(const KernelQuery& q) {
   if (q.option == KernelOption::kReference) return Kernel::kReference;
   if (q.two_term && q.rows_per_request > kTwoTermMaxRows) return Kernel::kRefused;
-  if (q.rows_per_request <= 16) return Kernel::kSm90N16;
-  if (q.rows_per_request <= 32) return Kernel::kSm90N32;
+  if (q.rows_per_request <= max_rows(Kernel::kSm90N16)) return Kernel::kSm90N16;
+  if (q.rows_per_request <= max_rows(Kernel::kSm90N32)) return Kernel::kSm90N32;
   return q.chain_blocks >= kScaledPvMinChain ? Kernel::kSm90N64Scaled : Kernel::kSm90N64;
 }
 

@@ -2,7 +2,6 @@
 // into out or a split partial.
 #pragma once
 
-#include "common/launch.h"
 #include "decode/sm90/context.cuh"
 
 namespace snapmla {

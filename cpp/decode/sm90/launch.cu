@@ -2,7 +2,6 @@
 // the launch of the variant decode::select_kernel chose.
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <cstring>
 #include <mutex>
 
@@ -124,12 +123,9 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
 }  // namespace
 
 cudaError_t launch_sm90_decode(Kernel kernel, const DecodeParams& p, cudaStream_t stream) {
-  // The N = 16 and 32 kernels load their query tile themselves, one tile a request (the Q maps
-  // go unused there).
-  const int rows = p.q_len * p.num_heads;
-  if ((kernel == Kernel::kSm90N16 && rows > 16) || (kernel == Kernel::kSm90N32 && rows > 32)) {
-    return cudaErrorInvalidValue;
-  }
+  // A request's rows within the variant's (the N = 16 and 32 kernels load their one query tile
+  // themselves: the Q maps go unused there).
+  if (int64_t{p.q_len} * p.num_heads > max_rows(kernel)) return cudaErrorInvalidValue;
   seesaw::TensorMaps maps;
   const cudaError_t err = cached_maps(p, &maps);
   if (err != cudaSuccess) return err;
