@@ -1,5 +1,5 @@
-// Numerics shared by every kernel: the constants and the rounding steps of the contract
-// (include/snapmla/snapmla.h, "Numerics contract v2"). Host code sees the same constants.
+// The constants and rounding steps of the numerics contract (include/snapmla/snapmla.h), shared
+// by every kernel; host code sees the same constants.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,25 +35,23 @@ __device__ __forceinline__ float nan_max(float a, float b) {
   return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
 }
 
-// Per-row scale of the contract: amax / 448 in fp32, floored at 2^-32; NaN stays NaN.
 __device__ __forceinline__ float row_scale(float amax) {
   float s = __fdiv_rn(amax, kFp8Max);
   return (s < kMinScale) ? kMinScale : s;
 }
 
-// fp32 -> E4M3, round to nearest even, saturating to +-448, NaN -> NaN.
 __device__ __forceinline__ uint8_t to_e4m3(float x) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
 }
 
-// Four fp32 -> four E4M3 packed little-endian in a word (element 0 in the low byte).
+// Element 0 in the low byte.
 __device__ __forceinline__ uint32_t to_e4m3x4(float a, float b, float c, float d) {
   uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
   uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
   return (lo & 0xffffu) | (hi << 16);
 }
 
-// Two E4M3 (low byte first) -> two fp32. Exact: every E4M3 value is a half value.
+// Exact: every E4M3 value is a half value.
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t v) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v), __NV_E4M3);
   return __half22float2(*reinterpret_cast<__half2*>(&h));
@@ -63,7 +61,6 @@ __device__ __forceinline__ float bf16_bits_to_float(uint16_t v) {
   return __uint_as_float(static_cast<uint32_t>(v) << 16);
 }
 
-// fp32 -> bf16 bits, round to nearest even (NaN stays NaN).
 __device__ __forceinline__ uint16_t float_to_bf16_bits(float x) {
   __nv_bfloat16 b = __float2bfloat16_rn(x);
   return *reinterpret_cast<uint16_t*>(&b);
@@ -74,10 +71,8 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
          (static_cast<uint32_t>(float_to_bf16_bits(hi)) << 16);
 }
 
-// The warp's maximum by nan_max (NaN if any lane's is), for values whose sign bit is clear
-// (+0 .. +inf, as fabsf gives them) or the canonical NaN nan_max returns (0x7fffffff): those
-// order as their bit patterns, the NaN above all, so one integer maximum over the warp
-// (REDUX) gives the bits a shuffle tree of nan_max gives. (-0 would not: 0x80000000.)
+// The warp's nan_max for values with a clear sign bit or nan_max's NaN (0x7fffffff): those order
+// as their bits, so one integer maximum (REDUX) equals a shuffle tree of nan_max (-0 would not).
 __device__ __forceinline__ float warp_nan_max_nonneg(float v) {
   return __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(v)));
 }

@@ -1,7 +1,5 @@
-// One warp quantizes one row (a key token or a query head): 512 content values to E4M3 with a
-// per-row scale, and 64 RoPE values pre-divided by that scale, as the contract says.
-// Lane l owns content elements [8l, 8l + 8) and [256 + 8l, 256 + 8l + 8) and RoPE elements 2l,
-// 2l + 1: every access coalesced, and the RoPE quotients spread evenly over the warp.
+// One warp quantizes a row (key token or query head), whole-warp functions. Lane l owns content
+// [8l, 8l + 8), [256 + 8l, 264 + 8l) and RoPE 2l, 2l + 1: coalesced, RoPE quotients spread evenly.
 #pragma once
 
 #include "common/numerics.cuh"
@@ -15,8 +13,7 @@ struct Bf16x8 {
   uint32_t w[4];  // 8 bf16, element 2i in the low half of w[i]
 };
 
-// Load 8 consecutive bf16; one 16-byte load when kAligned. kL2: through L2 (ld.global.cg), not
-// the read-only path, for data another grid may write during this grid's life (PDL).
+// kL2: through L2, not the read-only path, for data another grid may write during this grid's life.
 template <bool kAligned, bool kL2 = false>
 __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
   static_assert(kAligned || !kL2, "the L2 path is for 16-byte loads");
@@ -40,11 +37,10 @@ __device__ __forceinline__ Bf16x8 load_bf16x8(const uint16_t* p) {
 __device__ __forceinline__ float lo_f(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_f(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// x / s correctly rounded (the contract's IEEE division) in a multiply and two FMAs: with
-// r = RN(1/s) and q0 = RN(x * r), the exact remainder x - q0 * s corrects q0 (Markstein). `ok`
-// turns false where that may fail: a non-finite quotient; in checked(), for values kept in full
-// (the RoPE's BF16), also a nonzero |x| < 2^-100 (the remainder underflows) or a subnormal
-// quotient. Content quotients that small change no E4M3 code. copysign keeps the sign of -0.
+// x / s correctly rounded in a multiply and two FMAs (Markstein: the exact remainder corrects
+// RN(x RN(1/s))). `ok` turns false where that may fail: a non-finite quotient; in checked(), for
+// the RoPE kept in BF16, also a nonzero |x| < 2^-100 (the remainder underflows) or a subnormal
+// quotient (content quotients that small change no E4M3 code).
 struct FastDivider {
   float s, r;
   __device__ __forceinline__ float operator()(float x, bool& ok) const {
@@ -67,8 +63,7 @@ struct IeeeDivider {
   __device__ __forceinline__ float checked(float x, bool& ok) const { return (*this)(x, ok); }
 };
 
-// quantize(div, ok) with the fast divider, or again with the IEEE division for the whole row
-// where any lane's quotient failed (rare: non-finite inputs, extreme RoPE). Whole warp.
+// The fast divider, or the IEEE division for the whole row where any lane's quotient failed.
 template <class Result, class Quantize>
 __device__ __forceinline__ Result quantize_by_row_divider(float s, const Quantize& quantize) {
   bool ok = isfinite(s);
@@ -83,7 +78,6 @@ struct QuantizedRow {
   float scale;       // the row's scale (every lane)
 };
 
-// One 8-wide chunk's quotients: x[2 i], x[2 i + 1] from the low and high half of word i.
 template <class Div>
 __device__ __forceinline__ void chunk_quotients(const Div& div, const Bf16x8& c, bool& ok,
                                                 float (&x)[8]) {
@@ -94,12 +88,11 @@ __device__ __forceinline__ void chunk_quotients(const Div& div, const Bf16x8& c,
   }
 }
 
-// Eight fp32 -> eight E4M3, element 0 in the low byte of .x.
 __device__ __forceinline__ uint2 to_e4m3x8(const float (&v)[8]) {
   return make_uint2(to_e4m3x4(v[0], v[1], v[2], v[3]), to_e4m3x4(v[4], v[5], v[6], v[7]));
 }
 
-// The contract's row; x receives the content's quotients (chunk i in x[i]) for the low term.
+// x receives the content's quotients, for the low term.
 template <class Div>
 __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16x8& c0,
                                                       const Bf16x8& c1, uint32_t r, float s,
@@ -114,10 +107,9 @@ __device__ __forceinline__ QuantizedRow quantize_with(const Div& div, const Bf16
   return q;
 }
 
-// One lane's inputs of a row (RoPE element 2l in the low half of r).
 struct RowInputs {
   Bf16x8 c0, c1;
-  uint32_t r;
+  uint32_t r;  // RoPE element 2l in the low half
 };
 
 template <bool kAligned, bool kL2 = false>
@@ -137,7 +129,6 @@ __device__ __forceinline__ RowInputs load_row(const uint16_t* content, const uin
   return in;
 }
 
-// The row's scale: row_scale of its content's amax, NaN propagating. Whole warp.
 __device__ __forceinline__ float loaded_row_scale(const RowInputs& in) {
   float amax = 0.f;
 #pragma unroll
@@ -149,7 +140,6 @@ __device__ __forceinline__ float loaded_row_scale(const RowInputs& in) {
   return row_scale(amax);
 }
 
-// The contract's quantization of a loaded row. Whole warp.
 __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   const float s = loaded_row_scale(in);
 
@@ -159,16 +149,14 @@ __device__ __forceinline__ QuantizedRow quantize_loaded(const RowInputs& in) {
   });
 }
 
-// content / rope: this row's inputs (element 0). Whole warp.
 template <bool kAligned>
 __device__ __forceinline__ QuantizedRow quantize_row(const uint16_t* content, const uint16_t* rope,
                                                      int lane) {
   return quantize_loaded(load_row<kAligned>(content, rope, lane));
 }
 
-// The two-term query (snapmla.reference.quantize_q2): the high term is the contract's row; the
-// low term is q_lo = e4m3(16 (x - q_hi)) per element, x the quotient that q_hi rounds (exact
-// difference and product: one rounding), and s2 = s1 / 16.
+// The two-term query (snapmla.reference.quantize_q2): q_lo = e4m3(16 (x - q_hi)), x the quotient
+// q_hi rounds (exact difference and product: one rounding), s2 = s1 / 16.
 struct QuantizedLo {
   uint2 content[2];
   float scale;
@@ -178,7 +166,6 @@ struct QuantizedRow2 {
   QuantizedLo lo;
 };
 
-// One chunk's low codes from its quotients x and their high codes.
 __device__ __forceinline__ uint2 low_codes(const float (&x)[8], uint2 hi) {
   const uint32_t codes[2] = {hi.x, hi.y};
   float v[8];
@@ -191,7 +178,6 @@ __device__ __forceinline__ uint2 low_codes(const float (&x)[8], uint2 hi) {
   return to_e4m3x8(v);
 }
 
-// Both terms of a loaded row. Whole warp.
 __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInputs& in) {
   const float s = loaded_row_scale(in);
   return quantize_by_row_divider<QuantizedRow2>(s, [&](const auto& div, bool& ok) {
@@ -207,7 +193,7 @@ __device__ __forceinline__ QuantizedRow2 quantize_loaded_two_term(const RowInput
   });
 }
 
-// Store a row: content (512 bytes, 8-byte aligned), RoPE (64 bf16, 4-byte aligned), scale.
+// content_out 8-byte aligned, rope_out 4-byte aligned.
 __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* content_out,
                                           uint16_t* rope_out, float* scale_out, int lane) {
   reinterpret_cast<uint2*>(content_out)[lane] = q.content[0];
@@ -216,7 +202,6 @@ __device__ __forceinline__ void store_row(const QuantizedRow& q, uint8_t* conten
   if (lane == 0) *scale_out = q.scale;
 }
 
-// Store the low term: content (512 bytes, 8-byte aligned) and scale.
 __device__ __forceinline__ void store_low_term(const QuantizedLo& lo, uint8_t* content_out,
                                                float* scale_out, int lane) {
   reinterpret_cast<uint2*>(content_out)[lane] = lo.content[0];

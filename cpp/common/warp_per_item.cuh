@@ -1,5 +1,4 @@
-// The frame of the warp-per-item kernels (append, fetch-dequant, copy-slots, Q-quant): one warp
-// takes one item (a token or a query row) at a time, the grid strides over the items.
+// The warp-per-item kernels' frame: one warp an item (a token or a query row), grid-strided.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,15 +11,13 @@
 
 namespace snapmla {
 
-// The cache kernels' blocks: 256 threads, at most 8 resident an SM (64 warps: enough 16-byte
-// loads in flight to keep HBM busy).
+// At most 8 blocks of 256 resident an SM: 64 warps keep enough 16-byte loads in flight for HBM.
 constexpr int kItemThreads = 256;
 constexpr int kItemWarps = kItemThreads / kWarpSize;
 constexpr int kItemBlocksPerSm = 8;
 
 #ifdef __CUDACC__
-// body(i) for each item i < n of this warp: warp w of the grid takes w, w + W, ... (W the
-// grid's warps). i is warp-uniform.
+// body(i) for this warp's items; i is warp-uniform.
 template <int kThreads, class Body>
 __device__ __forceinline__ void for_each_warp_item(int64_t n, const Body& body) {
   const int64_t first = (static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x) / kWarpSize;
@@ -29,8 +26,8 @@ __device__ __forceinline__ void for_each_warp_item(int64_t n, const Body& body) 
 }
 #endif
 
-// launch(aligned, strided, blocks) over p's tokens: aligned (16-byte BF16 row accesses) and
-// strided (pages not packed) as std::bool_constant, the kernel's template arguments.
+// launch(aligned, strided, blocks): aligned (16-byte BF16 row accesses) and strided (pages not
+// packed) as std::bool_constant template arguments.
 template <class Params, class Launch>
 cudaError_t launch_token_kernel(const Params& p, const Launch& launch) {
   if (p.num_tokens == 0) return cudaSuccess;

@@ -1,5 +1,4 @@
-// What the stages of the sm90 decode kernel share: a consumer thread's place in the CTA, and
-// the request-part it runs.
+// What the decode kernel's stages share: a consumer thread's coordinates, the request part.
 #pragma once
 
 #include "decode/segment.cuh"
@@ -11,8 +10,7 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// A request's view of the stage ring: its block i sits in stage (it0 + i) % kStages, it0 the
-// blocks the CTA consumed before it.
+// Block i of a request is in stage (it0 + i) % kStages, it0 the blocks the CTA consumed before.
 struct Ring {
   SharedStorage& s;
   uint32_t it0;
@@ -25,10 +23,8 @@ struct Ring {
   __device__ __forceinline__ uint32_t phase(int i) const { return ((it0 + i) / kStages) & 1u; }
 };
 
-// A consumer thread: warpgroup wg (its latent half in PV, its blocks in QK), warp, and its
-// fragment coordinates g = lane / 4, t = lane % 4. Its S rows are query rows r0 and r0 + 8
-// (interleaved: r0 alone). Warp and warpgroup come through a shuffle so the compiler knows them
-// warp-uniform (branches on them then do not serialize the wgmma pipeline).
+// S rows r0 and r0 + 8 (interleaved: r0). wg and warp come through a shuffle so the compiler
+// knows them warp-uniform: branches on them then do not serialize the wgmma pipeline.
 template <class T>
 struct ConsumerThread {
   int tid, wtid, lane, wg, warp, g, t;
@@ -50,15 +46,13 @@ struct ConsumerThread {
   __device__ __forceinline__ int row_of(int ri) const { return r0 + 8 * ri; }
 };
 
-// The blocks [seg.blk_lo, seg.blk_hi) of request b, row tile `tile`, as one CTA runs them.
 struct Request {
   int b, tile, seqlen, n;
   int min_limit;  // tokens every row of the tile sees: blocks below need no masking
   Segment seg;
   Ring ring;
   __device__ __forceinline__ int tok0(int i) const { return (seg.blk_lo + i) * kBlockN; }
-  // A block some row does not see whole: masked (kEdge variants, chosen outside the wgmma
-  // pipeline: branching inside it would stall it).
+  // Masked (kEdge), chosen outside the wgmma pipeline: a branch inside it would stall it.
   __device__ __forceinline__ bool is_edge(int i) const { return tok0(i) + kBlockN > min_limit; }
 };
 

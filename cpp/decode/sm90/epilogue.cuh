@@ -1,5 +1,4 @@
-// The epilogue of the sm90 decode kernel: each row's 1/l and lse, and the stores of O^T / l
-// into out or a split partial.
+// The epilogue: each row's 1/l and lse, and O^T / l into out or a split partial.
 #pragma once
 
 #include "decode/sm90/context.cuh"
@@ -8,16 +7,12 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// The stores of a thread's O^T (latent d0 + 64 m, + 1 of query rows 8 nn + 2 t + c1), times the
-// row's 1/l: into the split partial of seg.slot (FP16 with a per-group exponent, segment.cuh),
-// or into out (BF16 or fp32).
 template <int kMTiles, int kNRegs>
 __device__ __forceinline__ void store_o_rows(const DecodeParams& p,
                                              const float (&o)[kMTiles][kNRegs],
                                              const float* inv_l_of, int b, int tile, int rows_total,
                                              int d0, int t, const Segment& seg) {
-  // Row (nn, c1): query row 8 nn + 2 t + c1, its values o[m][4 nn + c1] and o[m][4 nn + 2 + c1]
-  // (latent d0 + 64 m and + 1). One loop per destination (a uniform branch outside them).
+  // Query row 8 nn + 2 t + c1: o[m][4 nn + c1], o[m][4 nn + 2 + c1] are latent d0 + 64 m, + 1.
   auto each_row = [&](auto&& store_row) {
 #pragma unroll
     for (int nn = 0; nn < kNRegs / 4; ++nn) {
@@ -29,11 +24,11 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p,
     }
   };
   if (seg.split) {
-    // (segment.cuh) The thread's 8 values of a row are its group partial_group(d0), all of it.
+    // The thread's 8 values of a row are the whole group partial_group(d0).
     const int64_t slot = seg.slot;
     const int group = partial_group(d0);
     each_row([&](int nn, int c1, int fr, float inv_l) {
-      // (max |O| times 1/l > 0 is max |O / l| exactly: rounding is monotonic)
+      // max |O| times 1/l > 0 is max |O / l| exactly: rounding is monotonic.
       float amax = 0.f;
 #pragma unroll
       for (int m = 0; m < kMTiles; ++m) {
@@ -59,10 +54,8 @@ __device__ __forceinline__ void store_o_rows(const DecodeParams& p,
   }
 }
 
-// The request's epilogue, after every PV. A row's 1/l and lse are computed once per row and
-// warpgroup (thread wtid of each warpgroup, row wtid) into a statistics buffer no block uses any
-// more (n >= 1, so (n + wg) % kPBuffers is neither warpgroup's last (n - 1) % kPBuffers), where
-// its warpgroup reads them.
+// 1/l goes to buffer (n + wg) % kPBuffers, which no block uses any more: n >= 1, so it is not
+// the last block's (n - 1) % kPBuffers.
 template <class T>
 __device__ __forceinline__ void epilogue(SharedStorage& s, const DecodeParams& p,
                                          const Request& req, const ConsumerThread<T>& th,

@@ -1,5 +1,4 @@
-// The sm90 decode kernel: the schedule. traits.h describes the kernel and its variants;
-// producer.cuh, softmax.cuh, pv.cuh and epilogue.cuh hold the stages.
+// The sm90 decode kernel's schedule; the stages are in producer, softmax, pv and epilogue.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -14,7 +13,6 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// Stage i of this warpgroup's PV is done: the producer may refill it once both have arrived.
 template <class T>
 __device__ __forceinline__ void release(SharedStorage& s, const Request& req,
                                         const ConsumerThread<T>& th, int i) {
@@ -22,8 +20,6 @@ __device__ __forceinline__ void release(SharedStorage& s, const Request& req,
     sm90::mbar_arrive(&s.empty_bar[(req.ring.it0 + i) % kStages]);
 }
 
-// The consumer warpgroups' loop over the part's requests: per request the Q tile, then the
-// seesaw over its blocks, then the epilogue.
 template <class T>
 __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodeParams& p,
                                               RequestRange requests, int part, int tile,
@@ -42,7 +38,6 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
     const int n = req.n;
     const int64_t row0 = int64_t{b} * rows_total + tile * kRowsM;
 
-    // ---- the Q tile and its scales; the producer's first loads issued (kBarStart)
     if constexpr (T::kInterleaved) {
       load_q_interleaved<T>(s, p, b, row0, rows_total, th.tid);
     } else if (th.tid < kRowsM) {
@@ -66,9 +61,8 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
         sm90::make_desc_base(s.q_rope, sm90::Swizzle::k128B, kChunkBytes);
     float sa[32], sb[32];
 
-    // ---- the seesaw: WG w owns blocks w, w + 2, ...; each runs PV of every block in order.
-    // While one warpgroup waits for its QK and runs the softmax, the other's PV and QK keep the
-    // tensor cores busy. (A QK left in flight across iterations makes ptxas serialize.)
+    // Warpgroup w owns blocks w, w + 2, ... and runs every block's PV. A QK left in flight
+    // across iterations makes ptxas serialize the wgmmas.
     for (int i = th.wg; i < n; i += 2) {
       issue_qk(req.ring, i, q_desc, qr_desc, sa, sb);
       softmax_block(s, p, req, th, i, sa, sb);
@@ -87,22 +81,19 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
     }
     sm90::named_barrier_unaligned(kBarConsumers, kThreads);  // every PV done, the last statistics
 
-    // ---- epilogue; the combine may launch from the start of the CTA's last one (it still
-    // waits for this grid), so its launch overlaps the stores.
+    // The combine still waits for this grid: its launch may overlap the last epilogue.
     if (b == requests.end) griddep_launch_dependents();
     epilogue(s, p, req, th, o);
     it += n;
-    // Q, the ring, P8 and the statistics are reused by the next request. Every consumer read
-    // bad_page: reset it before the producer (past kBarCta) may set it again.
+    // Every consumer has read bad_page: reset it before the producer, past kBarCta, may set it.
     sm90::named_barrier_unaligned(kBarConsumers, kThreads);
     if (th.tid == 0) s.bad_page = 0;
     sm90::named_barrier_unaligned(kBarCta, kCtaThreads);
   }
 }
 
-// One CTA: part blockIdx.x of the split-KV plan, row tile blockIdx.y. The attention kernel is
-// launched while the Q-quant kernel runs (programmatic dependent launch): the prologue (barriers,
-// the plan, the first page) overlaps it, and every read of its output waits for it first.
+// Part blockIdx.x of the plan, row tile blockIdx.y. Launched while the Q-quant kernel runs (PDL):
+// every read of that kernel's output waits for it first.
 template <class T>
 __global__ void __launch_bounds__(kCtaThreads, 1)
     decode_kernel(const DecodeParams p, const __grid_constant__ TensorMaps maps) {
@@ -122,22 +113,19 @@ __global__ void __launch_bounds__(kCtaThreads, 1)
     sm90::prefetch_tensormap(&maps.q_content);
     sm90::prefetch_tensormap(&maps.q_rope);
   }
-  // The part's request range, in flight with the plan header's words (the host checked the
-  // plan buffer's size for these parameters, so the words are in bounds whatever they hold).
+  // The host sized the plan buffer for these parameters: these reads stay in bounds.
   const RequestRange requests = part_requests(p, PlanLayout::make(p.batch, p.num_parts), part);
   if (tid == 0) {
     for (int i = 0; i < kStages; ++i) sm90::mbar_init(&s.full_bar[i], kFullArrivals);
     for (int i = 0; i < kStages; ++i) sm90::mbar_init(&s.empty_bar[i], 2);
     s.bad_page = 0;
-    // the Q tile: the TMA's one arrival, or every consumer's cp.async
-    sm90::mbar_init(&s.q_bar, T::kInterleaved ? kThreads : 1);
+    sm90::mbar_init(&s.q_bar, T::kInterleaved ? kThreads : 1);  // cp.async of each consumer
     sm90::mbar_fence_init();
   }
   __syncthreads();
   if (!plan_matches(p)) return write_nan_rows(p, part, tile);
 
-  // setmaxnreg splits the registers; each role computes its per-thread constants after it
-  // (live across it, they would spill).
+  // Per-thread constants come after setmaxnreg: live across it, they would spill.
   if (wg == kProducerWg) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
     run_producer<T>(s, p, maps, requests, part, tile, tid);

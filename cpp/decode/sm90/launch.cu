@@ -1,5 +1,4 @@
-// The sm90 decode kernel's host side: tensor maps over the layer and the quantized queries, and
-// the launch of the variant decode::select_kernel chose.
+// The sm90 decode kernel's host side: tensor maps and the launch of the chosen variant.
 #include <cudaTypedefs.h>
 
 #include <cstring>
@@ -72,11 +71,8 @@ cudaError_t make_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
   return err;
 }
 
-// The tensor maps of recent calls, per thread: five encodings are a measurable part of a decode
-// call's host time. A map is a function of the addresses, sizes and strides in the key alone
-// (its data type, box and swizzle are constants), so a hit is the map the encoding would give:
-// reused memory at the same address is covered. A model step decodes every layer with one
-// workspace, so 64 entries hold a step's maps for up to 64 layers.
+// Recent calls' maps, per thread: five encodings are a measurable part of a call's host time. A
+// map depends on the key alone, so a hit is exact; 64 entries hold a step's maps for 64 layers.
 struct MapKey {
   const uint8_t* layer_base;
   int64_t page_stride;
@@ -123,8 +119,7 @@ cudaError_t cached_maps(const DecodeParams& p, seesaw::TensorMaps* maps) {
 }  // namespace
 
 cudaError_t launch_sm90_decode(Kernel kernel, const DecodeParams& p, cudaStream_t stream) {
-  // A request's rows within the variant's (the N = 16 and 32 kernels load their one query tile
-  // themselves: the Q maps go unused there).
+  // The N = 16 and 32 kernels load their one query tile themselves: the Q maps go unused there.
   if (int64_t{p.q_len} * p.num_heads > max_rows(kernel)) return cudaErrorInvalidValue;
   seesaw::TensorMaps maps;
   const cudaError_t err = cached_maps(p, &maps);

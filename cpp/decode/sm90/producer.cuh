@@ -1,5 +1,4 @@
-// Data movement of the sm90 decode kernel: the TMA ring of KV pages, the Q tile, and the
-// producer warpgroup's request loop.
+// Data movement: the TMA ring of KV pages, the Q tile, the producer warpgroup's loop.
 #pragma once
 
 #include "common/launch.h"
@@ -11,10 +10,8 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// Content half `half` (chunks 2 half, 2 half + 1) of `page` into stage `st`, arriving on `bar`
-// with its bytes; a page outside the layer loads nothing, sets `bad_page` and arrives (its rows
-// come out NaN). Evict-first: a decode step reads each page once, and the split partials the
-// kernel writes should stay in L2 for the combine.
+// A page outside the layer loads nothing, sets `bad_page` (its rows come out NaN) and still
+// arrives. Evict-first: a page is read once; the split partials should stay in L2 for the combine.
 __device__ __forceinline__ void load_content_half(SharedStorage::Stage& st, uint64_t* bar,
                                                   const TensorMaps& maps, int half, int32_t page,
                                                   int32_t num_pages, int32_t& bad_page) {
@@ -30,7 +27,6 @@ __device__ __forceinline__ void load_content_half(SharedStorage::Stage& st, uint
   }
 }
 
-// The RoPE tile and the scales of `page` into stage `st` (as load_content_half).
 __device__ __forceinline__ void load_rope_scale(SharedStorage::Stage& st, uint64_t* bar,
                                                 const TensorMaps& maps, int32_t page,
                                                 int32_t num_pages, int32_t& bad_page) {
@@ -44,7 +40,6 @@ __device__ __forceinline__ void load_rope_scale(SharedStorage::Stage& st, uint64
   sm90::tma_load_2d_hint(st.scale, &maps.k_scale, bar, 0, page, policy);
 }
 
-// Block i of the request: its page's three parts into its stage.
 __device__ __forceinline__ void load_block(const Ring& ring, const TensorMaps& maps, int i,
                                            int32_t page, int32_t num_pages) {
   load_content_half(ring.stage(i), ring.full(i), maps, 0, page, num_pages, ring.s.bad_page);
@@ -52,7 +47,6 @@ __device__ __forceinline__ void load_block(const Ring& ring, const TensorMaps& m
   load_rope_scale(ring.stage(i), ring.full(i), maps, page, num_pages, ring.s.bad_page);
 }
 
-// The Q tile of rows [row0, row0 + 64) (content chunks and RoPE) onto q_bar, with its bytes.
 __device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& maps,
                                             int64_t row0) {
   sm90::mbar_arrive_expect_tx(&s.q_bar, kQTx);
@@ -64,12 +58,9 @@ __device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& 
   sm90::tma_load_2d(s.q_rope, &maps.q_rope, &s.q_bar, 0, static_cast<int32_t>(row0));
 }
 
-// The interleaved Q tile (KernelTraits::kInterleaved) of request b by the consumer threads'
-// cp.async: tile row R = 16 j + 8 h + e holds query row 8 j + e, its high (h = 0) or low (h = 1)
-// content row, RoPE in high rows only, zero past the request or where the query has one term;
-// 128B-swizzled as TMA writes it. Then the scales: q_scale[r] = s1, q_scale[32 + r] = rho = s2 /
-// s1 (the reference's IEEE division). The producer waits on q_bar for the tile before it loads
-// more than the first page, so that the tile is not fetched under those pages' loads.
+// Tile row 16 j + 8 h + e holds query row 8 j + e's high (h = 0) or low (h = 1) content, RoPE in
+// high rows only, zero where absent; 128B-swizzled as TMA writes it. q_scale[r] = s1,
+// q_scale[32 + r] = rho = s2 / s1 (the reference's IEEE division).
 template <class T>
 __device__ __forceinline__ void load_q_interleaved(SharedStorage& s, const DecodeParams& p, int b,
                                                    int64_t row0, int rows_total, int tid) {
@@ -79,9 +70,8 @@ __device__ __forceinline__ void load_q_interleaved(SharedStorage& s, const Decod
   constexpr int kUnits = 2 * T::kN * kRowUnits;  // tile rows 0 .. 2 kN - 1
   static_assert(kUnits % kThreads == 0, "whole rounds");
   constexpr int kRounds = kUnits / kThreads;
-  // Every copy in flight at once, through L2 (the Q-quant kernel writes these during this grid's
-  // life, outside __ldg's rule). A unit that is not loaded reads an always-readable address for
-  // zero bytes (zero fill).
+  // Through L2, not __ldg: the Q-quant kernel writes these during this grid's life. A unit not
+  // loaded reads zero bytes of a valid address.
 #pragma unroll 2
   for (int round = 0; round < kRounds; ++round) {
     const int u = tid + round * kThreads;
@@ -110,11 +100,8 @@ __device__ __forceinline__ void load_q_interleaved(SharedStorage& s, const Decod
   sm90::fence_proxy_async();  // read by wgmma (async proxy) past the start barrier
 }
 
-// The producer warpgroup's loop over the part's requests. Its loader thread issues a request's
-// first pages and the Q tile (TMA at N = 64; the consumers' own loads otherwise, which it waits
-// for after the first page), arrives on kBarStart so the consumers may start, then refills each
-// stage once both consumer warpgroups released it. The other producer threads only keep the
-// barrier counts.
+// The loader thread issues a request's first page and Q tile, arrives on kBarStart, then fills the
+// ring as the consumers release stages; the other producer threads only keep barrier counts.
 template <class T>
 __device__ __forceinline__ void run_producer(SharedStorage& s, const DecodeParams& p,
                                              const TensorMaps& maps, RequestRange requests,
@@ -135,7 +122,7 @@ __device__ __forceinline__ void run_producer(SharedStorage& s, const DecodeParam
       if (tid != kLoaderTid) sm90::named_barrier_arrive_unaligned(kBarStart, kCtaThreads);
     }
     if (tid == kLoaderTid) {
-      // The first page before the Q: it does not wait for the Q-quant kernel.
+      // Page 0 does not wait for the Q-quant kernel; the later pages wait for an interleaved tile.
       const int first_pages = min(kStages, n);
       load_block(ring, maps, 0, pages[0], p.num_pages);
       griddep_wait();  // the Q-quant kernel's output, or the consumers' loads of it

@@ -1,5 +1,4 @@
-// Hopper (sm_90a) primitives for the fast decode kernel: mbarriers, TMA tile loads, wgmma
-// fences and shared-memory matrix descriptors. Thin PTX wrappers, nothing more.
+// Thin sm_90a PTX wrappers: mbarriers, TMA, cp.async, wgmma, descriptors, named barriers.
 #pragma once
 
 #include <cuda.h>
@@ -12,14 +11,12 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// ------------------------------------------------------------------------------ mbarrier
 __device__ __forceinline__ void mbar_init(uint64_t* bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
 }
 __device__ __forceinline__ void mbar_fence_init() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
-// Arrive once and announce `bytes` of asynchronous (TMA) traffic for this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)),
                "r"(bytes)
@@ -38,7 +35,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t phase) {
       : "memory");
 }
 
-// One try: whether the phase of parity `phase` has completed (a bounded wait's step).
 __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t phase) {
   uint32_t done;
   asm volatile(
@@ -51,9 +47,7 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t phase) {
   return done != 0;
 }
 
-// The same wait, suspending the thread between tries until the phase completes or about
-// `suspend_ns` have passed (try_wait's time hint), for a waiter that is usually early (the
-// producer warpgroup's thread, waiting for a stage to empty) and would otherwise spin.
+// The thread may suspend up to about `suspend_ns` between tries (try_wait's time hint).
 __device__ __forceinline__ void mbar_wait_suspend(uint64_t* bar, uint32_t phase,
                                                   uint32_t suspend_ns) {
   asm volatile(
@@ -65,12 +59,9 @@ __device__ __forceinline__ void mbar_wait_suspend(uint64_t* bar, uint32_t phase,
       : "memory");
 }
 
-// ------------------------------------------------------------------------------- TMA
-// Fetch a tensor map's descriptor ahead of its first TMA (a __grid_constant__ parameter).
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }
-// An L2 policy that evicts what it covers first (data read once), for the .L2::cache_hint forms.
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
   uint64_t policy;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
@@ -110,31 +101,26 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
-// 16 bytes global -> shared through L2 (cp.async.cg, no registers held), the rest of the 16
-// zero-filled past src_bytes (0: all zero, nothing read). Completed by cp_async_wait_all.
+// 16 bytes global -> shared through L2, zero-filled past src_bytes (0: nothing read).
 __device__ __forceinline__ void cp_async_cg16(uint32_t dst, const void* src, uint32_t src_bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
 }
-// An arrival on `bar` once this thread's earlier cp.async copies are done (the barrier's
-// expected count set at init covers it: .noinc).
+// Arrives on `bar` when this thread's earlier cp.async copies land (.noinc: the init count has it).
 __device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar))
                : "memory");
 }
-// This thread's cp.async copies done (their shared-memory writes visible to it).
 __device__ __forceinline__ void cp_async_wait_all() {
   asm volatile("cp.async.wait_all;\n" ::: "memory");
 }
 
-// Generic-proxy shared-memory writes (or reads) ordered before later async-proxy accesses
-// (wgmma operand reads, TMA writes) of the same bytes.
+// Orders generic-proxy shared-memory accesses before later async-proxy ones (wgmma, TMA).
 __device__ __forceinline__ void fence_proxy_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
-// ------------------------------------------------------------------------------- wgmma
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
@@ -154,8 +140,7 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 
 enum class Swizzle : uint64_t { k128B = 1, k64B = 2 };
 
-// Shared-memory matrix descriptor of a K-major operand whose rows are `row_bytes` long and
-// swizzled across `row_bytes` (128 or 64); groups of 8 rows are 8 * row_bytes apart.
+// K-major operand with rows of `row_bytes` (128 or 64), swizzled across a row.
 __device__ __forceinline__ uint64_t make_desc(const void* start, Swizzle swizzle,
                                               uint32_t row_bytes) {
   const uint64_t addr = (smem_u32(start) & 0x3ffffu) >> 4;
@@ -164,8 +149,7 @@ __device__ __forceinline__ uint64_t make_desc(const void* start, Swizzle swizzle
   return addr | (lbo << 16) | (sbo << 32) | (static_cast<uint64_t>(swizzle) << 62);
 }
 
-// The same descriptor in two 32-bit halves: the start address lives in the low half, so
-// moving a descriptor along its tile (k-steps, chunks) is one 32-bit add, not a rebuild.
+// The start address is in `lo`: moving along the tile is one 32-bit add, not a rebuild.
 struct SmemDesc {
   uint32_t lo, hi;
   __device__ __forceinline__ uint64_t at(uint32_t byte_offset) const {
@@ -178,14 +162,11 @@ __device__ __forceinline__ SmemDesc make_desc_base(const void* start, Swizzle sw
   return {static_cast<uint32_t>(d), static_cast<uint32_t>(d >> 32)};
 }
 
-// Named barriers: `threads` threads take part; bar.sync waits, bar.arrive only signals (a
-// producer arrives, a consumer syncs: 128 + 128 for a one-way handoff between warpgroups).
+// bar.arrive only signals: a one-way handoff is 128 threads arriving + 128 syncing.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-// The same, without .aligned (barrier.sync): for a barrier that threads reach at different
-// instructions or from divergent warps (a producer warpgroup and the consumers, a request's end);
-// the hardware then counts threads, not warps.
+// Not .aligned: threads may reach it at different instructions or diverged; it counts threads.
 __device__ __forceinline__ void named_barrier_unaligned(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -196,18 +177,15 @@ __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// ------------------------------------------------------------------------- ldmatrix
-// Four 8x8 matrices of 16-bit elements, transposed: lanes 8i..8i+7 give the row addresses
-// (16 bytes each) of matrix i; thread (g = lane / 4, t = lane % 4) receives in r[i] the
-// elements [row 2t][col g] (low half) and [row 2t + 1][col g] (high half) of matrix i.
+// Lanes 8i..8i+7 address matrix i's rows; r[i] of thread (g = lane / 4, t = lane % 4) gets
+// [row 2t][col g] (low half) and [row 2t + 1][col g] (high half) of 16-bit matrix i.
 __device__ __forceinline__ void ldsm_t_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr)
                : "memory");
 }
-// Four 8x8 matrices of 16-bit elements stored: lanes 8i..8i+7 give the row addresses of
-// matrix i; thread (g, t) provides in r[i] the elements [row g][cols 2t, 2t + 1] of matrix i.
+// Lanes 8i..8i+7 address matrix i's rows; r[i] of thread (g, t) is [row g][cols 2t, 2t + 1].
 __device__ __forceinline__ void stsm_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
                                         uint32_t r3) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),

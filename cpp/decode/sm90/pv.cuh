@@ -1,6 +1,5 @@
-// PV of the sm90 decode kernel and its promotion: O^T[latent half wg] = gamma O^T + V^T P8^T
-// for each block, V^T built in registers from the content tile, the product accumulated by
-// the FP8 tensor cores in fp32 temporaries and added into O^T by the CUDA cores every block.
+// PV and its promotion, every block: O^T[latent half wg] = gamma O^T + V^T P8^T, the product in
+// an fp32 temporary added by the CUDA cores.
 #pragma once
 
 #include "decode/sm90/context.cuh"
@@ -10,8 +9,7 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// O^T[64 latent x N rows] (+)= V^T[64 x 32 tokens] (registers) P8^T (shared memory).
-// kInit: D = product (D write-only), else D += product.
+// D[64 latent x N rows] (+)= V^T[64 x 32 tokens] (registers) P8^T (shared memory).
 template <int N, bool kInit>
 __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
   if constexpr (N == 64) {
@@ -29,7 +27,6 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[
   }
 }
 
-// wgmma.wait_group with a count the unrolled loop makes constant.
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   switch (n) {
     case 0:
@@ -47,21 +44,18 @@ __device__ __forceinline__ void wgmma_wait_upto3(int n) {
   }
 }
 
-// Bytes of a V^T register whose tokens tb + {0, 1, 8, 9} are below `valid` (0xff each).
+// 0xff in each byte of a V^T register whose token, tb + {0, 1, 8, 9}, is below `valid`.
 __device__ __forceinline__ uint32_t valid_token_bytes(int tb, int valid) {
   return (tb < valid ? 0xffu : 0u) | (tb + 1 < valid ? 0xff00u : 0u) |
          (tb + 8 < valid ? 0xff0000u : 0u) | (tb + 9 < valid ? 0xff000000u : 0u);
 }
 
-// Zero the E4M3 NaN codes (0x7f, 0xff) of four packed bytes.
 __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
-// V^T A fragments (both k-steps) at `addr` (a content chunk's shared address plus the lane's
-// ldmatrix offset). kEdge (a block some row does not see whole): tokens from `valid` up and NaN
-// codes are zeroed, so that a NaN there cannot reach rows whose P8 is 0 (elsewhere a NaN in V
-// reaches every row through its logit anyway).
+// kEdge: tokens from `valid` up and NaN codes are zeroed, so that a NaN there cannot reach rows
+// whose P8 is 0 (elsewhere a NaN in V reaches every row through its logit anyway).
 template <bool kEdge>
 __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int valid,
                                                     uint32_t (&a)[2][4]) {
@@ -84,8 +78,6 @@ __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int va
   }
 }
 
-// V^T A fragments of m-tile m (both k-steps) of warpgroup wg's latent half of block i: content
-// chunk 2 wg + m / 2, its 16-byte units from 4 (m % 2); warp v takes units v (+ 4).
 template <bool kEdge, class T>
 __device__ __forceinline__ void v_fragments(const Request& req, const ConsumerThread<T>& th, int i,
                                             int m, uint32_t (&a)[2][4]) {
@@ -95,9 +87,7 @@ __device__ __forceinline__ void v_fragments(const Request& req, const ConsumerTh
   vt_fragments_masked<kEdge>(addr, th.t, valid, a);
 }
 
-// The promotion: O^T m-tile `o` = gamma O^T + T over its 8-column tiles [col0, col0 + kCols)
-// (query rows 8 col + 2 t, + 1), for a temporary T of 4 kCols registers; gamma read from the
-// block's statistics where it is used.
+// O^T = gamma O^T + T over O's 8-column tiles [col0, col0 + kCols), gamma read where it is used.
 template <int kNRegs, int kTmpRegs>
 __device__ __forceinline__ void promote_cols(float (&o)[kNRegs], int col0, float (&tmp)[kTmpRegs],
                                              const float* gamma, int t) {
@@ -114,8 +104,7 @@ __device__ __forceinline__ void promote_cols(float (&o)[kNRegs], int col0, float
   }
 }
 
-// The scaled promotion's two steps (KernelTraits::kScaledPv): O^T *= gamma for every m-tile,
-// then O^T m-tile m += T after its wait.
+// The scaled promotion (kScaledPv): O^T *= gamma, then each m-tile += T after its wait.
 template <int kNRegs>
 __device__ __forceinline__ void scale_o(float (&o)[kMTiles][kNRegs], const float* gamma, int t) {
 #pragma unroll
@@ -135,7 +124,6 @@ __device__ __forceinline__ void add_to_o(float (&o)[kNRegs], float (&tmp)[kNRegs
   for (int e = 0; e < kNRegs; ++e) o[e] += tmp[e];
 }
 
-// PV of block i on the thread's latent half, every m-tile, with its promotion.
 template <bool kEdge, class T>
 __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
                                          const ConsumerThread<T>& th, int i,
@@ -146,7 +134,7 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
   const sm90::SmemDesc p_desc =
       sm90::make_desc_base(s.p8[i % kPBuffers], sm90::Swizzle::k64B, kPRowBytes);
   if constexpr (T::kPvAllTiles) {
-    // Every m-tile in flight: its V^T fragments and its whole-N temporary each its own.
+    // Every m-tile in flight, each with its own fragments and whole-N temporary.
     float tmp[kMTiles][kNRegs];
     uint32_t a[kMTiles][2][4];
 #pragma unroll
@@ -189,9 +177,8 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
     sm90::wgmma_wait<0>();
     promote(kMTiles - 1);
   } else {
-    // Groups of (m-tile, half of the N rows), each into a zeroed temporary, two in flight: the
-    // tensor cores run group q + 1 while the CUDA cores add group q. (The edge blocks' masks
-    // beside whole-N temporaries would spill at N = 64.)
+    // (m-tile, half of N) groups, two in flight: whole-N temporaries beside the edge blocks'
+    // masks would spill at N = 64.
     constexpr int kHalfN = kN / 2;
     float tmp[2][kHalfN / 2];
     auto promote = [&](int q) {
@@ -220,7 +207,6 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
   }
 }
 
-// pv_block with the block's edge variant chosen at run time.
 template <class T>
 __device__ __forceinline__ void pv(SharedStorage& s, const Request& req,
                                    const ConsumerThread<T>& th, int i,

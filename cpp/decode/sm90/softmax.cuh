@@ -1,6 +1,4 @@
-// QK and the softmax of the sm90 decode kernel: the owner warpgroup's S = Q K^T of a block,
-// then the contract's block step on it, publishing P8 and the row statistics for both
-// warpgroups' PV.
+// QK of a block and the contract's block step on it, by the block's owner warpgroup.
 #pragma once
 
 #include "decode/sm90/context.cuh"
@@ -21,13 +19,11 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// The softmax evaluates e = 2^(z - m) <= 1 as 2^(z - m + 24) 2^-24: results down to 2^-150
-// (below which fp32 holds nothing) stay above the flush threshold.
+// e = 2^(z - m) is computed as 2^(z - m + 24) 2^-24: down to 2^-150 it stays above ex2's flush.
 constexpr float kExpShift = 24.f;
 constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
 constexpr float kInvFp8Max = 1.f / 448.f;
 
-// A row's maximum and sum over the four threads (t = lane % 4) that hold it in an S fragment.
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
@@ -37,8 +33,7 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// QK of block i (asynchronous, one commit group): content chunks 0-1 into sa, chunks 2-3 and
-// the RoPE into sb. Descriptors once per block; each wgmma moves its start by an immediate.
+// One commit group: content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb.
 __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::SmemDesc& q_desc,
                                          const sm90::SmemDesc& qr_desc, float (&sa)[32],
                                          float (&sb)[32]) {
@@ -69,10 +64,8 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
   sm90::wgmma_commit();
 }
 
-// The softmax's first pass over a thread's S fragment (kElems = 2 x its rows: elements c <
-// kElems of each 8-token group nn): u = logit(e) s_k in z[e] (e = 4 nn + c; tokens 8 nn + 2 t
-// + c % 2, row c / 2), -inf where the row does not see the token (kFull: every token visible),
-// and each row's maximum into mx. `scale` is the stage's 64 token scales.
+// z[e] = u = logit(e) s_k (e = 4 nn + c: token 8 nn + 2 t + c % 2, row c / 2), -inf where the
+// row does not see the token; each row's maximum into mx.
 template <int kElems, bool kFull, typename Logit>
 __device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const float* scale,
                                               int t, int tok0, const int (&limit)[2],
@@ -94,9 +87,8 @@ __device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const
   }
 }
 
-// Its second pass: e = 2^(z rf + bias) (bias carries the 2^24 shift and the row's maximum),
-// P' = e s_k 2^-24 in z (exactly 0 where the token is invisible: a select, its scale may be
-// NaN), the rows' sums of e and maxima of P' into e_sum and p_max (thread-local).
+// z = P' = 2^(z rf + bias) s_k 2^-24, exactly 0 where invisible (a select: the scale may be NaN);
+// the rows' sums of e and maxima of P' (thread-local).
 template <int kElems, bool kFull>
 __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_factor)[2],
                                            const float (&bias)[2], const float* scale, int t,
@@ -118,11 +110,8 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
   }
 }
 
-// The softmax of block i by its owner: the contract's block step on S (sa + sb), P8 into the
-// block's P tile and the row statistics (m, sigma, l, gamma; paper eq. 12) into its stats
-// buffer, after the previous block's statistics (the other warpgroup's). The row factor
-// s_q softmax_scale log2(e) > 0 is applied inside the exponent (z = u rf), so the row maximum of
-// z is max(u) rf exactly. Interleaved rows: the logit is fmaf(rho, S_lo, S_hi), one row a thread.
+// Block i's P8 and statistics (m, sigma, l, gamma; eq. 12), after the other warpgroup's block
+// i - 1. rf = s_q softmax_scale log2(e) > 0 is applied in the exponent: max(u rf) = max(u) rf.
 template <class T>
 __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodeParams& p,
                                               const Request& req, const ConsumerThread<T>& th,
@@ -166,7 +155,6 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
 #pragma unroll
     for (int ri = 0; ri < kRows; ++ri) mx[ri] = quad_max(mx[ri]) * row_factor[ri];
   }
-  // The previous block's statistics (its owner is the other warpgroup).
   float m_prev[2] = {-INFINITY, -INFINITY}, sig_prev[2] = {1.f, 1.f}, l_prev[2] = {0.f, 0.f};
   if (i > 0) {
     sm90::named_barrier(kBarPready + ((i - 1) & 1), kThreads);
@@ -181,7 +169,6 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     }
   }
   if (th.softmax_warp) {
-    // e = exp(z - m), P' = e s_k (V's scale fused into P); invisible tokens give exactly 0.
     float m_use[2], inv_sig[2], e_sum[2] = {0.f, 0.f}, p_max[2] = {0.f, 0.f};
 #pragma unroll
     for (int ri = 0; ri < kRows; ++ri) {
@@ -200,8 +187,7 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     for (int ri = 0; ri < kRows; ++ri) {
       e_sum[ri] = quad_sum(e_sum[ri]);
       p_max[ri] = quad_max(p_max[ri]);
-      // sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l_k; one MUFU reciprocal and
-      // exponent each (within an ulp or two: the tensor-core tier's tolerance)
+      // MUFU reciprocal and ex2: within an ulp or two, inside the tensor-core tier's tolerance.
       sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
       inv_sig[ri] = rcp_approx_ftz(sig[ri]);
       gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
@@ -209,7 +195,7 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     }
     p8_words<kRows>(z, inv_sig, w);
   }
-  // PV(i - kPBuffers) by the other warpgroup read this P tile
+  // The other warpgroup's PV of block i - kPBuffers has read this P tile.
   if (i >= kPBuffers) sm90::named_barrier(kBarPfree + i % kPBuffers, kThreads);
   if (th.softmax_warp) {
     store_p8<kRows>(sm90::smem_u32(s.p8[i % kPBuffers]) + th.stsm_off, w);

@@ -1,17 +1,5 @@
-// The sm90 decode kernel ("the seesaw"): tile constants, the shared-memory plan, the named
-// barriers and the traits of each variant.
-//
-// One CTA = 64 query rows (s_q x heads, flattened) of one part of the split-KV plan: a producer
-// warpgroup that issues every TMA load into a ring of kStages pages, and two consumer warpgroups
-// that alternate blocks for QK and the softmax (WG w owns blocks w, w + 2, ...) and split every
-// block's transposed PV, O^T = V^T P8^T, by latent halves. docs/design.md explains the schedule.
-//
-// Fragment bindings (derived in fragments.cuh, tested bit-exact by tests/cuda/seesaw_fragments.cu):
-//   V^T A fragment of warp v, m-tile m, k-step ks: M-row 16 v + g <-> latent d = base + 2 g,
-//   M-row 16 v + g + 8 <-> d = base + 2 g + 1 (base = 256 w + 64 m + 16 v); logical
-//   k = 16 h + 4 t + j <-> token 32 ks + 16 h + 8 (j / 2) + 2 t + (j % 2).
-//   P8 in shared memory: row r, byte 16 h + 4 t + j <-> token 16 h + 8 (j / 2) + 2 t + (j % 2),
-//   which is what the S accumulator gives thread (g, t): no shuffles.
+// The sm90 decode kernel ("the seesaw", docs/design.md): tile constants, the shared-memory plan,
+// the named barriers, the variants. The fragment bindings are stated in fragments.cuh.
 #pragma once
 
 #include <cuda.h>
@@ -39,9 +27,8 @@ constexpr int kTileBytes = kBlockN * kChunkBytes;   // 8 KiB: 64 rows x 128 byte
 constexpr int kHalfDim = kContentDim / 2;           // latent columns per warpgroup (PV)
 constexpr int kMTiles = kHalfDim / 64;              // PV m-tiles of 64 latent rows per warpgroup
 constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byte swizzle
-// P8 tiles and row statistics in flight: the owner of block i reuses the buffer of block
-// i - kPBuffers, so it waits for the other warpgroup's PV of that block only when that PV is
-// kPBuffers blocks behind (with 2 that wait sits on the critical path).
+// Block i reuses block i - kPBuffers's P8 and statistics buffers, so its owner waits for the
+// other warpgroup's PV of that block; with 2 buffers that wait sits on the critical path.
 constexpr int kPBuffers = 4;
 constexpr int kQkChunkSteps = kChunkBytes / 32;      // k32 FP8 steps per content chunk
 constexpr int kRopeSteps = kRopeDim / 16;            // k16 BF16 steps over the RoPE
@@ -86,9 +73,8 @@ struct alignas(1024) SharedStorage {
     uint8_t rope[kTileBytes];              // [64 tokens][64 bf16], 128B swizzle
     float scale[kBlockN];
   } stage[kStages];
-  // block i % kPBuffers: [rows][64 B]
   alignas(1024) uint8_t p8[kPBuffers][kRowsM * kPRowBytes];
-  RowStats stats[kPBuffers];  // block i % kPBuffers
+  RowStats stats[kPBuffers];  // p8 and stats: block i % kPBuffers
   float q_scale[kRowsM];
   int32_t bad_page;  // a page of this request's segment is outside the layer
   uint64_t full_bar[kStages];
@@ -104,30 +90,21 @@ struct TensorMaps {
   CUtensorMap q_rope;     // uint16 {64, rows}:       box {64, 64}, 128B swizzle
 };
 
-// setmaxnreg's split of the CTA's registers: the launch gives each of the 384 threads
-// kLaunchRegs (__launch_bounds__(384, 1)), and the consumers' setmaxnreg.inc takes only what the
-// producer's .dec returned to the CTA's pool, or they wait forever.
+// The consumers' setmaxnreg.inc takes only what the producer's .dec returned to the CTA's pool
+// (kLaunchRegs a thread at launch); asking for more waits forever.
 constexpr int kLaunchRegs = 65536 / kCtaThreads / 8 * 8;
 constexpr int kProducerRegs = 24;
 constexpr int kConsumerRegs = 240;
 static_assert(kProducerRegs * kWgThreads + kConsumerRegs * kThreads <= kLaunchRegs * kCtaThreads,
               "the consumers' registers come from the producer's");
-// The producer's wait for an empty stage suspends its thread up to this long between tries
-// (try_wait's time hint) instead of spinning on the scheduler that also issues consumer warps.
+// try_wait's time hint for the producer's empty-stage wait: suspended, it does not spin on the
+// scheduler that also issues the consumer warps.
 constexpr uint32_t kProducerSuspendNs = 10000000;
 
-// A kernel variant. kN: the query rows of a CTA that reach PV (16, 32 or 64; QK always computes
-// the 64 rows of one wgmma M tile).
-//   kInterleaved (N = 16, 32): one query row a thread. Tile row 16 j + g holds the high row of
-//     query row 8 j + g and tile row 16 j + 8 + g its low row (the two-term query; zero for the
-//     one-term query, zero RoPE), so one 64-row QK computes both and thread (g, t) of warp w holds
-//     the high and the low logits of query row 8 w + g: z = fmaf(rho, lo, hi) (rho = s2 / s1).
-//     Every warp below kN / 8 runs the softmax. The consumers load this tile themselves.
-//   N = 64: two query rows a thread (rows g and g + 8 of its warp's 16), the one-term query only,
-//     the Q tile by TMA.
-//   kScaledPv (N = 64): the promotion O^T = gamma O^T + T in two steps, O^T *= gamma once a block
-//     under the first m-tile's wgmmas, then O^T += T an m-tile, so that no gamma load follows a
-//     wgmma wait; it pays on long chains of blocks (dispatch.h, kScaledPvMinChain).
+// kN: query rows reaching PV (QK computes all 64). kInterleaved: tile rows 16 j + g, 16 j + 8 + g
+// hold query row 8 j + g's high and low terms (zero for a one-term query): thread (g, t) of warp w
+// has both logits of row 8 w + g. N = 64: rows g, g + 8 of the warp's 16. kScaledPv: O^T *= gamma
+// once a block under the first m-tile's wgmmas, then O^T += T: no gamma load after a wait.
 template <int kN_, bool kScaledPv_ = false>
 struct KernelTraits {
   static constexpr int kN = kN_;
@@ -137,17 +114,13 @@ struct KernelTraits {
   static constexpr int kRowsPerThread = kInterleaved ? 1 : 2;
   static constexpr int kNRegs = kN / 2;  // O^T accumulator registers per m-tile and thread
   static constexpr int kNTiles = kN / 8;
-  // The PV of a block: every m-tile's wgmmas in flight at once, each into its own whole-N
-  // temporary (N = 32); or two groups in flight, whole-N m-tiles where every row sees the block
-  // (N = 64), else half-N groups.
   static constexpr bool kPvAllTiles = kN == 32;
   static constexpr bool kPvWholeTiles = kN == 64;
   static_assert(kN == 16 || kN == 32 || kN == 64, "PV width: a wgmma N of 16, 32 or 64");
   static_assert(!kScaledPv || kN == 64, "the scaled PV: N = 64");
 };
 
-// Shared memory a CTA asks for: the plan plus slack to align it to 1024 bytes.
-constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;
+constexpr size_t kSmemBytes = sizeof(SharedStorage) + 1024;  // + slack to align it to 1024
 static_assert(kSmemBytes <= 227 * 1024, "fits one Hopper SM's shared memory");
 
 }  // namespace seesaw
