@@ -895,7 +895,7 @@ def _settings(model: Any) -> _Settings:
 
 
 def _find_modules(model: Any) -> list[tuple[Any, _Family]]:
-    found, refused, others = [], [], set()
+    found, refused, others = [], [], []
     for module in model.modules():
         name = type(module).__name__
         if name in _FAMILIES:
