@@ -1,0 +1,474 @@
+"""snapmla.transformers on the CPU, with TorchBackend standing in for the GPU library: the
+cache's bookkeeping (slots, pages, block tables, lengths), the absorbed attention against the
+stock modules in fp32, generate against stock generate, and the refusals."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+import transformers  # noqa: E402
+from transformers import DynamicCache  # noqa: E402
+
+import snapmla.transformers as smx  # noqa: E402
+from snapmla import reference as ref  # noqa: E402
+
+VOCAB = 96
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 1e4,
+    "factor": 4.0,
+    "original_max_position_embeddings": 512,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+}
+
+
+def _mla_kwargs(**over):
+    kw = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        q_lora_rank=48,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=24,
+        max_position_embeddings=2048,
+        eos_token_id=None,
+        pad_token_id=0,
+        initializer_range=0.1,
+    )
+    kw.update(over)
+    return kw
+
+
+def _v3(**over):
+    kw = _mla_kwargs(first_k_dense_replace=2, num_mtp_layers=0, rope_parameters=YARN)
+    kw.update(over)
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**kw))
+
+
+def _model(kind: str = "v3", **over):
+    torch.manual_seed(0)
+    if kind == "v3":
+        model = _v3(**over)
+    elif kind == "v3-moe":
+        model = _v3(first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2,
+                    n_group=1, topk_group=1, moe_intermediate_size=32, **over)  # fmt: skip
+    elif kind == "v3-plain-rope":
+        model = _v3(rope_interleave=False, q_lora_rank=None, **over)
+    elif kind == "v2":
+        cfg = transformers.DeepseekV2Config(
+            **_mla_kwargs(first_k_dense_replace=2, rope_parameters=YARN, **over)
+        )
+        model = transformers.DeepseekV2ForCausalLM(cfg)
+    elif kind == "glm":
+        cfg = transformers.Glm4MoeLiteConfig(
+            **_mla_kwargs(first_k_dense_replace=2, num_mtp_layers=0, **over)
+        )
+        model = transformers.Glm4MoeLiteForCausalLM(cfg)
+    elif kind == "longcat":
+        kw = _mla_kwargs(**over)
+        kw["num_layers"] = kw.pop("num_hidden_layers")
+        kw.pop("intermediate_size")
+        cfg = transformers.LongcatFlashConfig(
+            **kw, ffn_hidden_size=96, expert_ffn_hidden_size=32, n_routed_experts=4,
+            zero_expert_num=1, moe_topk=2,
+        )  # fmt: skip
+        model = transformers.LongcatFlashForCausalLM(cfg)
+    else:
+        raise ValueError(kind)
+    return model.eval()
+
+
+def _pair(kind: str = "v3", backend=None, **prepare_kw):
+    """(stock, prepared) copies of one random model."""
+    stock = _model(kind)
+    ours = copy.deepcopy(stock)
+    smx.prepare(ours, backend=backend or smx.TorchBackend(), **prepare_kw)
+    return stock, ours
+
+
+def _padded(lengths: list[int], width: int | None = None, seed: int = 1):
+    """Left-padded input_ids and attention_mask of prompts with these lengths."""
+    g = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    ids = torch.randint(1, VOCAB, (len(lengths), width), generator=g)
+    mask = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        mask[r, width - n :] = 1
+    return ids.masked_fill(mask == 0, 0), mask
+
+
+def _teacher_forced(model, ids, mask, cache, chunks: list[int]):
+    """Logits of every real position, feeding ``ids`` in chunks of these widths."""
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits, start = [], 0
+    with torch.no_grad():
+        for width in chunks:
+            end = start + width
+            out = model(
+                input_ids=ids[:, start:end],
+                attention_mask=mask[:, :end],
+                position_ids=pos[:, start:end],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits.append(out.logits)
+            start = end
+    return torch.cat(logits, dim=1)
+
+
+def _close(a, b, mask, rtol=2e-5):
+    """Max relative difference over the real positions."""
+    keep = mask.bool()
+    diff = (a - b)[keep].abs().max().item()
+    scale = b[keep].abs().max().item()
+    assert diff <= rtol * scale, f"max |diff| {diff:.3e} vs scale {scale:.3e}"
+
+
+# ----------------------------------------------------------------------- bookkeeping
+
+
+def _cache(model, max_tokens: int, batch: int, **kw):
+    return smx.SnapMLACache(model, max_tokens=max_tokens, batch_size=batch, device="cpu", **kw)
+
+
+@pytest.mark.parametrize("n", [63, 64, 65])
+def test_slots_cross_page_boundaries(n):
+    _, model = _pair()
+    cache = _cache(model, max_tokens=200, batch=2)
+    assert cache.pages_per_request == 4 and cache.capacity == 256
+    # A permuted page assignment: slots must follow the block table, not the request index.
+    perm = torch.tensor([[5, 2, 7, 0], [1, 6, 3, 4]], dtype=torch.int32)
+    cache.block_table.copy_(perm)
+    mask = torch.ones(2, n, dtype=torch.long)
+    mask[1, :10] = 0  # request 1: 10 padding tokens first
+    step = cache.begin_step(mask, 2, n, torch.device("cpu"))
+    slots = step.slots.view(2, n)
+    for r, real in ((0, n), (1, n - 10)):
+        pos = torch.arange(real)
+        want = perm[r, pos // 64].long() * 64 + pos % 64
+        assert torch.equal(slots[r, n - real :], want)
+        assert (slots[r, : n - real] == -1).all()
+    assert cache.seqlens.tolist() == [n, n - 10]
+    assert int(cache.columns) == n
+    # The next token of each request lands right after its own last one.
+    step = cache.begin_step(torch.ones(2, n + 1, dtype=torch.long), 2, 1, torch.device("cpu"))
+    for r, real in ((0, n), (1, n - 10)):
+        assert int(step.slots[r]) == int(perm[r, real // 64]) * 64 + real % 64
+    assert cache.seqlens.tolist() == [n + 1, n - 9]
+
+
+def test_default_block_table_and_mixed_lengths():
+    _, model = _pair()
+    cache = _cache(model, max_tokens=100, batch=3)
+    assert cache.block_table.tolist() == [[0, 1], [2, 3], [4, 5]]
+    ids, mask = _padded([5, 1, 3])
+    step = cache.begin_step(mask, 3, 5, torch.device("cpu"))
+    assert step.slots.view(3, 5).tolist() == [
+        [0, 1, 2, 3, 4],
+        [-1, -1, -1, -1, 128],
+        [-1, -1, 256, 257, 258],
+    ]
+    assert cache.seqlens.tolist() == [5, 1, 3]
+    assert step.prefix == 0 and not step.dense  # padding: masked attention
+    assert not step.decode
+
+
+def test_overflow_is_flagged_not_written():
+    _, model = _pair()
+    cache = _cache(model, max_tokens=64, batch=1)
+    step = cache.begin_step(None, 1, 66, torch.device("cpu"))
+    assert step.slots[:64].tolist() == list(range(64))
+    assert step.slots[64:].tolist() == [-1, -1]
+    assert cache.seqlens.tolist() == [64]
+    with pytest.raises(RuntimeError, match="outgrew max_tokens"):
+        cache.check()
+    cache.reset()
+    cache.check()
+    assert cache.seqlens.tolist() == [0] and int(cache.columns) == 0
+
+
+def test_crop_and_refusals():
+    _, model = _pair()
+    cache = _cache(model, max_tokens=64, batch=2)
+    cache.begin_step(None, 2, 10, torch.device("cpu"))
+    cache.crop(-3)
+    assert cache.seqlens.tolist() == [7, 7] and int(cache.columns) == 7
+    cache.crop(5)  # legacy form: keep 5 columns
+    assert cache.seqlens.tolist() == [5, 5]
+    with pytest.raises(NotImplementedError, match="beam search"):
+        cache.reorder_cache(torch.tensor([1, 0]))
+    with pytest.raises(NotImplementedError, match="batch_select_indices"):
+        cache.batch_select_indices(torch.tensor([0]))
+    with pytest.raises(NotImplementedError, match="batch_repeat_interleave"):
+        cache.batch_repeat_interleave(2)
+    with pytest.raises(ValueError, match="allocated for batch 2"):
+        cache.begin_step(None, 3, 1, torch.device("cpu"))
+    with pytest.raises(ValueError, match="2D"):
+        cache.begin_step(torch.ones(2, 1, 1, 1), 2, 1, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="not prepared"):
+        cache.update(torch.zeros(2, 1, 1, 512), torch.zeros(2, 1, 1, 64), 0)
+
+
+def test_torch_backend_round_trip_matches_reference():
+    """TorchBackend(quantize=True) holds what snapmla's FP8 cache gives back, bit for bit with
+    snapmla.reference's quantize_kv + dequantize."""
+    g = torch.Generator().manual_seed(3)
+    c = (torch.randn(40, 512, generator=g) * torch.logspace(-3, 2, 40)[:, None]).bfloat16()
+    k = (torch.randn(40, 64, generator=g) * 3).bfloat16()
+    c[0] = 0  # an all-zero token: the scale floor
+    got_c, got_k = smx.TorchBackend.round_trip(c, k)
+    bits = lambda t: t.view(torch.int16).numpy().view(np.uint16)  # noqa: E731
+    want_c, want_k = ref.dequantize(*ref.quantize_kv(bits(c), bits(k)))
+    assert np.array_equal(bits(got_c), want_c.view(np.uint16))
+    assert np.array_equal(bits(got_k), want_k.view(np.uint16))
+
+
+def test_torch_backend_decode_visibility():
+    """The stand-in's decode: exact attention over tokens j < seqlen, causal bottom-right among
+    the s new tokens, empty rows 0."""
+    backend = smx.TorchBackend()
+    cache = backend.empty_cache(1, 4, torch.device("cpu"))
+    g = torch.Generator().manual_seed(4)
+    kv = torch.randn(4 * 64, 576, generator=g)
+    cache[0, :-1] = kv
+    block_table = torch.tensor([[2, 0], [1, 3]], dtype=torch.int32)
+    seqlens = torch.tensor([70, 0], dtype=torch.int32)
+    q = torch.randn(2, 3, 2, 576, generator=g)
+    out = backend.decode(cache, 0, q, block_table, seqlens, None, None, 0.1)
+    rows = torch.cat([kv[128:192], kv[0:64]])[:70]
+    for t in range(3):
+        seen = rows[: 70 - 3 + t + 1]
+        p = torch.softmax(q[0, t] @ seen.T * 0.1, dim=-1)
+        torch.testing.assert_close(out[0, t], p @ seen[:, :512], rtol=1e-4, atol=1e-5)
+    assert (out[1] == 0).all()
+
+
+# ------------------------------------------------------------- against the stock modules
+
+
+@pytest.mark.parametrize("kind", ["v3", "v3-moe", "v3-plain-rope", "v2", "glm", "longcat"])
+def test_teacher_forced_logits_match_stock(kind):
+    """Prefill then one-token decode steps (the absorbed path) across a page boundary, mixed
+    prompt lengths: the logits equal the stock model's in fp32."""
+    stock, ours = _pair(kind)
+    ids, mask = _padded([60, 45, 1], width=60)
+    ids = torch.cat([ids, torch.randint(1, VOCAB, (3, 8))], dim=1)
+    mask = torch.cat([mask, torch.ones(3, 8, dtype=torch.long)], dim=1)
+    chunks = [60] + [1] * 8
+    want = _teacher_forced(stock, ids, mask, DynamicCache(config=stock.config), chunks)
+    cache = smx.SnapMLACache(ours, max_tokens=70)
+    got = _teacher_forced(ours, ids, mask, cache, chunks)
+    _close(got, want, mask)
+    assert cache.seqlens.tolist() == [68, 53, 9]
+
+
+def test_chunked_prefill_and_multi_token_steps_match_stock():
+    """A prefill into a non-empty cache reads the prefix back (fetch_dequant); steps of 3 new
+    tokens take the absorbed decode (causal among them) with max_decode_q_len=3."""
+    stock, ours = _pair(max_decode_q_len=3)
+    ids, mask = _padded([50, 30], width=50)
+    ids = torch.cat([ids, torch.randint(1, VOCAB, (2, 26))], dim=1)
+    mask = torch.cat([mask, torch.ones(2, 26, dtype=torch.long)], dim=1)
+    chunks = [20, 30, 3, 3, 20]  # prefill, prefill over a prefix, 2 decode steps, prefill
+    want = _teacher_forced(stock, ids, mask, DynamicCache(config=stock.config), chunks)
+    got = _teacher_forced(ours, ids, mask, smx.SnapMLACache(ours, max_tokens=128), chunks)
+    _close(got, want, mask)
+
+
+def test_quantized_stand_in_prefill_reads_the_cached_values():
+    """With the FP8 round trip in the stand-in, a prefill over a prefix attends over the values
+    the cache holds: the same logits as decoding those tokens one by one (both read the prefix
+    dequantized; only the new tokens of a prefill are exact)."""
+    _, ours = _pair(backend=smx.TorchBackend(quantize=True))
+    ids, mask = _padded([24, 24])
+    chunked = _teacher_forced(ours, ids, mask, smx.SnapMLACache(ours, max_tokens=64), [16, 8])
+    # Decode steps see their own token dequantized too; the first 16 positions are identical.
+    stepped = _teacher_forced(ours, ids, mask, smx.SnapMLACache(ours, max_tokens=64), [16] + [1] * 8)
+    torch.testing.assert_close(chunked[:, :16], stepped[:, :16], rtol=0, atol=0)
+    _close(chunked[:, 16:], stepped[:, 16:], mask[:, 16:], rtol=5e-2)
+
+
+def test_patched_attention_equals_stock_module():
+    """One attention module, called directly: the absorbed decode output equals the stock
+    module's over a DynamicCache holding the same latents."""
+    stock, ours = _pair()
+    attn_s = stock.model.layers[0].self_attn
+    attn_o = ours.model.layers[0].self_attn
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(2, 9, 64, generator=g)
+    pos = torch.arange(9)[None].expand(2, 9)
+    cos_sin = stock.model.rotary_emb(h, pos)
+    dyn = DynamicCache(config=stock.config)
+    ours_cache = smx.SnapMLACache(ours, max_tokens=64, batch_size=2, device="cpu")
+    with torch.no_grad():
+        # Only layer 0 is driven here: it is the first layer, so it begins each step; the last
+        # layer's end-of-step reset is not reached, so each call begins a new step itself.
+        for sl in (slice(0, 8), slice(8, 9)):
+            mask = torch.ones(2, sl.stop, dtype=torch.long)
+            pe = (cos_sin[0][:, sl], cos_sin[1][:, sl])
+            want, _ = attn_s(h[:, sl], pe, None, past_key_values=dyn)
+            got, _ = attn_o(h[:, sl], pe, mask, past_key_values=ours_cache)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- generate
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_generate_matches_stock(sample):
+    stock, ours = _pair()
+    ids, mask = _padded([7, 3, 12], width=12)
+    kw = dict(attention_mask=mask, max_new_tokens=70, do_sample=sample)  # crosses 64
+    if sample:
+        kw.update(top_k=0, temperature=1.0)
+    with torch.no_grad():
+        torch.manual_seed(9)
+        want = stock.generate(ids, **kw)
+        torch.manual_seed(9)
+        got = ours.generate(ids, **kw)
+    assert torch.equal(got, want)
+
+
+def test_generate_with_a_given_cache_and_a_second_turn():
+    stock, ours = _pair()
+    ids, mask = _padded([6, 9])
+    with torch.no_grad():
+        dyn = DynamicCache(config=stock.config)
+        cache = smx.SnapMLACache(ours, max_tokens=128)
+        first_s = stock.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                 past_key_values=dyn, do_sample=False)  # fmt: skip
+        first_o = ours.generate(ids, attention_mask=mask, max_new_tokens=5,
+                                past_key_values=cache, do_sample=False)  # fmt: skip
+        assert torch.equal(first_s, first_o)
+        more = torch.randint(1, VOCAB, (2, 4), generator=torch.Generator().manual_seed(2))
+        ids2 = torch.cat([first_s, more], dim=1)
+        mask2 = torch.cat([mask, torch.ones(2, ids2.shape[1] - mask.shape[1], dtype=torch.long)], 1)
+        second_s = stock.generate(ids2, attention_mask=mask2, max_new_tokens=6,
+                                  past_key_values=dyn, do_sample=False)  # fmt: skip
+        second_o = ours.generate(ids2, attention_mask=mask2, max_new_tokens=6,
+                                 past_key_values=cache, do_sample=False)  # fmt: skip
+    assert torch.equal(second_s, second_o)
+    assert cache.seqlens.tolist() == [int(mask2[r].sum()) + 5 for r in range(2)]
+
+
+def test_prompt_lookup_crops_and_matches_stock():
+    """Assisted decoding (prompt lookup): multi-token verify steps through the absorbed decode,
+    then crop of the rejected tokens."""
+    stock, ours = _pair(max_decode_q_len=4)
+    g = torch.Generator().manual_seed(6)
+    base = torch.randint(1, VOCAB, (1, 8), generator=g)
+    ids = torch.cat([base, base, base[:, :5]], dim=1)  # repeats: the lookup proposes tokens
+    kw = dict(max_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=3)
+    with torch.no_grad():
+        want = stock.generate(ids, **kw)
+        got = ours.generate(ids, **kw)
+    assert torch.equal(got, want)
+
+
+def test_forward_without_cache_uses_stock_math():
+    stock, ours = _pair()
+    ids, mask = _padded([10, 6])
+    with torch.no_grad():
+        want = stock(ids, attention_mask=mask, use_cache=False).logits
+        got = ours(ids, attention_mask=mask, use_cache=False).logits
+    _close(got, want, mask)
+
+
+def test_restore_gives_back_the_stock_model():
+    stock, ours = _pair()
+    smx.restore(ours)
+    assert "forward" not in vars(ours.model.layers[0].self_attn)
+    assert ours.config._attn_implementation == stock.config._attn_implementation
+    ids, mask = _padded([5, 8])
+    with torch.no_grad():
+        assert torch.equal(
+            ours.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
+            stock.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False),
+        )
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def test_refusals():
+    stock, ours = _pair()
+    ids, mask = _padded([5, 8])
+    with pytest.raises(ValueError, match="beam search"):
+        ours.generate(ids, attention_mask=mask, num_beams=2, max_new_tokens=3)
+    with pytest.raises(ValueError, match="prepared already"):
+        smx.prepare(ours, backend=smx.TorchBackend())
+    with pytest.raises(ValueError, match="max_decode_q_len"):
+        smx.prepare(copy.deepcopy(stock), backend=smx.TorchBackend(), max_decode_q_len=5)
+    # A cache that is not a SnapMLACache, holding a prefix: refused at the attention.
+    dyn = DynamicCache(config=stock.config)
+    with torch.no_grad():
+        stock(ids, attention_mask=mask, past_key_values=dyn, use_cache=True)
+        with pytest.raises(RuntimeError, match="SnapMLACache"):
+            ours(ids[:, :1], attention_mask=torch.ones(2, 9, dtype=torch.long),
+                 past_key_values=dyn, use_cache=True)  # fmt: skip
+    # A SnapMLACache filled by an unprepared model.
+    with pytest.raises(RuntimeError, match="not prepared"), torch.no_grad():
+        stock(ids, attention_mask=mask, past_key_values=smx.SnapMLACache(ours, max_tokens=16))
+    with pytest.raises(ValueError, match="was not prepared"):
+        smx.SnapMLACache(stock, max_tokens=16)
+    with pytest.raises(ValueError, match="max_tokens"):
+        smx.SnapMLACache(ours, max_tokens=0)
+    # A generate that needs more than max_tokens: refused up front.
+    small = smx.prepare(copy.deepcopy(stock), backend=smx.TorchBackend(), max_tokens=10)
+    with pytest.raises(ValueError, match="exceeds max_tokens"):
+        small.generate(ids, attention_mask=mask, max_new_tokens=5)
+    # A cache too small for what generate does with it: refused after the run.
+    with pytest.raises(RuntimeError, match="outgrew max_tokens"), torch.no_grad():
+        ours.generate(ids, attention_mask=mask, max_new_tokens=70, do_sample=False,
+                      past_key_values=smx.SnapMLACache(ours, max_tokens=64))  # fmt: skip
+
+
+def test_refused_dims_and_model_types():
+    with pytest.raises(ValueError, match="kv_lora_rank must be 512"):
+        smx.prepare(_model(kv_lora_rank=256), backend=smx.TorchBackend())
+    with pytest.raises(ValueError, match="qk_rope_head_dim must be 64"):
+        smx.prepare(_model(qk_rope_head_dim=32), backend=smx.TorchBackend())
+    llama = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=32,
+                                 num_hidden_layers=1, num_attention_heads=2)  # fmt: skip
+    )
+    with pytest.raises(ValueError, match="no MLA attention module"):
+        smx.prepare(llama, backend=smx.TorchBackend())
+    assert smx.supported_model_types() == (
+        "deepseek_v2", "deepseek_v3", "glm4_moe_lite", "kimi_k25", "longcat_flash"
+    )  # fmt: skip
+
+
+def test_deepseek_v32_is_refused():
+    cls = getattr(transformers, "DeepseekV32ForCausalLM", None)
+    if cls is None:
+        pytest.skip("this transformers has no deepseek_v32")
+    model = torch.nn.Module()
+    # The class itself is what prepare reads; no weights are needed to refuse it.
+    from transformers.models.deepseek_v32 import modeling_deepseek_v32 as m
+
+    model.attn = m.DeepseekV32Attention.__new__(m.DeepseekV32Attention)
+    torch.nn.Module.__init__(model.attn)
+    with pytest.raises(ValueError, match="sparse attention"):
+        smx.prepare(model, backend=smx.TorchBackend())
+
+
+def test_compileable_is_reported_from_the_backend():
+    _, ours = _pair()
+    assert smx.SnapMLACache(ours, max_tokens=16).is_compileable
+
+    class Eager(smx.TorchBackend):
+        compileable = False
+
+    assert not smx.SnapMLACache(ours, max_tokens=16, backend=Eager()).is_compileable
