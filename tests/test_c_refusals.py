@@ -353,7 +353,9 @@ def base_decode_args() -> Struct:
 def decode_sizes(**fields: Any) -> tuple[int, int]:
     """(plan bytes, workspace bytes) of ``base_decode_config()`` with ``fields`` changed (an
     explicit num_sm_parts: no device query)."""
-    config, keep = Struct("snapmla_decode_config_t", {**base_decode_config().fields, **fields}).build()
+    config, keep = Struct(
+        "snapmla_decode_config_t", {**base_decode_config().fields, **fields}
+    ).build()
     plan, workspace = ffi.new("size_t*"), ffi.new("size_t*")
     assert LIB.snapmla_decode_buffer_sizes(config, plan, workspace) == SUCCESS, last_error()
     del keep
@@ -1169,9 +1171,9 @@ def mixed_buffer_outcome(fn: str, call: dict[str, int], sized_for: dict[str, int
     if fn == "snapmla_decode":
         overrides["config.workspace_bytes"] = ws_bytes
         checked.append(("workspace", ws_bytes, ws_need))
-    for name, given, need in checked:  # the plan first, as the C checks
-        if given < need:
-            pattern = rf"config.{name}_bytes is {given}, smaller than the {need} bytes this config"
+    for name, said, need in checked:  # the plan first, as the C checks
+        if said < need:
+            pattern = rf"config.{name}_bytes is {said}, smaller than the {need} bytes this config"
             return overrides, name, pattern
     return overrides, None, ""
 
@@ -1185,9 +1187,11 @@ def _buffer_size_cases(fn: str) -> list[Case]:
             fn,
             {**two_term, "config.plan_bytes": plan_need - 1},
             "plan",
-            rf"config.plan_bytes is {plan_need - 1}, smaller than the {plan_need} bytes this "
-            r"config needs \(snapmla_decode_buffer_sizes; sized for another config, or with "
-            r"num_sm_parts 0 on a GPU with fewer SMs\)",
+            (
+                rf"config.plan_bytes is {plan_need - 1}, smaller than the {plan_need} bytes "
+                r"this config needs \(snapmla_decode_buffer_sizes; sized for another config, "
+                r"or with num_sm_parts 0 on a GPU with fewer SMs\)"
+            ),
         )
     ]
     if fn == "snapmla_decode":

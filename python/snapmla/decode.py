@@ -254,7 +254,9 @@ class DecodePlan(Closable):
         workspace_bytes = ffi.new("size_t*")
         with on_device(op, device):
             _lib.check(
-                lib.snapmla_decode_buffer_sizes(_c_config(self.config), plan_bytes, workspace_bytes),
+                lib.snapmla_decode_buffer_sizes(
+                    _c_config(self.config), plan_bytes, workspace_bytes
+                ),
                 "snapmla_decode_buffer_sizes",
             )
             self.plan_bytes = int(plan_bytes[0])
