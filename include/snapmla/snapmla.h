@@ -470,8 +470,8 @@ typedef struct snapmla_decode_config {
                            snapmla_decode_plan and snapmla_decode refuse a plan smaller than
                            this config needs (naming 'plan'): buffers sized for another config,
                            or with num_sm_parts 0 while a GPU with fewer SMs was current.
-                           Unchecked, such a plan is at least never followed (its header does
-                           not match: NaN rows), but the kernels load its words with the header,
+                           Unchecked, such a plan's schedule is not used (its header does not
+                           match: NaN rows), but the kernels load its words with the header,
                            and a buffer smaller than the call's config needs may be read past
                            its end. snapmla_decode_buffer_sizes and
                            snapmla_decode_select_kernel ignore it */
