@@ -981,6 +981,78 @@ def test_decode_plan_refuses(kwargs: dict[str, Any], argument: str, pattern: str
         DecodePlan(seqlens, **args)
 
 
+class _ValidatingLibrary:
+    """The library with its GPU calls made in validation-only mode: each records the config it
+    was given and must be accepted (SNAPMLA_VALIDATED), then reports success."""
+
+    def __init__(self) -> None:
+        self.configs: dict[str, Any] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        function = getattr(LIBRARY, name)
+        if name not in ("snapmla_decode_plan", "snapmla_decode"):
+            return function
+
+        def call(*args: Any) -> int:
+            config = args[0] if name == "snapmla_decode_plan" else args[1]
+            self.configs[name] = {
+                f: getattr(config, f) for f, _ in _lib.ffi.typeof(config).item.fields
+            }
+            previous = LIBRARY.snapmla_set_validate_only(1)
+            try:
+                status = function(*args)
+            finally:
+                LIBRARY.snapmla_set_validate_only(previous)
+            message = _lib.ffi.string(LIBRARY.snapmla_last_error()).decode()
+            assert status == 6, message  # SNAPMLA_VALIDATED
+            return 0
+
+        return call
+
+
+@needs_library
+@pytest.mark.parametrize("q_precision", ["fp8", "fp8x2"])
+def test_decode_plan_passes_its_buffer_sizes(
+    monkeypatch: pytest.MonkeyPatch, fake_cache: KVCache, q_precision: str
+) -> None:
+    """DecodePlan says its buffers' sizes in the config of its plan and decode calls
+    (config.plan_bytes, workspace_bytes), the sizes the library asked for: the library then
+    refuses buffers too small for a call instead of writing past them. (Fake buffers; the C calls
+    run in validation-only mode.)"""
+    recorder = _ValidatingLibrary()
+    monkeypatch.setattr(_lib, "lib", lambda: recorder)
+    allocated: list[int] = []
+
+    def fake_empty(op: str, shape: Any, dtype: str, device: int, stream: Any = None) -> Any:
+        allocated.append(int(shape[0]))
+        return object(), 0x7D0000000000 + 2**24 * len(allocated)
+
+    plan_module = sys.modules["snapmla.decode"]  # (snapmla.decode is also the function)
+    monkeypatch.setattr(plan_module, "empty", fake_empty)
+    monkeypatch.setattr(plan_module, "on_device", lambda op, device: _NullContext())
+    plan = DecodePlan(
+        i32(2), num_heads=16, max_pages=8, num_sm_parts=4, stream=STREAM, q_precision=q_precision
+    )
+    sizes = _lib.ffi.new("size_t[2]")
+    config = _args.decode_config(2, 1, 16, 8, 4, _args.Q_PRECISIONS[q_precision])
+    assert LIBRARY.snapmla_decode_buffer_sizes(config, sizes, sizes + 1) == 0
+    assert allocated == [sizes[0], sizes[1]] == [plan.plan_bytes, plan.workspace_bytes]
+    said = recorder.configs["snapmla_decode_plan"]
+    assert (said["plan_bytes"], said["workspace_bytes"]) == (sizes[0], sizes[1])
+    assert said["q_precision"] == _args.Q_PRECISIONS[q_precision]
+    decode(fake_cache, 1, bf16(2, 1, 16, 576), i32(2, 8), i32(2), plan, softmax_scale=0.1,
+           out=bf16(2, 1, 16, 512), stream=STREAM)  # fmt: skip
+    assert recorder.configs["snapmla_decode"] == said
+
+
+class _NullContext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
 # =============================================================================== decode
 
 CONFIG = DecodeConfig(batch_size=2, q_len=1, num_heads=16, max_pages=8)

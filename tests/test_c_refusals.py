@@ -350,6 +350,18 @@ def base_decode_args() -> Struct:
     )
 
 
+def decode_sizes(**fields: Any) -> tuple[int, int]:
+    """(plan bytes, workspace bytes) of ``base_decode_config()`` with ``fields`` changed (an
+    explicit num_sm_parts: no device query)."""
+    config, keep = Struct(
+        "snapmla_decode_config_t", {**base_decode_config().fields, **fields}
+    ).build()
+    plan, workspace = ffi.new("size_t*"), ffi.new("size_t*")
+    assert LIB.snapmla_decode_buffer_sizes(config, plan, workspace) == SUCCESS, last_error()
+    del keep
+    return int(plan[0]), int(workspace[0])
+
+
 def base(fn: str) -> dict[str, Any]:
     """A valid call of ``fn`` (accepted: see ACCEPTED)."""
     if fn == "snapmla_cache_bytes":
@@ -547,7 +559,14 @@ def _struct_cases(fn: str, name: str, ctype: str, min_size: int) -> list[Case]:
 
 def _decode_config_cases(fn: str) -> list[Case]:
     cases = _struct_cases(fn, "config", "snapmla_decode_config_t", 24)
-    for size, field_name in ((25, "num_sm_parts"), (27, "num_sm_parts"), (30, "q_precision")):
+    for size, field_name in (
+        (25, "num_sm_parts"),
+        (27, "num_sm_parts"),
+        (30, "q_precision"),
+        (33, "plan_bytes"),  # (0.4's fields)
+        (39, "plan_bytes"),
+        (44, "workspace_bytes"),
+    ):
         cases.append(
             (
                 f"{fn}/config-size-{size}",
@@ -1119,6 +1138,76 @@ def _decode_cases() -> list[Case]:
     cases.append((f"{fn}/plan-wraps", fn, {"plan": TOP - 128}, "plan", "runs past"))
     cases += _pointer_cases(fn, "workspace", 256)
     cases.append((f"{fn}/workspace-wraps", fn, {"workspace": TOP - 256}, "workspace", "runs"))
+    cases += _buffer_size_cases(fn)
+    return cases
+
+
+# Buffers sized for another config than the call's (config.plan_bytes and workspace_bytes,
+# 0.4): (what, the call's config changes, the changes of the config the buffers were sized for).
+# The call runs the two-term query (the fast kernel takes it at base_decode_config's 2 x 16 rows).
+MIXED_BUFFERS: list[tuple[str, dict[str, int], dict[str, int]]] = [
+    # the two-term query's low rows follow the one-term workspace: 516 bytes a query row more
+    ("fp8-buffers-fp8x2-call", {}, {"q_precision": 0}),
+    ("fewer-parts", {}, {"num_sm_parts": 3}),  # the partials
+    ("fewer-heads", {}, {"num_heads": 8}),
+    ("shorter-q_len", {}, {"q_len": 1}),
+    ("smaller-batch", {}, {"batch_size": 1}),
+    ("parts-200-buffers-4", {"num_sm_parts": 200}, {"num_sm_parts": 4}),  # the plan's words too
+    ("more-parts", {}, {"num_sm_parts": 9}),  # larger buffers: accepted
+    ("more-heads", {}, {"num_heads": 64}),
+    ("fp8x2-buffers-fp8-call", {"q_precision": 0}, {"q_precision": 1}),
+]
+
+
+def mixed_buffer_outcome(fn: str, call: dict[str, int], sized_for: dict[str, int]) -> Any:
+    """(the call's overrides, the argument refused or None, its message pattern): buffers sized
+    for base_decode_config + q_precision 1 + sized_for, passed to a call of that + call."""
+    call = {"q_precision": 1, **call}
+    plan_need, ws_need = decode_sizes(**call)
+    plan_bytes, ws_bytes = decode_sizes(**{**call, **sized_for})
+    overrides: dict[str, Any] = {f"config.{k}": v for k, v in call.items()}
+    overrides["config.plan_bytes"] = plan_bytes
+    checked = [("plan", plan_bytes, plan_need)]
+    if fn == "snapmla_decode":
+        overrides["config.workspace_bytes"] = ws_bytes
+        checked.append(("workspace", ws_bytes, ws_need))
+    for name, said, need in checked:  # the plan first, as the C checks
+        if said < need:
+            pattern = rf"config.{name}_bytes is {said}, smaller than the {need} bytes this config"
+            return overrides, name, pattern
+    return overrides, None, ""
+
+
+def _buffer_size_cases(fn: str) -> list[Case]:
+    plan_need, ws_need = decode_sizes(q_precision=1)
+    two_term = {"config.q_precision": 1}
+    cases: list[Case] = [
+        (
+            f"{fn}/plan_bytes-short",
+            fn,
+            {**two_term, "config.plan_bytes": plan_need - 1},
+            "plan",
+            (
+                rf"config.plan_bytes is {plan_need - 1}, smaller than the {plan_need} bytes "
+                r"this config needs \(snapmla_decode_buffer_sizes; sized for another config, "
+                r"or with num_sm_parts 0 on a GPU with fewer SMs\)"
+            ),
+        )
+    ]
+    if fn == "snapmla_decode":
+        cases.append(
+            (
+                f"{fn}/workspace_bytes-short",
+                fn,
+                {**two_term, "config.plan_bytes": plan_need, "config.workspace_bytes": ws_need - 1},
+                "workspace",
+                rf"config.workspace_bytes is {ws_need - 1}, smaller than the {ws_need} bytes",
+            )
+        )
+    for what, call, sized_for in MIXED_BUFFERS:
+        overrides, named, pattern = mixed_buffer_outcome(fn, call, sized_for)
+        if named is not None:
+            cases.append((f"{fn}/{what}", fn, overrides, named, pattern))
     return cases
 
 
@@ -1408,6 +1497,7 @@ def _all_cases() -> list[Case]:
         (f"{fn}/cache_seqlens-wraps", fn, {"cache_seqlens": TOP - 4}, "cache_seqlens", "runs"),
         (f"{fn}/plan-wraps", fn, {"plan": TOP - 128}, "plan", "runs past the end"),
     ]
+    cases += _buffer_size_cases(fn)
     cases += _cache_ops_overlap_cases()
     cases += _quantize_overlap_cases("snapmla_quantize_q")
     cases += _quantize_overlap_cases("snapmla_quantize_q2")
@@ -1545,6 +1635,45 @@ def test_per_layer_cache_aliasing_is_the_layers_own_memory() -> None:
     del keep
 
 
+@pytest.mark.parametrize("fn", ["snapmla_decode_plan", "snapmla_decode"])
+def test_buffers_the_config_fits_are_accepted(fn: str) -> None:
+    """config.plan_bytes / workspace_bytes (0.4): 0 is not checked, the sizes the config needs
+    or more are accepted, mixed configs whose buffers are large enough too; the plan call does
+    not look at workspace_bytes."""
+    plan_need, ws_need = decode_sizes(q_precision=1)
+    for plan_bytes, ws_bytes in (
+        (0, 0),
+        (plan_need, ws_need),
+        (plan_need + 1, ws_need + 256),
+        (2**64 - 1, 2**64 - 1),
+        (0, ws_need if fn == "snapmla_decode" else 1),
+    ):
+        overrides = {"config.q_precision": 1, "config.plan_bytes": plan_bytes}
+        overrides["config.workspace_bytes"] = ws_bytes
+        result = invoke(fn, with_overrides(fn, overrides))
+        assert result.status == VALIDATED, (plan_bytes, ws_bytes, result.message)
+    named = []
+    for what, call, sized_for in MIXED_BUFFERS:
+        overrides, name, _ = mixed_buffer_outcome(fn, call, sized_for)
+        named.append(name)
+        if name is None:
+            result = invoke(fn, with_overrides(fn, overrides))
+            assert result.status == VALIDATED, (what, result.message)
+    # the list refuses each buffer somewhere and accepts some mixed configs
+    assert {"plan", None} <= set(named), named
+    assert fn == "snapmla_decode_plan" or "workspace" in named, named
+
+
+def test_buffer_sizes_and_select_kernel_ignore_the_buffer_sizes() -> None:
+    fn = "snapmla_decode_buffer_sizes"
+    plain = invoke(fn, base(fn))
+    said = invoke(fn, with_overrides(fn, {"config.plan_bytes": 1, "config.workspace_bytes": 1}))
+    assert plain.status == said.status == SUCCESS and plain.outputs == said.outputs
+    fn = "snapmla_decode_select_kernel"
+    said = invoke(fn, with_overrides(fn, {"config.plan_bytes": 1, "config.workspace_bytes": 1}))
+    assert said.status == SUCCESS, said.message
+
+
 def test_fp32_out_spans_four_bytes_an_element() -> None:
     # args.out_dtype FP32 (0.2): out's span, end and overlaps count 4 bytes an element. An lse
     # right after the fp32 out is apart; the BF16 out's end is inside it (fp32-out-on-lse); an
@@ -1629,8 +1758,9 @@ def _template_regex(template: str, function: str) -> str:
 
 def test_every_refusal_message_is_reached() -> None:
     """Every INVALID_ARGUMENT message of cpp/api/ is produced by some case (of its entry point,
-    for a message written in an entry point's body), except check_device's, which needs a
-    current GPU: a refusal added without a test fails here."""
+    for a message written in an entry point's body), except check_device's and the cache memory
+    checks' ("CUDA reports ..."), which need a GPU (tests/gpu/test_validation_gpu.py): a refusal
+    added without a test fails here."""
     messages = []
     for _, fn, overrides, _, _ in CASES:
         messages.append(invoke(fn, with_overrides(fn, overrides)).message)
@@ -1640,7 +1770,7 @@ def test_every_refusal_message_is_reached() -> None:
     assert len(templates) > 40, templates
     unreached = []
     for function, template in templates:
-        if "lives on CUDA device" in template:  # check_device: needs a current GPU
+        if "lives on CUDA device" in template or "CUDA reports" in template:  # need a GPU
             continue
         regex = _template_regex(template, function)
         if not any(re.match(regex, m, flags=re.DOTALL) for m in messages):
@@ -1691,8 +1821,9 @@ def test_shorter_decode_config_reads_num_sm_parts_as_zero() -> None:
     fn = "snapmla_decode_buffer_sizes"
     full = invoke(fn, base(fn))
     assert full.status == SUCCESS
-    # num_sm_parts (bytes 24..27) covered; q_precision (28..31, since 0.2) read as 0 or given 0
-    for struct_size in (28, 32):
+    # num_sm_parts (bytes 24..27) covered; q_precision (28..31, since 0.2) read as 0 or given 0;
+    # plan_bytes and workspace_bytes (32..47, since 0.4) ignored here
+    for struct_size in (28, 32, 40, 48):
         result = invoke(fn, with_overrides(fn, {"config.struct_size": struct_size}))
         assert result.status == SUCCESS and result.outputs == full.outputs, struct_size
     # FP8X2 reserves the low row: 516 bytes a query row (2 x 2 x 16 rows here), 256-aligned.
@@ -1850,8 +1981,9 @@ int main(void) {
          cc.device, cc.memory == NULL, cc.memory_bytes);
   printf("%zu %d %d %zu %d\n", ci.struct_size, ci.data == NULL, ci.num_layers, ci.total_bytes,
          ci.owns_memory);
-  printf("%zu %d %d %d %d %d\n", dc.struct_size, dc.batch_size, dc.q_len, dc.num_heads,
-         dc.max_pages, dc.num_sm_parts);
+  printf("%zu %d %d %d %d %d %d %zu %zu\n", dc.struct_size, dc.batch_size, dc.q_len,
+         dc.num_heads, dc.max_pages, dc.num_sm_parts, dc.q_precision, dc.plan_bytes,
+         dc.workspace_bytes);
   printf("%zu %d %d %g %d %d %lld %lld %lld %d %lld %d %d %d\n", da.struct_size, da.layer,
          da.causal, (double)da.softmax_scale, da.kernel, da.q == NULL,
          (long long)da.q_stride_batch, (long long)da.q_stride_token, (long long)da.q_stride_head,
@@ -1903,7 +2035,8 @@ def test_initializer_macros(tmp_path: Path, compiler: str) -> None:
     ]
     assert lines[0] == f"{sizes[0]} 0 0 0 -1 1 0"  # layers, pages to set; 64; current device
     assert lines[1] == f"{sizes[1]} 1 0 0 0"
-    assert lines[2] == f"{sizes[2]} 0 1 0 0 0"  # q_len 1, num_sm_parts 0 (from the device)
+    # q_len 1, num_sm_parts 0 (from the device), FP8, the buffers' sizes not checked
+    assert lines[2] == f"{sizes[2]} 0 1 0 0 0 0 0 0"
     assert lines[3] == f"{sizes[3]} 0 1 0 0 1 0 0 0 1 0 1 1 1"  # causal, AUTO, no lse
     assert lines[4] == "1 0 0"  # no q_pe, BF16 out
 
@@ -1981,8 +2114,12 @@ def pointer_bad(v: dict[str, Any], name: str, align: int, key: str | None = None
     return value == 0 or value % align != 0
 
 
+# num_sm_parts, q_precision (0.2), plan_bytes and workspace_bytes (0.4): (offset, size)
+DECODE_CONFIG_OPTIONAL = ((24, 4), (28, 4), (32, 8), (40, 8))
+
+
 def decode_config_violations(config: Any) -> tuple[set[str], dict[str, int] | None]:
-    if not struct_ok(config, 24, ((24, 4), (28, 4))):  # num_sm_parts, q_precision
+    if not struct_ok(config, 24, DECODE_CONFIG_OPTIONAL):
         return {"config"}, None
     c = config.read_back()
     bad = set()
@@ -2222,6 +2359,8 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
             bad.add("plan")
         if sizes and not span_ok(v["plan"], 1, sizes[0], []):
             bad.add("plan")
+        if sizes and 0 < c["plan_bytes"] < sizes[0]:  # buffers sized for another config
+            bad.add("plan")
         return bad, VALIDATED
     # snapmla_decode
     q_pe_at = ffi.offsetof("snapmla_decode_args_t", "q_pe")
@@ -2290,6 +2429,10 @@ def violations(fn: str, v: dict[str, Any]) -> tuple[set[str], int]:
     if sizes and not span_ok(v["plan"], 1, sizes[0], []):
         bad.add("plan")
     if sizes and not span_ok(v["workspace"], 1, sizes[1], []):
+        bad.add("workspace")
+    if sizes and 0 < c["plan_bytes"] < sizes[0]:  # buffers sized for another config
+        bad.add("plan")
+    if sizes and 0 < c["workspace_bytes"] < sizes[1]:
         bad.add("workspace")
 
     # The outputs apart from the inputs and each other (the C check_apart).
@@ -2450,7 +2593,42 @@ DECODE_CONFIG_FIELDS = st.fixed_dictionaries(
         "q_precision": often(0, st.one_of(st.integers(-1, 2), INT32), 80),
     }
 )
-DECODE_CONFIG = struct_arg("snapmla_decode_config_t", 24, DECODE_CONFIG_FIELDS)
+# The config the buffers were sized for, against the call's: the fields the sizes depend on
+# (precision, heads, q_len, part count, batch), each changed or kept.
+SIZED_FOR_CHANGES = {
+    "q_precision": st.integers(0, 1),
+    "num_heads": st.integers(1, 128),
+    "q_len": st.integers(1, 4),
+    "num_sm_parts": st.integers(1, 200),
+    "batch_size": st.integers(1, 4),
+}
+
+
+@st.composite
+def decode_config_fields(draw: Any) -> dict[str, Any]:
+    """DECODE_CONFIG_FIELDS with config.plan_bytes and workspace_bytes (0.4): unset (0), the
+    sizes of buffers made for a config that differs from the call's in some of the fields the
+    sizes depend on (or not at all), or any size."""
+    fields = draw(DECODE_CONFIG_FIELDS)
+    mode = draw(st.sampled_from(["unset", "mixed", "mixed", "mixed", "any"]))
+    if mode == "mixed":
+        sized_for = dict(fields)
+        for name, values in SIZED_FOR_CHANGES.items():
+            if draw(st.integers(0, 2)) == 0:
+                sized_for[name] = draw(values)
+        made = Struct("snapmla_decode_config_t", sized_for)
+        bad, _ = decode_config_violations(made)
+        if not bad and sized_for["num_sm_parts"] > 0:
+            plan_bytes, workspace_bytes = buffer_sizes(sized_for)
+            fields["plan_bytes"] = draw(often(plan_bytes, st.just(0), 85))
+            fields["workspace_bytes"] = draw(often(workspace_bytes, st.just(0), 85))
+    elif mode == "any":
+        fields["plan_bytes"] = draw(st.one_of(st.integers(0, 2**12), SIZE_T))
+        fields["workspace_bytes"] = draw(st.one_of(st.integers(0, 2**24), SIZE_T))
+    return fields
+
+
+DECODE_CONFIG = struct_arg("snapmla_decode_config_t", 24, decode_config_fields())
 DECODE_ARGS = struct_arg(
     "snapmla_decode_args_t",
     _size("snapmla_decode_args_t"),

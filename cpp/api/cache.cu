@@ -1,4 +1,6 @@
 // A cache handle's life (create, destroy) and its queries (info, layer data, bytes of a shape).
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -99,6 +101,118 @@ snapmla_status_t cache_bytes_of(const char* op, const char* layers_name, const c
                   num_pages, num_layers, num_pages, static_cast<long long>(kPageBytes), num_layers);
   *bytes = static_cast<size_t>(total);
   return SNAPMLA_SUCCESS;
+}
+
+// The driver's cuPointerGetAttribute, through the runtime's entry point (the library does not
+// link libcuda); nullptr where the driver does not give it.
+PFN_cuPointerGetAttribute_v4000 pointer_attribute_fn() {
+  static PFN_cuPointerGetAttribute_v4000 fn = nullptr;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &p, 12000, cudaEnableDefault,
+                                         &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess) {
+      fn = reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(p);
+    }
+    cudaGetLastError();
+  });
+  return fn;
+}
+
+// The memory type at `p`, as a refusal names it.
+const char* memory_kind(cudaMemoryType type) {
+  switch (type) {
+    case cudaMemoryTypeHost:
+      return "host memory (pinned or registered)";
+    case cudaMemoryTypeUnregistered:
+      return "memory CUDA does not know (pageable host memory, or no allocation)";
+    default:
+      return "not device memory";
+  }
+}
+
+// One byte of caller memory: device memory of `device`, or managed memory (migrated to the
+// device that touches it, wherever it was allocated).
+snapmla_status_t check_memory_at(const char* op, const char* name, const void* p, int device) {
+  cudaPointerAttributes attr;
+  SNAPMLA_CUDA(op, cudaPointerGetAttributes(&attr, p));
+  SNAPMLA_REQUIRE(attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged,
+                  "%s: argument '%s': CUDA reports %p as %s; expected device memory of device %d "
+                  "(cudaMalloc, a memory pool, a VMM mapping) or managed memory",
+                  op, name, p, memory_kind(attr.type), device);
+  SNAPMLA_REQUIRE(attr.type == cudaMemoryTypeManaged || attr.device == device,
+                  "%s: argument '%s': CUDA reports %p as memory of device %d; expected device %d "
+                  "(config.device)",
+                  op, name, p, attr.device, device);
+  return SNAPMLA_SUCCESS;
+}
+
+// Caller memory [p, p + bytes) of a cache on `device`: device memory of that device or managed
+// memory, from its first byte to its last inside one allocation (the driver's range of the
+// first byte, which for a VMM mapping is its reserved address range; without the driver's
+// query, the last byte's own type and device). Two to four driver queries: once per cache.
+snapmla_status_t check_caller_memory(const char* op, const char* name, const char* bytes_name,
+                                     const void* p, size_t bytes, int device) {
+  SNAPMLA_TRY(check_memory_at(op, name, p, device));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p);
+  const PFN_cuPointerGetAttribute_v4000 get = pointer_attribute_fn();
+  CUdeviceptr start = 0;
+  size_t size = 0;
+  if (get == nullptr ||
+      get(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, static_cast<CUdeviceptr>(first)) !=
+          CUDA_SUCCESS ||
+      get(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, static_cast<CUdeviceptr>(first)) !=
+          CUDA_SUCCESS) {
+    return check_memory_at(op, bytes_name, reinterpret_cast<const void*>(first + bytes - 1),
+                           device);
+  }
+  SNAPMLA_REQUIRE(first - start <= size && bytes <= size - (first - start),
+                  "%s: argument '%s': [%p, %p + %zu bytes) runs past the end of its allocation, "
+                  "which CUDA reports as [%p, %p + %zu bytes)",
+                  op, bytes_name, p, p, bytes, reinterpret_cast<void*>(start),
+                  reinterpret_cast<void*>(start), size);
+  return SNAPMLA_SUCCESS;
+}
+
+// No usable CUDA driver or device in this process: no memory to check caller pointers against,
+// and no call could run on the cache.
+bool no_gpu(cudaError_t err) {
+  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+         err == cudaErrorStubLibrary;
+}
+
+// The caller's memory of a checked config (config.memory or config.layer_memory) on `device`,
+// checked with `device` current (its primary context is the one the cache's calls use).
+snapmla_status_t check_cache_memory(const char* op, const snapmla_cache_config_t& c,
+                                    const std::vector<uint8_t*>& layers, size_t layer_bytes,
+                                    int device) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (no_gpu(err)) {
+    cudaGetLastError();
+    return SNAPMLA_SUCCESS;
+  }
+  SNAPMLA_CUDA(op, err);
+  SNAPMLA_REQUIRE(device < count,
+                  "%s: argument 'config.device': CUDA reports %d devices, expected 0 .. %d, got %d",
+                  op, count, count - 1, device);
+  int previous = 0;
+  SNAPMLA_CUDA(op, cudaGetDevice(&previous));
+  if (previous != device) SNAPMLA_CUDA(op, cudaSetDevice(device));
+  snapmla_status_t st = SNAPMLA_SUCCESS;
+  if (layers.empty()) {
+    st = check_caller_memory(op, "config.memory", "config.memory_bytes", c.memory, c.memory_bytes,
+                             device);
+  }
+  for (size_t l = 0; l < layers.size() && st == SNAPMLA_SUCCESS; ++l) {
+    char name[48];
+    std::snprintf(name, sizeof(name), "config.layer_memory[%zu]", l);
+    st = check_caller_memory(op, name, name, layers[l], layer_bytes, device);
+  }
+  if (previous != device) cudaSetDevice(previous);
+  return st;
 }
 
 // The registered cache of a checked config, its memory allocated on `device` if not given.
@@ -288,6 +402,10 @@ snapmla_cache_create(const snapmla_cache_config_t* config_in, snapmla_cache_t* c
     if (validate_only()) return validated(op);
   }
   if (device < 0) SNAPMLA_CUDA(op, cudaGetDevice(&device));
+  if ((c.memory != nullptr || !layers.empty()) && !validate_only()) {
+    const size_t layer_bytes = static_cast<size_t>(c.num_pages) * static_cast<size_t>(page_stride);
+    SNAPMLA_TRY(check_cache_memory(op, c, layers, layer_bytes, device));
+  }
   return make_cache(op, c, bytes, page_stride, device, layers, cache_out);
 }
 

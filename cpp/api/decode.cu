@@ -24,7 +24,9 @@ snapmla_status_t check_decode_config(const char* op, const snapmla_decode_config
   SNAPMLA_TRY(read_sized(
       op, "config", in, c, offsetof(snapmla_decode_config_t, num_sm_parts),
       {{"num_sm_parts", offsetof(snapmla_decode_config_t, num_sm_parts), sizeof(int32_t)},
-       {"q_precision", offsetof(snapmla_decode_config_t, q_precision), sizeof(int32_t)}}));
+       {"q_precision", offsetof(snapmla_decode_config_t, q_precision), sizeof(int32_t)},
+       {"plan_bytes", offsetof(snapmla_decode_config_t, plan_bytes), sizeof(size_t)},
+       {"workspace_bytes", offsetof(snapmla_decode_config_t, workspace_bytes), sizeof(size_t)}}));
   SNAPMLA_REQUIRE(c->batch_size >= 1 && c->batch_size <= kMaxBatch,
                   "%s: argument 'config.batch_size': expected 1 .. %d, got %d", op, kMaxBatch,
                   c->batch_size);
@@ -132,7 +134,19 @@ void decode_buffer_bytes(const snapmla_decode_config_t& c, int parts, size_t* pl
                               .total_bytes);
 }
 
-// The plan (and the workspace, if given) inside the address space; their sizes into sizes_out.
+// A buffer the caller sized (config.plan_bytes or config.workspace_bytes; 0: not said) holds
+// the `need` bytes of this config and part count.
+snapmla_status_t check_buffer_size(const char* op, const char* name, size_t given, size_t need) {
+  SNAPMLA_REQUIRE(given == 0 || given >= need,
+                  "%s: argument '%s': config.%s_bytes is %zu, smaller than the %zu bytes this "
+                  "config needs (snapmla_decode_buffer_sizes; sized for another config, or with "
+                  "num_sm_parts 0 on a GPU with fewer SMs)",
+                  op, name, name, given, need);
+  return SNAPMLA_SUCCESS;
+}
+
+// The plan (and the workspace, if given) as large as the config needs where it says their sizes,
+// and inside the address space; their sizes into sizes_out.
 snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_config_t& c, int parts,
                                       const void* plan, const void* workspace,
                                       size_t* sizes_out = nullptr) {
@@ -142,12 +156,20 @@ snapmla_status_t check_decode_buffers(const char* op, const snapmla_decode_confi
     sizes_out[0] = plan_bytes;
     sizes_out[1] = workspace_bytes;
   }
+  SNAPMLA_TRY(check_buffer_size(op, "plan", c.plan_bytes, plan_bytes));
   SNAPMLA_TRY(check_span(op, "plan", plan, 1, static_cast<int64_t>(plan_bytes), {}));
   if (workspace != nullptr) {
+    SNAPMLA_TRY(check_buffer_size(op, "workspace", c.workspace_bytes, workspace_bytes));
     SNAPMLA_TRY(
         check_span(op, "workspace", workspace, 1, static_cast<int64_t>(workspace_bytes), {}));
   }
   return SNAPMLA_SUCCESS;
+}
+
+// What a plan of this config and part count holds in its header's first words.
+decode::PlanShape plan_shape_of(const snapmla_decode_config_t& c, int parts) {
+  return decode::PlanShape::make(c.batch_size, parts, c.q_len, c.num_heads, c.max_pages,
+                                 c.q_precision == SNAPMLA_Q_PRECISION_FP8X2);
 }
 
 // The bytes of a decode call's arguments, for the aliasing checks.
@@ -199,6 +221,8 @@ struct Launches {
 };
 static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
               "QuantizeQParams is compared byte for byte: no padding");
+static_assert(sizeof(decode::PlanShape) == sizeof(QuantizeQParams::plan_shape),
+              "the Q-quant kernel compares the plan's shape words");
 static_assert(sizeof(Launches) <= kMaxLaunchKeyBytes, "the launch key");
 
 // The launches of a checked call into *k, which the caller zeroed (its padding too).
@@ -227,6 +251,10 @@ void make_launches(const snapmla_decode_config_t& c, const snapmla_decode_args_t
     k->qp.q_lo = ws + w.q_lo;
     k->qp.q_lo_scale = reinterpret_cast<float*>(ws + w.q_lo_scale);
   }
+  // The Q-quant kernel writes the workspace only under a plan built for this layout.
+  k->qp.plan = static_cast<const int32_t*>(plan);
+  const decode::PlanShape shape = plan_shape_of(c, parts);
+  std::memcpy(k->qp.plan_shape, &shape, sizeof(shape));
   decode::DecodeParams& p = k->p;
   p.q_content = ws + w.q_content;
   p.q_rope = reinterpret_cast<const uint16_t*>(ws + w.q_rope);
@@ -305,10 +333,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode
   int parts = 0, free_parts = 0;
   SNAPMLA_TRY(num_parts_of(op, c, &parts, &free_parts));
   if (c.num_sm_parts == 0) SNAPMLA_TRY(check_decode_buffers(op, c, parts, plan, nullptr));
-  SNAPMLA_CUDA(
-      op, decode::launch_plan(cache_seqlens, c.batch_size, c.q_len, c.num_heads, c.max_pages, parts,
-                              free_parts, c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
-                              static_cast<int32_t*>(plan), reinterpret_cast<cudaStream_t>(stream)));
+  SNAPMLA_CUDA(op, decode::launch_plan(cache_seqlens, plan_shape_of(c, parts), free_parts,
+                                       c.num_sm_parts > 0 ? 1 : decode::kMinPartCost,
+                                       static_cast<int32_t*>(plan),
+                                       reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }
 

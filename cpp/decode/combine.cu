@@ -18,17 +18,18 @@ constexpr int kColsPerLane = kContentDim / 32;
 static_assert(kColsPerLane == 16, "four float4 per lane");
 
 // The parts [first, last] holding request b's partials, or false where the decode kernel wrote
-// the request's rows itself (a plan that does not match, no blocks, or a single part).
-// The request's words are read with the header's, one round trip (the host checked the plan
-// buffer's size for these parameters: in bounds whatever the words hold).
+// the request's rows itself (a plan that does not match, no blocks, blocks the plan counted for
+// another seqlen, or a single part). The request's words and seqlen are read with the header's,
+// one round trip (the host checked the plan buffer's size for these parameters: in bounds
+// whatever the words hold).
 __device__ __forceinline__ bool split_parts(const DecodeParams& p, int b, int* first, int* last) {
   const PlanLayout L = PlanLayout::make(p.batch, p.num_parts);
   const int32_t first_word = p.plan[L.first_part + b], last_word = p.plan[L.last_part + b];
-  const int32_t nb_word = p.plan[L.nblocks + b];
+  const int32_t nb_word = p.plan[L.nblocks + b], seqlen = p.seqlens[b];
   if (!plan_matches(p)) return false;  // the decode kernel wrote NaN rows
   *first = clamp_part(p, first_word);
   *last = clamp_part(p, last_word);
-  return nb_word > 0 && *first != *last;
+  return checked_blocks(p, nb_word, seqlen) > 0 && *first != *last;
 }
 
 // The wait for the attention kernel's partials and request b's parts; false where the request

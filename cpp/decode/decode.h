@@ -30,8 +30,20 @@ constexpr int kFixedCost = 2;
 constexpr int kMinPartCost = kFixedCost;
 constexpr int32_t kPlanMagic = 0x4d4c4131;  // "1ALM"
 
-// The plan's first words: what it was built for, and the schedule's part cost T.
-struct PlanHeader {
+// A request's blocks as the plan records them: ceil(seqlen / 64), or -1 for a seqlen outside
+// [0, max_pages * 64] (its rows are NaN). The kernels compare the plan's word with the seqlen
+// they read: a plan built for other lengths gives its request NaN rows (segment.cuh).
+__host__ __device__ constexpr int32_t blocks_of(int32_t seqlen, int32_t max_pages) {
+  return seqlen < 0 || int64_t{seqlen} > int64_t{max_pages} * kBlockN
+             ? -1
+             : (seqlen + kBlockN - 1) / kBlockN;
+}
+
+// The plan's first words: what it was built for. The plan's layout and the workspace's
+// (WorkspaceLayout) follow from these alone, so a launch whose own shape gives other words must
+// not follow the plan nor write the workspace as laid out.
+struct PlanShape {
+  static constexpr int kWords = 8;
   int32_t magic;  // kPlanMagic
   int32_t batch;
   int32_t num_parts;
@@ -39,8 +51,21 @@ struct PlanHeader {
   int32_t q_len;
   int32_t num_heads;
   int32_t max_pages;
+  int32_t q_terms;  // 1, or 2 for the two-term query (its low rows in the workspace)
+
+  __host__ __device__ static PlanShape make(int batch, int num_parts, int q_len, int num_heads,
+                                            int max_pages, bool two_term) {
+    return {kPlanMagic, batch,     num_parts, (q_len * num_heads + kTileRows - 1) / kTileRows,
+            q_len,      num_heads, max_pages, two_term ? 2 : 1};
+  }
+};
+
+// The header: the shape, then the schedule's part cost T.
+struct PlanHeader {
+  PlanShape shape;
   int32_t part_cost;  // T: part p owns the cost range [p T, (p + 1) T)
 };
+static_assert(sizeof(PlanShape) == PlanShape::kWords * sizeof(int32_t), "int32 words");
 
 // Plan: int32 words in device memory, the header then the arrays below.
 struct PlanLayout {
@@ -122,9 +147,8 @@ int default_num_parts(int sm_count, int row_tiles);
 // min_part_cost: the least cost a part covers (1: split as finely as num_parts allows).
 // free_parts: the parts whose CTAs start on SMs free at the attention kernel's launch
 // (plan.cu, room for the Q-quant kernel; num_parts: all of them).
-cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int free_parts, int min_part_cost, int32_t* plan,
-                        cudaStream_t stream);
+cudaError_t launch_plan(const int32_t* seqlens, const PlanShape& shape, int free_parts,
+                        int min_part_cost, int32_t* plan, cudaStream_t stream);
 cudaError_t launch_reference_decode(const DecodeParams& params, cudaStream_t stream);
 // The tensor-core kernels (sm90/): FP8 wgmma QK and transposed PV, two warpgroups.
 enum class Kernel : int32_t;

@@ -68,9 +68,9 @@ __device__ int usable_parts(int32_t total, int num_parts, int free_parts, int mi
 }
 
 __global__ void __launch_bounds__(kPlanThreads)
-    plan_kernel(const int32_t* __restrict__ seqlens, int batch, int q_len, int num_heads,
-                int max_pages, int num_parts, int free_parts, int min_part_cost,
-                int32_t* __restrict__ plan) {
+    plan_kernel(const int32_t* __restrict__ seqlens, const PlanShape shape, int free_parts,
+                int min_part_cost, int32_t* __restrict__ plan) {
+  const int batch = shape.batch, num_parts = shape.num_parts, max_pages = shape.max_pages;
   const PlanLayout L = PlanLayout::make(batch, num_parts);
   int32_t* prefix = plan + L.prefix;
   int32_t* nblocks = plan + L.nblocks;
@@ -81,14 +81,12 @@ __global__ void __launch_bounds__(kPlanThreads)
   __syncthreads();
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t max_len = int64_t{max_pages} * kBlockN;
   // Exclusive scan of costs, one 1024-wide chunk at a time.
   for (int base = 0; base < batch; base += kPlanThreads) {
     const int b = base + threadIdx.x;
     int32_t cost = 0;
     if (b < batch) {
-      const int32_t len = seqlens[b];
-      const int32_t nb = (len < 0 || len > max_len) ? -1 : (len + kBlockN - 1) / kBlockN;
+      const int32_t nb = blocks_of(seqlens[b], max_pages);
       nblocks[b] = nb;
       cost = (nb > 0 ? nb : 0) + kFixedCost;
       atomicMax(&max_cost, cost);
@@ -128,13 +126,7 @@ __global__ void __launch_bounds__(kPlanThreads)
   if (threadIdx.x == 0) {
     prefix[batch] = total;
     PlanHeader& h = *reinterpret_cast<PlanHeader*>(plan);
-    h.magic = kPlanMagic;
-    h.batch = batch;
-    h.num_parts = num_parts;
-    h.row_tiles = (q_len * num_heads + kTileRows - 1) / kTileRows;
-    h.q_len = q_len;
-    h.num_heads = num_heads;
-    h.max_pages = max_pages;
+    h.shape = shape;
     h.part_cost = T;
   }
   __syncthreads();
@@ -184,11 +176,9 @@ WorkspaceLayout WorkspaceLayout::make(int batch, int q_len, int num_heads, int n
   return w;
 }
 
-cudaError_t launch_plan(const int32_t* seqlens, int batch, int q_len, int num_heads, int max_pages,
-                        int num_parts, int free_parts, int min_part_cost, int32_t* plan,
-                        cudaStream_t stream) {
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, batch, q_len, num_heads, max_pages,
-                                              num_parts, free_parts, min_part_cost, plan);
+cudaError_t launch_plan(const int32_t* seqlens, const PlanShape& shape, int free_parts,
+                        int min_part_cost, int32_t* plan, cudaStream_t stream) {
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(seqlens, shape, free_parts, min_part_cost, plan);
   return cudaGetLastError();
 }
 

@@ -95,8 +95,8 @@ __device__ __forceinline__ float2 unpack_f16x2(uint32_t v) {
   return make_float2(lo, hi);
 }
 
-// Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen: NaN), written by
-// the part where the request starts.
+// Rows of a request with no blocks (empty: out 0, lse +inf; invalid seqlen, or one the plan
+// was not built for: NaN), written by the part where the request starts.
 __device__ inline void write_empty_request(const DecodeParams& p, int b, int tile, bool invalid) {
   const int rows_total = p.q_len * p.num_heads;
   const float fill_out = invalid ? __int_as_float(0x7fffffff) : 0.f;
@@ -119,14 +119,25 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
   }
 }
 
-// The plan's header against the launch's own shape: a plan built for another config or another
-// GPU's SM count, or never built, does not match, and the launch writes NaN rows instead of
-// following it (its words would index requests and partial slots out of bounds).
+// The plan's header against the launch's own shape: a plan built for another config (the
+// query's precision included) or another GPU's SM count, or never built, does not match, and the
+// launch writes NaN rows instead of following it (its words would index requests and partial
+// slots out of bounds, and the workspace is laid out for its shape).
 __device__ __forceinline__ bool plan_matches(const DecodeParams& p) {
   const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  return h.magic == kPlanMagic && h.batch == p.batch && h.num_parts == p.num_parts &&
-         h.row_tiles == p.row_tiles && h.q_len == p.q_len && h.num_heads == p.num_heads &&
-         h.max_pages == p.max_pages && h.part_cost > 0;
+  const PlanShape& s = h.shape;
+  return s.magic == kPlanMagic && s.batch == p.batch && s.num_parts == p.num_parts &&
+         s.row_tiles == p.row_tiles && s.q_len == p.q_len && s.num_heads == p.num_heads &&
+         s.max_pages == p.max_pages && s.q_terms == (p.q_lo != nullptr ? 2 : 1) &&
+         h.part_cost > 0;
+}
+
+// Request b's blocks: the plan's word where it is what the seqlen the launch reads gives, else
+// -1 (NaN rows). A plan reused after a seqlen crossed a page boundary would leave the newest
+// tokens out (the blocks come from the plan, the seqlen only masks): its request is refused.
+__device__ __forceinline__ int32_t checked_blocks(const DecodeParams& p, int32_t nb_word,
+                                                  int32_t seqlen) {
+  return nb_word == blocks_of(seqlen, p.max_pages) ? nb_word : -1;
 }
 
 // Every row of tile `tile` of requests part, part + num_parts, ...: NaN out and lse (a launch of
@@ -157,7 +168,7 @@ __device__ inline SegmentKind plan_segment(const DecodeParams& p, const PlanLayo
   const int32_t nb_word = p.plan[L.nblocks + b], first_word = p.plan[L.first_part + b];
   const int32_t last_word = p.plan[L.last_part + b], prefix_word = p.plan[L.prefix + b];
   const int32_t T = reinterpret_cast<const PlanHeader*>(p.plan)->part_cost;
-  const int32_t nb = min(nb_word, p.max_pages);
+  const int32_t nb = checked_blocks(p, nb_word, p.seqlens[b]);
   const int32_t first_part = clamp_part(p, first_word);
   if (nb <= 0) {
     if (part != first_part) return SegmentKind::kSkip;

@@ -6,6 +6,8 @@
 
 namespace snapmla {
 
+constexpr int kPlanShapeWords = 8;  // decode::PlanShape::kWords
+
 struct QuantizeQParams {
   const uint16_t* q;     // bf16 [n / q_len, q_len, h, 576], strides in elements
   int64_t stride_batch;  // between groups of q_len tokens
@@ -27,6 +29,12 @@ struct QuantizeQParams {
   // and its fp32 row scale [n, h], both contiguous. nullptr: the one-term contract only.
   uint8_t* q_lo;
   float* q_lo_scale;
+  // Optional (snapmla_decode, whose outputs above are parts of its workspace): the call's plan
+  // and the words its header must start with (decode::PlanShape) for the workspace to be laid
+  // out as these pointers assume. Where they differ the kernel writes nothing, and the attention
+  // kernel, comparing the same words, writes NaN rows. nullptr: no check.
+  const int32_t* plan;
+  int32_t plan_shape[kPlanShapeWords];
 };
 
 cudaError_t launch_quantize_q(const QuantizeQParams& params, cudaStream_t stream);

@@ -47,8 +47,15 @@
  *   where a kernel uses vector stores or TMA). The bytes an argument spans, from its pointer
  *   over its shape and strides, are computed in checked 64-bit arithmetic: a span over
  *   2^63 - 1 bytes, or one that runs past the end of the address space, is refused naming the
- *   stride or count that makes it so. The library cannot check on the host that a pointer is
- *   device memory, nor that the span is allocated. Two arguments overlap when their spans,
+ *   stride or count that makes it so. What memory a pointer is, the CUDA driver knows:
+ *   snapmla_cache_create asks it once for the cache's caller memory (device memory of
+ *   config.device or managed memory, its bytes inside one allocation). The pointers of the
+ *   per-call functions (decode, plan, append, ...) are not asked about: that is a driver
+ *   query per pointer and call, under a lock the driver shares with every allocation of the
+ *   process, added to calls made per layer and step whose own host time is a few
+ *   microseconds, and calls replayed from a CUDA graph never return to the host to be checked
+ *   at all. A host pointer or an unallocated span there faults on the GPU. Two
+ *   arguments overlap when their spans,
  *   from the first byte to the last (the gaps between strided rows included), share a byte;
  *   each function's comment says which overlaps it refuses, and the message names the
  *   argument refused and the one it overlaps. "The cache" there is all of a cache made on one
@@ -162,7 +169,7 @@ extern "C" {
 /* ----------------------------------------------------------------- version and constants */
 
 #define SNAPMLA_VERSION_MAJOR 0
-#define SNAPMLA_VERSION_MINOR 3
+#define SNAPMLA_VERSION_MINOR 4
 #define SNAPMLA_VERSION_PATCH 0
 /* MAJOR * 10000 + MINOR * 100 + PATCH */
 #define SNAPMLA_VERSION \
@@ -289,7 +296,15 @@ SNAPMLA_API snapmla_status_t snapmla_cache_bytes(int32_t num_layers, int32_t num
                                                  size_t* bytes);
 
 /* Create a cache handle, on caller memory or on memory it allocates. The contents start
- * undefined: slots are meaningful once appended. [host: may allocate; not graph-safe] */
+ * undefined: slots are meaningful once appended. Caller memory (config.memory, or each
+ * config.layer_memory[l]) is checked with the CUDA driver, with config.device current: device
+ * memory of that device or managed memory (pinned host memory, pageable host memory and
+ * another device's memory are refused, naming the pointer), and its bytes, from the pointer
+ * over memory_bytes (or the layer's bytes), inside the allocation the driver reports for it
+ * (naming config.memory_bytes or the layer; a VMM mapping's allocation is its reserved address
+ * range); config.device must be a device of the machine. Not in validation-only mode, and not
+ * in a process without a usable CUDA driver or device (no call could run on the cache there):
+ * the handle is then created unchecked. [host: may allocate; not graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_cache_create(const snapmla_cache_config_t* config,
                                                   snapmla_cache_t* cache);
 
@@ -450,10 +465,23 @@ typedef struct snapmla_decode_config {
                            caller's struct_size reads). FP8X2 sizes the workspace for the
                            two-term query's low row (516 bytes more per query row) and has
                            snapmla_decode run it */
+  size_t plan_bytes;    /* since 0.4, optional: the size of the caller's plan buffer, 0 = not
+                           checked (what an older caller's struct_size reads). Nonzero:
+                           snapmla_decode_plan and snapmla_decode refuse a plan smaller than
+                           this config needs (naming 'plan'): buffers sized for another config,
+                           or with num_sm_parts 0 while a GPU with fewer SMs was current.
+                           Unchecked, such a plan's schedule is not used (its header does not
+                           match: NaN rows), but the kernels load its words with the header,
+                           and a buffer smaller than the call's config needs may be read past
+                           its end. snapmla_decode_buffer_sizes and
+                           snapmla_decode_select_kernel ignore it */
+  size_t workspace_bytes; /* since 0.4, optional: the same for the workspace, 0 = not checked;
+                             snapmla_decode refuses a smaller one (naming 'workspace') */
 } snapmla_decode_config_t;
 
-/* Defaults: batch_size, num_heads and max_pages must be set; q_len 1, num_sm_parts 0, FP8. */
-#define SNAPMLA_DECODE_CONFIG_INIT {sizeof(snapmla_decode_config_t), 0, 1, 0, 0, 0, 0}
+/* Defaults: batch_size, num_heads and max_pages must be set; q_len 1, num_sm_parts 0, FP8, the
+ * buffers' sizes not checked. */
+#define SNAPMLA_DECODE_CONFIG_INIT {sizeof(snapmla_decode_config_t), 0, 1, 0, 0, 0, 0, 0, 0}
 
 /* Which kernel runs the attention. */
 typedef enum snapmla_decode_kernel {
@@ -542,8 +570,12 @@ SNAPMLA_API snapmla_status_t snapmla_decode_buffer_sizes(const snapmla_decode_co
 
 /* Build the split-KV schedule on the device from cache_seqlens (int32 [b], device, 4-byte
  * aligned), into `plan` (device, plan_bytes, 16-byte aligned). One small launch; no host
- * synchronization. The plan stays valid for as long as cache_seqlens does not change
- * (typically: all layers of one step). [graph-safe] */
+ * synchronization. With config.plan_bytes set, a smaller plan is refused (naming 'plan'),
+ * nothing enqueued. The plan records the config it was built for (batch, q_len, heads,
+ * max_pages, part count, q_precision) and each request's block count, ceil(seqlen / 64). It
+ * stays valid for as long as cache_seqlens does not change (typically: all layers of one step);
+ * snapmla_decode gives NaN rows to a request whose seqlen now has another block count (see
+ * there). [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* config,
                                                  const int32_t* cache_seqlens, void* plan,
                                                  snapmla_stream_t stream);
@@ -552,11 +584,18 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * combine, enqueued on `stream`. `plan` (16-byte aligned) must come from snapmla_decode_plan
  * with the same config and seqlens; `workspace` (workspace_bytes, 256-byte aligned: its parts
  * are 256-byte aligned for TMA and vector loads) is scratch, reusable by the next call on
- * the same stream. Block-table entries and seqlens are device data: a request whose
- * seqlen is negative or exceeds max_pages * 64, or that names a page outside the layer, gets
- * NaN rows instead of an out-of-bounds read. The plan is device data too: one whose header does
- * not match this call (built for another config, or on a GPU with another SM count when
- * num_sm_parts is 0, or never built) makes every row NaN, and its words are not used.
+ * the same stream. With config.plan_bytes or config.workspace_bytes set, a smaller buffer is
+ * refused, naming it, nothing enqueued. Block-table entries and seqlens are device data: a
+ * request whose seqlen is negative or exceeds max_pages * 64, or that names a page outside the
+ * layer, gets NaN rows instead of an out-of-bounds read. The plan is device data too: one whose
+ * header does not match this call (built for another config, q_precision included, or on a GPU
+ * with another SM count when num_sm_parts is 0, or never built) makes every row NaN, its words
+ * unused, and the workspace unwritten (the Q-quant kernel checks the header before its stores:
+ * a workspace laid out for the plan's config is never written as another's). A plan built for
+ * other seqlens gives NaN rows to each request whose seqlen now has another block count than
+ * the plan recorded, ceil(seqlen / 64) (a plan reused after a context grew past a multiple of
+ * 64 would leave the new tokens out), and correct rows to the others; a seqlen that changed
+ * within its block count is attended as it is now (the plan's blocks hold it; the seqlen masks).
  * out and lse must not alias any input: an out or lse whose bytes overlap the cache
  * (all of it; a per-layer cache: the layer's memory), q, q_pe, block_table, cache_seqlens,
  * the plan or each other is refused, as snapmla.decode refuses it, and so is a workspace

@@ -137,7 +137,16 @@ def page_stride_ok(stride: int) -> bool:
 
 _configs: dict[tuple[int, ...], Any] = {}
 _CONFIGS_SIZE = 4096
-_CONFIG_FIELDS = ("batch_size", "q_len", "num_heads", "max_pages", "num_sm_parts", "q_precision")
+_CONFIG_FIELDS = (
+    "batch_size",
+    "q_len",
+    "num_heads",
+    "max_pages",
+    "num_sm_parts",
+    "q_precision",
+    "plan_bytes",
+    "workspace_bytes",
+)
 
 
 def decode_config(
@@ -147,10 +156,23 @@ def decode_config(
     max_pages: int,
     num_sm_parts: int,
     q_precision: int = 0,
+    plan_bytes: int = 0,
+    workspace_bytes: int = 0,
 ) -> Any:
     """A ``snapmla_decode_config_t*``, built once per config and kept: read-only (the C calls
-    only read it). ``q_precision``: snapmla_q_precision_t."""
-    key = (batch_size, q_len, num_heads, max_pages, num_sm_parts, q_precision)
+    only read it). ``q_precision``: snapmla_q_precision_t. ``plan_bytes``, ``workspace_bytes``:
+    the sizes of the buffers the calls with this config pass (0: unchecked), which the library
+    compares with what the config needs (``snapmla_decode_buffer_sizes`` ignores them)."""
+    key = (
+        batch_size,
+        q_len,
+        num_heads,
+        max_pages,
+        num_sm_parts,
+        q_precision,
+        plan_bytes,
+        workspace_bytes,
+    )
     config = _configs.get(key)
     if config is None:
         config = _lib.new_struct("snapmla_decode_config_t", **dict(zip(_CONFIG_FIELDS, key)))

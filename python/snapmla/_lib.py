@@ -35,7 +35,7 @@ __all__ = [
 # The header version these declarations mirror (SNAPMLA_VERSION_MAJOR / _MINOR). A library of
 # the same major and a minor at least this one provides every declared function and field.
 ABI_MAJOR = 0
-ABI_MINOR = 3
+ABI_MINOR = 4
 
 # The header's constants (SNAPMLA_*; tests/test_cdef.py checks them against it).
 PAGE_SIZE = 64
@@ -158,6 +158,8 @@ typedef struct snapmla_decode_config {
   int32_t max_pages;
   int32_t num_sm_parts;
   int32_t q_precision;
+  size_t plan_bytes;
+  size_t workspace_bytes;
 } snapmla_decode_config_t;
 
 typedef enum snapmla_decode_kernel {

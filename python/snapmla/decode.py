@@ -117,11 +117,19 @@ def select_kernel(config: DecodeConfig, kernel: str = "auto", op: str = "decode"
     return _KERNEL_NAMES[selected[0]]
 
 
-def _c_config(config: DecodeConfig) -> Any:
-    """``config`` as the C calls take it (``_args.decode_config``: built once, read-only)."""
+def _c_config(config: DecodeConfig, plan_bytes: int = 0, workspace_bytes: int = 0) -> Any:
+    """``config`` as the C calls take it (``_args.decode_config``: built once, read-only), with
+    the sizes of the plan and workspace buffers the calls pass (0: not said)."""
     c = config
     return decode_config(
-        c.batch_size, c.q_len, c.num_heads, c.max_pages, c.num_sm_parts, Q_PRECISIONS[c.q_precision]
+        c.batch_size,
+        c.q_len,
+        c.num_heads,
+        c.max_pages,
+        c.num_sm_parts,
+        Q_PRECISIONS[c.q_precision],
+        plan_bytes,
+        workspace_bytes,
     )
 
 
@@ -242,12 +250,13 @@ class DecodePlan(Closable):
         self.device = device
         ffi = _lib.ffi
         lib = _lib.lib()
-        self._c_config = _c_config(self.config)
         plan_bytes = ffi.new("size_t*")
         workspace_bytes = ffi.new("size_t*")
         with on_device(op, device):
             _lib.check(
-                lib.snapmla_decode_buffer_sizes(self._c_config, plan_bytes, workspace_bytes),
+                lib.snapmla_decode_buffer_sizes(
+                    _c_config(self.config), plan_bytes, workspace_bytes
+                ),
                 "snapmla_decode_buffer_sizes",
             )
             self.plan_bytes = int(plan_bytes[0])
@@ -259,6 +268,11 @@ class DecodePlan(Closable):
                 op, (max(self.workspace_bytes, 1),), "uint8", device, s
             )
             self._owned = OwnedMemory((plan, workspace), s.handle(device), device)
+            # The config of the plan's and decode's C calls says the buffers' sizes: the library
+            # refuses a buffer smaller than the config needs rather than write past it.
+            self._c_config = _c_config(
+                self.config, max(self.plan_bytes, 1), max(self.workspace_bytes, 1)
+            )
             self._run(ffi.cast(_CT["const int32_t*"], seqlens.ptr), s)
 
     batch_size = read_only("config.batch_size", "Requests ``b``.")

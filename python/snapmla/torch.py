@@ -547,7 +547,7 @@ def _plan(
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
             _lib.lib().snapmla_decode_plan(
-                _args.decode_config(*key),
+                _args.decode_config(*key, 0, plan.shape[0]),  # (fp8; the plan's real size)
                 _ptr(cache_seqlens, "const int32_t*"),
                 _ptr(plan, "void*"),
                 _stream(device),
@@ -663,8 +663,8 @@ def _decode_prepare(
     kernel: int,
     num_sm_parts: int,
 ) -> tuple[Any, tuple[int, ...], Any, Any]:
-    """Every check of a decode op call, then its packed C arguments, config key and buffer
-    pointers."""
+    """Every check of a decode op call, then its packed C arguments, config key (``decode_config``'s
+    arguments) and buffer pointers."""
     cache, q, block_table, cache_seqlens, plan, workspace, out, lse = tensors
     b, s_q, h, max_pages = _decode_checks(
         op, cache, layer, q, block_table, cache_seqlens, plan, workspace, out, lse
@@ -699,7 +699,8 @@ def _decode_prepare(
         lse.data_ptr(),
         out_dtype=_args.OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
     )
-    return args, key, _ptr(plan), _ptr(workspace, "void*")
+    # the config with the buffers' real sizes (fp8 query), which the library checks too
+    return args, (*key, 0, plan.shape[0], workspace.shape[0]), _ptr(plan), _ptr(workspace, "void*")
 
 
 for _name, _checks in (

@@ -475,7 +475,17 @@ def test_c_api_refuses_misaligned_pointers_and_a_cache_on_another_device(
         },
     )
     other = ffi.new("snapmla_cache_t*")
-    assert lib.snapmla_cache_create(cfg, other) == 0  # caller memory, given ordinal: no CUDA
+    # snapmla_cache_create asks the driver whose memory it is and refuses this (another
+    # device's ordinal for this device's memory, or no such device); validation-only mode makes
+    # the handle without asking, as a cache whose device changed under it would look.
+    status = lib.snapmla_cache_create(cfg, other)
+    named = "config.memory" if torch.cuda.device_count() > other_device else "config.device"
+    assert status == 1 and f"argument '{named}'" in ffi.string(lib.snapmla_last_error()).decode()
+    previous = lib.snapmla_set_validate_only(1)
+    try:
+        assert lib.snapmla_cache_create(cfg, other) == 0  # caller memory, given ordinal: no CUDA
+    finally:
+        lib.snapmla_set_validate_only(previous)
     try:
         status, message = decode(other[0], plan_ptr, ws_ptr)
         assert status == 1 and f"lives on CUDA device {other_device}" in message, message
@@ -498,4 +508,180 @@ def test_c_api_refuses_misaligned_pointers_and_a_cache_on_another_device(
     assert_all_nan(lse, "lse after refused C calls")
     assert np.all(download(cache) == POISON_BYTE)
     assert decode(handle, plan_ptr, ws_ptr)[0] == 0  # the context is still usable
+    synchronize()
+
+
+def _cache_config(ffi: Any, memory: int, memory_bytes: int, **fields: Any) -> Any:
+    return ffi.new(
+        "snapmla_cache_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_cache_config_t"),
+            "num_layers": 2,
+            "num_pages": 3,
+            "device": torch_module().cuda.current_device(),
+            "memory": ffi.cast("void*", memory),
+            "memory_bytes": memory_bytes,
+            **fields,
+        },
+    )
+
+
+def _create(lib: Any, ffi: Any, config: Any) -> tuple[int, str]:
+    """snapmla_cache_create's status and message (a created cache is destroyed at once)."""
+    handle = ffi.new("snapmla_cache_t*")
+    status = lib.snapmla_cache_create(config, handle)
+    message = ffi.string(lib.snapmla_last_error()).decode() if status else ""
+    if status == 0:
+        assert lib.snapmla_cache_destroy(handle[0]) == 0
+    return status, message
+
+
+def test_cache_create_checks_caller_memory_with_the_driver() -> None:
+    """Caller memory must be device memory of config.device (or managed memory), its bytes
+    inside one allocation: pageable and pinned host memory, a span past the allocation's end and
+    a device that does not exist are refused naming the argument; device memory from PyTorch's
+    allocator (inside a larger segment), cudaMalloc'ed memory of exactly the size, and managed
+    memory are accepted."""
+    from snapmla import _lib
+
+    lib, ffi = _lib.lib(), _lib.ffi
+    torch = torch_module()
+    nbytes = 2 * 3 * ref.PAGE_BYTES
+    device = torch.cuda.current_device()
+    pageable = np.zeros(nbytes + 256, np.uint8)
+    host = pageable.ctypes.data + (-pageable.ctypes.data) % 256
+    pinned = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=True)
+    tensor = torch.zeros(nbytes + 4096, dtype=torch.uint8, device="cuda")
+    for memory, size, fields, named, pattern in (
+        (host, nbytes, {}, "config.memory", "memory CUDA does not know"),
+        (pinned.data_ptr(), nbytes, {}, "config.memory", r"host memory \(pinned or registered\)"),
+        (tensor.data_ptr(), nbytes, {"device": torch.cuda.device_count()}, "config.device",
+         "CUDA reports"),
+    ):  # fmt: skip
+        status, message = _create(lib, ffi, _cache_config(ffi, memory, size, **fields))
+        assert status == 1, (named, message)
+        assert message.startswith(f"snapmla_cache_create: argument '{named}'"), message
+        assert re.search(pattern, message), message
+    # PyTorch's memory: inside one of its allocator's segments, anywhere in it
+    for offset in (0, 256, 4096):
+        status, message = _create(lib, ffi, _cache_config(ffi, tensor.data_ptr() + offset, nbytes))
+        assert status == 0, (offset, message)
+    # memory of exactly the cache's size from cudaMalloc: a span past its end is refused
+    cupy = pytest.importorskip("cupy")
+    exact = cupy.cuda.runtime.malloc(nbytes)
+    try:
+        assert _create(lib, ffi, _cache_config(ffi, exact, nbytes)) == (0, "")
+        status, message = _create(lib, ffi, _cache_config(ffi, exact, nbytes + (64 << 20)))
+        assert status == 1 and "argument 'config.memory_bytes'" in message, message
+        assert "runs past the end of its allocation" in message, message
+    finally:
+        cupy.cuda.runtime.free(exact)
+    managed = cupy.cuda.runtime.mallocManaged(nbytes)
+    try:
+        assert _create(lib, ffi, _cache_config(ffi, managed, nbytes)) == (0, "")
+    finally:
+        cupy.cuda.runtime.free(managed)
+    # per-layer memory: each layer checked, the refused one named
+    layer_bytes = 3 * ref.PAGE_BYTES
+    layers = [tensor.data_ptr(), host]
+    array = ffi.new("void*[]", [ffi.cast("void*", a) for a in layers])
+    config = _cache_config(ffi, 0, 0, layer_memory=array)
+    status, message = _create(lib, ffi, config)
+    assert status == 1 and "argument 'config.layer_memory[1]'" in message, message
+    array[1] = ffi.cast("void*", tensor.data_ptr() + layer_bytes)
+    assert _create(lib, ffi, config) == (0, "")
+    assert device == torch.cuda.current_device()  # the check restores the current device
+    # In validation-only mode nothing is asked (the CPU tests' fake addresses make caches).
+    previous = lib.snapmla_set_validate_only(1)
+    try:
+        assert _create(lib, ffi, _cache_config(ffi, host, nbytes)) == (0, "")
+    finally:
+        lib.snapmla_set_validate_only(previous)
+
+
+def test_cache_create_refuses_another_devices_memory() -> None:
+    """Memory of device 1 for a cache on device 0: refused naming config.memory."""
+    from snapmla import _lib
+
+    torch = torch_module()
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    lib, ffi = _lib.lib(), _lib.ffi
+    nbytes = 2 * 3 * ref.PAGE_BYTES
+    elsewhere = torch.zeros(nbytes, dtype=torch.uint8, device="cuda:1")
+    status, message = _create(lib, ffi, _cache_config(ffi, elsewhere.data_ptr(), nbytes, device=0))
+    assert status == 1 and "argument 'config.memory'" in message, message
+    assert "as memory of device 1; expected device 0" in message, message
+    assert _create(lib, ffi, _cache_config(ffi, elsewhere.data_ptr(), nbytes, device=1)) == (0, "")
+
+
+def test_decode_refuses_buffers_smaller_than_the_config_says(setup: dict[str, Any]) -> None:
+    """config.plan_bytes / workspace_bytes (0.4) on a real device, num_sm_parts 0 (the part
+    count from this GPU's SMs, known only after the device check): a plan or workspace smaller
+    than the config needs is refused naming it, nothing enqueued; the sizes it needs or more are
+    accepted."""
+    from snapmla import _lib
+
+    lib, ffi = _lib.lib(), _lib.ffi
+    torch = torch_module()
+    kw = setup["kwargs"]
+    q, bt, sl, out, lse = kw["q"], kw["block_table"], kw["cache_seqlens"], kw["out"], kw["lse"]
+    config = ffi.new(
+        "snapmla_decode_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_decode_config_t"),
+            "batch_size": 3,
+            "q_len": 2,
+            "num_heads": 16,
+            "max_pages": setup["case"].max_pages,
+        },
+    )
+    need = ffi.new("size_t[2]")
+    assert lib.snapmla_decode_buffer_sizes(config, need, need + 1) == 0
+    plan = torch.zeros(need[0], dtype=torch.uint8, device="cuda")
+    ws = torch.zeros(need[1], dtype=torch.uint8, device="cuda")
+    plan_ptr, ws_ptr = ffi.cast("void*", plan.data_ptr()), ffi.cast("void*", ws.data_ptr())
+    seqlens = ffi.cast("const int32_t*", sl.data_ptr())
+    args = ffi.new(
+        "snapmla_decode_args_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_decode_args_t"),
+            "layer": 0,
+            "causal": 1,
+            "softmax_scale": SM_SCALE,
+            "q": ffi.cast("const void*", q.data_ptr()),
+            "q_stride_batch": q.stride(0),
+            "q_stride_token": q.stride(1),
+            "q_stride_head": q.stride(2),
+            "block_table": ffi.cast("const int32_t*", bt.data_ptr()),
+            "block_table_stride": bt.stride(0),
+            "cache_seqlens": ffi.cast("const int32_t*", sl.data_ptr()),
+            "out": ffi.cast("void*", out.data_ptr()),
+            "lse": ffi.cast("float*", lse.data_ptr()),
+        },
+    )
+    handle = setup["cache"]._handle
+    for plan_bytes, ws_bytes, named in (
+        (need[0] - 1, need[1], "plan"),
+        (need[0], need[1] - 1, "workspace"),
+        (need[0] // 2, 1, "plan"),
+    ):
+        config.plan_bytes, config.workspace_bytes = plan_bytes, ws_bytes
+        status = lib.snapmla_decode(handle, config, args, plan_ptr, ws_ptr, ffi.NULL)
+        message = ffi.string(lib.snapmla_last_error()).decode()
+        assert status == 1 and f"argument '{named}'" in message, message
+        if named == "plan":
+            status = lib.snapmla_decode_plan(config, seqlens, plan_ptr, ffi.NULL)
+            assert (
+                status == 1 and "argument 'plan'" in ffi.string(lib.snapmla_last_error()).decode()
+            )
+    synchronize()
+    assert_all_nan(out, "out after refused C calls")
+    assert_all_nan(lse, "lse after refused C calls")
+    assert not plan.any().item() and not ws.any().item()
+    for extra in (0, 256):  # (the cache holds poison: the rows are NaN either way)
+        config.plan_bytes, config.workspace_bytes = need[0] + extra, need[1] + extra
+        assert lib.snapmla_decode_plan(config, seqlens, plan_ptr, ffi.NULL) == 0
+        status = lib.snapmla_decode(handle, config, args, plan_ptr, ws_ptr, ffi.NULL)
+        assert status == 0, ffi.string(lib.snapmla_last_error()).decode()
     synchronize()
