@@ -65,10 +65,10 @@ void destroy(void* graph) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(gr
 struct ThreadGraphs {
   std::unique_ptr<LaunchCache> cache;
   ~ThreadGraphs() {
+    if (cache == nullptr) return;
     const DriverCalls* d = driver_calls();
     uint64_t ctx = 0;
-    if (cache == nullptr || d == nullptr || !current_context(*d, nullptr, false, &ctx)) return;
-    cache->release(ctx, destroy);
+    if (d != nullptr && current_context(*d, nullptr, false, &ctx)) cache->release(ctx, destroy);
   }
 };
 
@@ -160,10 +160,11 @@ cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void
 }
 
 void release_thread_graphs() {
+  std::unique_ptr<LaunchCache>& cache = t_graphs.cache;
+  if (cache == nullptr) return;
   const DriverCalls* d = driver_calls();
   uint64_t ctx = 0;
-  std::unique_ptr<LaunchCache>& cache = t_graphs.cache;
-  if (cache == nullptr || d == nullptr || !current_context(*d, nullptr, false, &ctx)) return;
+  if (d == nullptr || !current_context(*d, nullptr, false, &ctx)) return;
   cache->release(ctx, destroy);
   if (cache->size() == 0) cache.reset();
 }
