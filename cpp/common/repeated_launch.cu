@@ -1,60 +1,74 @@
-// launch_repeated (repeated_launch.h).
+// launch_repeated and release_thread_graphs (repeated_launch.h).
+#include <cudaTypedefs.h>
 #include <stdint.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "common/repeated_launch.h"
 
 namespace snapmla {
 namespace {
 
-// A model step decodes each layer with its own key: kGraphs graphs hold a step of that many.
-constexpr int kGraphs = 128;
-constexpr int kSeen = 128;
-constexpr int kMaxGraphDevices = 64;
+// The driver calls that name a stream's context (the runtime has none), resolved once.
+struct DriverCalls {
+  PFN_cuCtxGetCurrent_v4000 current = nullptr;
+  PFN_cuStreamGetCtx_v9020 stream_ctx = nullptr;
+  PFN_cuCtxGetId_v12000 ctx_id = nullptr;
+};
 
-struct Key {
-  uint64_t hash = 0;  // of device and bytes; 0: an empty slot
-  int device = -1;
-  size_t bytes = 0;
-  unsigned char data[kMaxLaunchKeyBytes];
-  bool equals(uint64_t h, int d, const void* k, size_t n) const {
-    return hash == h && device == d && bytes == n && std::memcmp(data, k, n) == 0;
+// Null where the driver lacks one of them (graphs off).
+const DriverCalls* driver_calls() {
+  static const DriverCalls calls = [] {
+    auto get = [](const char* name, unsigned version) -> void* {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult q;
+      if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) !=
+              cudaSuccess ||
+          q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      return p;
+    };
+    DriverCalls c;
+    c.current = reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(get("cuCtxGetCurrent", 4000));
+    c.stream_ctx = reinterpret_cast<PFN_cuStreamGetCtx_v9020>(get("cuStreamGetCtx", 9020));
+    c.ctx_id = reinterpret_cast<PFN_cuCtxGetId_v12000>(get("cuCtxGetId", 12000));
+    return c;
+  }();
+  return calls.current && calls.stream_ctx && calls.ctx_id ? &calls : nullptr;
+}
+
+// The unique id (never reused in the process) of the context current to this thread; with a
+// stream, only if the stream belongs to that context.
+bool current_context(const DriverCalls& d, cudaStream_t stream, bool check_stream, uint64_t* id) {
+  CUcontext cur = nullptr, of_stream = nullptr;
+  unsigned long long v = 0;
+  if (d.current(&cur) != CUDA_SUCCESS || cur == nullptr) return false;
+  if (check_stream &&
+      (d.stream_ctx(reinterpret_cast<CUstream>(stream), &of_stream) != CUDA_SUCCESS ||
+       of_stream != cur)) {
+    return false;
   }
-  void set(uint64_t h, int d, const void* k, size_t n) {
-    hash = h;
-    device = d;
-    bytes = n;
-    std::memcpy(data, k, n);
-  }
-};
+  if (d.ctx_id(cur, &v) != CUDA_SUCCESS) return false;
+  *id = v;
+  return true;
+}
 
-struct Graph {
-  Key key;
-  cudaGraphExec_t exec = nullptr;
-};
+void destroy(void* graph) { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph)); }
 
-struct Seen {
-  Key key;
-  bool capture_failed = false;  // a key whose capture failed launches directly from then on
-};
-
+// The thread's table, allocated at its first graph-eligible call. At thread exit the graphs of
+// the current context are destroyed; those of another context are left to it (it may be gone).
 struct ThreadGraphs {
-  Graph graphs[kGraphs];
-  int next_graph = 0;
-  Seen seen[kSeen];
-  int next_seen = 0;
-  cudaStream_t capture_stream[kMaxGraphDevices] = {};
+  std::unique_ptr<LaunchCache> cache;
   ~ThreadGraphs() {
-    // An executable graph still running is freed when it completes. (After a device reset or
-    // at process exit these handles are stale.)
-    for (Graph& g : graphs) {
-      if (g.exec != nullptr) cudaGraphExecDestroy(g.exec);
-    }
-    for (cudaStream_t s : capture_stream) {
-      if (s != nullptr) cudaStreamDestroy(s);
-    }
+    if (cache == nullptr) return;
+    const DriverCalls* d = driver_calls();
+    uint64_t ctx = 0;
+    if (d != nullptr && current_context(*d, nullptr, false, &ctx)) cache->release(ctx, destroy);
   }
 };
 
@@ -69,34 +83,18 @@ bool graphs_enabled() {
   return enabled;
 }
 
-// FNV-1a over the device and the key's 8-byte words (and its tail), never 0.
-uint64_t key_hash(int device, const void* key, size_t bytes) {
-  const unsigned char* p = static_cast<const unsigned char*>(key);
-  uint64_t h = 1469598103934665603ull ^ static_cast<uint64_t>(device);
-  size_t i = 0;
-  for (; i + 8 <= bytes; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ w) * 1099511628211ull;
-  }
-  for (; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h == 0 ? 1 : h;
-}
-
-// fn's launches captured into an executable graph for `slot` (its previous graph destroyed);
-// null on any failure (the caller launches directly, reporting errors as without graphs). Runs
-// in relaxed capture mode, so a global-mode capture on another thread is left undisturbed.
-cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
+// fn's launches captured into an executable graph, on a stream made for it in the current
+// context; null on any failure (the caller launches directly, reporting errors as without
+// graphs). Runs in relaxed capture mode, so a global-mode capture on another thread is left
+// undisturbed.
+cudaGraphExec_t capture(LaunchFn fn, void* ctx) {
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
-  cudaStream_t& s = t_graphs.capture_stream[device];
-  cudaError_t err = cudaSuccess;
-  if (s == nullptr) {
-    err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    if (err != cudaSuccess) s = nullptr;
-  }
+  cudaStream_t s = nullptr;
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  if (err != cudaSuccess) s = nullptr;
   if (err == cudaSuccess) err = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
   if (err == cudaSuccess) {
     err = fn(ctx, s);
@@ -105,12 +103,10 @@ cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
   }
   if (err == cudaSuccess) err = cudaGraphInstantiate(&exec, graph, 0);
   if (graph != nullptr) cudaGraphDestroy(graph);
-  if (err == cudaSuccess && slot.exec != nullptr) {
-    cudaGraphExecDestroy(slot.exec);  // (freed when done, if still running)
-    slot.exec = nullptr;
-  }
+  if (s != nullptr) cudaStreamDestroy(s);
   cudaThreadExchangeStreamCaptureMode(&mode);
   if (err != cudaSuccess) {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
     cudaGetLastError();
     return nullptr;
   }
@@ -121,51 +117,56 @@ cudaGraphExec_t capture(int device, LaunchFn fn, void* ctx, Graph& slot) {
 
 cudaError_t launch_repeated(const void* key, size_t key_bytes, LaunchFn fn, void* ctx,
                             cudaStream_t stream) {
-  int device = -1, stream_device = -1;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  // The capture status first: under a caller's capture in global mode, a query such as
-  // cudaStreamGetDevice is refused and invalidates that capture. The legacy default stream is
-  // taken too: a graph launch there is ordered with the blocking streams as the launches are.
+  const DriverCalls* d = nullptr;
+  uint64_t context = 0;
+  // The capture status first: under a caller's capture in global mode, other queries may be
+  // refused and invalidate that capture. The legacy default stream is taken too: a graph launch
+  // there is ordered with the blocking streams as the launches are.
   if (!graphs_enabled() || key_bytes > kMaxLaunchKeyBytes ||
       cudaStreamIsCapturing(stream, &status) != cudaSuccess ||
-      status != cudaStreamCaptureStatusNone || cudaGetDevice(&device) != cudaSuccess ||
-      device < 0 || device >= kMaxGraphDevices ||
-      cudaStreamGetDevice(stream, &stream_device) != cudaSuccess || stream_device != device) {
+      status != cudaStreamCaptureStatusNone || (d = driver_calls()) == nullptr ||
+      !current_context(*d, stream, true, &context)) {
     cudaGetLastError();
     return fn(ctx, stream);
   }
-  ThreadGraphs& t = t_graphs;
-  const uint64_t h = key_hash(device, key, key_bytes);
-  for (Graph& g : t.graphs) {
-    if (g.exec != nullptr && g.key.equals(h, device, key, key_bytes)) {
-      return cudaGraphLaunch(g.exec, stream);
-    }
+  std::unique_ptr<LaunchCache>& cache = t_graphs.cache;
+  if (cache == nullptr) {
+    cache.reset(new (std::nothrow) LaunchCache());
+    if (cache == nullptr) return fn(ctx, stream);
   }
-  Seen* seen = nullptr;
-  for (Seen& s : t.seen) {
-    if (s.key.equals(h, device, key, key_bytes)) {
-      seen = &s;  // (a key is remembered once: only when no entry holds it)
-      break;
+  LaunchCache::Dropped dropped;
+  const LaunchCache::Decision decision = cache->on_call(context, key, key_bytes, &dropped);
+  // An evicted graph of another context is left to it: that context may be gone.
+  if (dropped.graph != nullptr && dropped.ctx == context) destroy(dropped.graph);
+  void* graph = decision.graph;
+  if (decision.action == LaunchCache::Action::kCapture) {
+    graph = capture(fn, ctx);
+    if (graph == nullptr) {
+      cache->capture_failed(decision.entry);
+      return fn(ctx, stream);
     }
-  }
-  if (seen == nullptr) {  // the first time: remember the key, launch directly
-    Seen& s = t.seen[t.next_seen];
-    t.next_seen = (t.next_seen + 1) % kSeen;
-    s.key.set(h, device, key, key_bytes);
-    s.capture_failed = false;
+    cache->captured(decision.entry, graph);
+  } else if (decision.action != LaunchCache::Action::kReplay) {
     return fn(ctx, stream);
   }
-  if (seen->capture_failed) return fn(ctx, stream);
-  Graph& slot = t.graphs[t.next_graph];
-  const cudaGraphExec_t exec = capture(device, fn, ctx, slot);
-  if (exec == nullptr) {
-    seen->capture_failed = true;
-    return fn(ctx, stream);
+  if (cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream) == cudaSuccess) {
+    return cudaSuccess;
   }
-  t.next_graph = (t.next_graph + 1) % kGraphs;
-  slot.exec = exec;
-  slot.key.set(h, device, key, key_bytes);
-  return cudaGraphLaunch(exec, stream);
+  // A failed graph launch enqueued nothing: the graph is dropped, the call launched directly.
+  cudaGetLastError();
+  destroy(cache->replay_failed(decision.entry));
+  return fn(ctx, stream);
+}
+
+void release_thread_graphs() {
+  std::unique_ptr<LaunchCache>& cache = t_graphs.cache;
+  if (cache == nullptr) return;
+  const DriverCalls* d = driver_calls();
+  uint64_t ctx = 0;
+  if (d == nullptr || !current_context(*d, nullptr, false, &ctx)) return;
+  cache->release(ctx, destroy);
+  if (cache->size() == 0) cache.reset();
 }
 
 }  // namespace snapmla

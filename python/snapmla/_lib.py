@@ -211,6 +211,8 @@ snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                 const snapmla_decode_args_t* args,
                                 const void* plan, void* workspace,
                                 snapmla_stream_t stream);
+
+snapmla_status_t snapmla_release_thread_resources(void);
 """
 
 ffi = cffi.FFI()
