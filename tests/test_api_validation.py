@@ -11,6 +11,7 @@ touch CUDA).
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import subprocess
@@ -24,13 +25,15 @@ import pytest
 import snapmla
 from snapmla import DecodePlan, KVCache, SnapMLAError, _args, _lib, _tensor, decode, quantize_q
 from snapmla import cache as cache_module
-from snapmla import decode as decode_module
 from snapmla import quantize as quantize_module
 from snapmla._tensor import Stream
 from snapmla.cache import _validate_append_args, _validate_fetch_args
 from snapmla.decode import DecodeConfig, _validate_decode_args, runnable_kernels
 from snapmla.quantize import _validate_quantize_args
 from test_dlpack import CPU, CUDA0, CUDA1, FakeTensor
+
+# The submodule: the package's attribute `decode` is the function of that name.
+decode_module = importlib.import_module("snapmla.decode")
 
 STREAM = 0x5EED  # every call names its stream, so that no test asks CuPy for one
 FAKE_CACHE_PTR = 0x7F0000000000  # 256-byte aligned, never dereferenced
