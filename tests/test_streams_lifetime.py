@@ -31,7 +31,7 @@ from snapmla import decode as decode_module
 from snapmla import quantize as quantize_module
 from snapmla._tensor import InUse, OwnedMemory, Stream
 from snapmla.decode import DecodeConfig
-from test_api_validation import LIBRARY, _buffer, bf16, fp8, i32, i64
+from test_api_validation import LIBRARY, _buffer, bf16, fp8, host_function, i32, i64
 from test_dlpack import CPU, CUDA0, FakeTensor
 
 TORCH_STREAM = 0xCA97  # torch's current stream in the fake torch (e.g. a capture stream)
@@ -199,7 +199,7 @@ class _RecordingLibrary:
                 return 0
 
             return call
-        return getattr(LIBRARY, name)
+        return host_function(LIBRARY, name)
 
 
 @pytest.fixture
