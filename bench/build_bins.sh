@@ -12,7 +12,7 @@ flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-const
 "$NVCC" "${flags[@]}" bench/probes/qgmma_probe.cu -o .carry/bin/qgmma_probe &
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}
 if [ -f "$LIBDIR/libsnapmla.so" ]; then
-  "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude -Icpp bench/host_overhead_c.cu \
+  "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/host_overhead_c.cu \
     -L"$LIBDIR" -lsnapmla -Xlinker -rpath,/tmp/site/snapmla/lib -o .carry/bin/host_overhead_c
 else
   echo "no $LIBDIR/libsnapmla.so: host_overhead_c not built (set SNAPMLA_LIBDIR)"

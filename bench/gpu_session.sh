@@ -23,8 +23,7 @@
 #   bench-two-term        bench_decode.py --two-term at the s_q x h <= 32 cases and two others
 #   accuracy[-f32out]     python3 -m snapmla.accuracy (-f32out: the kernels write fp32 output)
 #   soak                  tests/gpu/soak.py: a serving loop against the reference kernel
-#   host-c                the C API's host time per call, and graph replay on/off over 61-layer
-#                         step loops (.carry/bin/host_overhead_c [graphs])
+#   host-c                the C API's host time per call (.carry/bin/host_overhead_c)
 #   host-py               the Python API's host time per call (bench_host_overhead.py --real)
 #   ncu                   Nsight Compute on the seesaw kernel, one launch per case
 #   qgmma                 the FP8 wgmma's accumulation per chain length (.carry/bin/qgmma_probe)
@@ -204,9 +203,6 @@ for stage in "$@"; do
           LD_LIBRARY_PATH=/tmp/host-c-lib timeout 120 .carry/bin/host_overhead_c $b $h 2000 2>&1 \
             | tee -a "$OUT/host-c$TAG.log" || status=1
         done
-        # graph replay on against off: step loops of 61 layers, steady and continuous batching
-        LD_LIBRARY_PATH=/tmp/host-c-lib timeout 180 .carry/bin/host_overhead_c graphs $h 2>&1 \
-          | tee -a "$OUT/host-c$TAG.log" || status=1
       done
       ;;
     host-py)

@@ -3,29 +3,18 @@
 // timed region so that a full launch queue never blocks a timed call; an empty kernel's launch
 // is the floor.
 //
-//   nvcc -std=c++17 -O2 -Iinclude -Icpp bench/host_overhead_c.cu -L<dir of libsnapmla.so> \
-//        -lsnapmla -Xlinker -rpath,<that dir> -o host_overhead_c
+//   nvcc -std=c++17 -O2 -Iinclude bench/host_overhead_c.cu -L<dir of libsnapmla.so> -lsnapmla \
+//        -Xlinker -rpath,<that dir> -o host_overhead_c
 //   ./host_overhead_c [batch=1] [heads=128] [iters=2000]
-//   ./host_overhead_c graphs [heads=128]
-//
-// `graphs` weighs snapmla_decode's graph replay: it runs this program twice more, with
-// SNAPMLA_DECODE_GRAPHS unset and =0 (the switch users have; the same binary and library), each
-// child timing the same seeded call sequences of a 61-layer model, and prints both side by side
-// with a verdict (graph_loops below).
 #include <cuda_runtime.h>
 #include <snapmla/snapmla.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <random>
-#include <string>
 #include <vector>
-
-#include "common/launch_cache.h"
 
 #include "cuda_check.h"
 
@@ -60,16 +49,7 @@ static void report(const char* name, const std::function<void()>& call, int iter
               us[us.size() * 9 / 10], us.front());
 }
 
-static int graph_loops(int heads);
-static int compare_graphs(const char* self, int heads);
-
 int main(int argc, char** argv) {
-  if (argc > 1 && std::string(argv[1]) == "graphs") {
-    return compare_graphs(argv[0], argc > 2 ? std::atoi(argv[2]) : 128);
-  }
-  if (argc > 1 && std::string(argv[1]) == "graphs-child") {
-    return graph_loops(argc > 2 ? std::atoi(argv[2]) : 128);
-  }
   const int batch = argc > 1 ? std::atoi(argv[1]) : 1;
   const int heads = argc > 2 ? std::atoi(argv[2]) : 128;
   const int iters = argc > 3 ? std::atoi(argv[3]) : 2000;
@@ -136,8 +116,8 @@ int main(int argc, char** argv) {
   std::printf("snapmla C API host time per call: batch %d, heads %d, %d calls each\n", batch,
               heads, iters);
   report("empty kernel launch", [&] { empty_kernel<<<1, 32, 0, stream>>>(); }, iters, stream);
-  // What a decode call's launches cost as such, against one graph launch of them (the library
-  // replays a repeated decode call as a graph): three empty kernels launched as a decode call
+  // What a decode call's launches cost as such, against one graph launch of them (what a
+  // caller that captures its step pays): three empty kernels launched as a decode call
   // launches its three (the second and third with the programmatic-serialization attribute,
   // common/launch.h's launch_dependent), then the same three captured once into a graph and
   // replayed by cudaGraphLaunch, and a captured snapmla_decode call likewise.
@@ -197,227 +177,5 @@ int main(int argc, char** argv) {
          [&] { CHECK_SNAPMLA(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &workspace_bytes)); }, iters,
          stream);
   CHECK_SNAPMLA(snapmla_cache_destroy(cache));
-  return 0;
-}
-
-// ------------------------------------------------------------------------- graph replay loops
-
-// One mode's numbers, as lines compare_graphs parses:
-//   LOOP <name> <host us per decode call: mean> <p50> <wall us per step>
-//   CAPTURE <first call us> <second call us> <third call us>   (medians over new keys)
-// A step is a plan and one decode call per layer, then a stream synchronization (a serving
-// engine reads its tokens back each step); the first kWarmSteps steps of a loop are not counted.
-// Each loop starts from an empty graph table (snapmla_release_thread_resources: the one context
-// this program uses). Contexts are short (kSeqlen tokens), so the host side dominates.
-static int graph_loops(int heads) {
-  constexpr int kLayers = 61, kMaxBatch = 64, kMaxPages = 4, kSeqlen = 200;
-  constexpr int kSteps = 500, kWarmSteps = 100;
-  // q, out and lse of a call sit at slot * kShift in their buffers: the buffers of each batch
-  // size (and address variant) at their own address, as an allocator hands them out.
-  constexpr size_t kShift = 256;
-  constexpr int kSlots = 300, kCaptureSlot = 270, kCaptureKeys = 30;
-  cudaStream_t stream;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  snapmla_cache_config_t cfg = SNAPMLA_CACHE_CONFIG_INIT;
-  cfg.num_layers = kLayers;
-  cfg.num_pages = kMaxBatch * kMaxPages;
-  snapmla_cache_t cache;
-  CHECK_SNAPMLA(snapmla_cache_create(&cfg, &cache));
-  auto alloc = [](size_t bytes) {
-    void* p = nullptr;
-    CHECK_CUDA(cudaMalloc(&p, bytes));
-    CHECK_CUDA(cudaMemset(p, 0, bytes));
-    return static_cast<char*>(p);
-  };
-  const size_t rows = size_t(kMaxBatch) * heads;
-  char* q = alloc(rows * 576 * 2 + kSlots * kShift);
-  char* out = alloc(rows * 512 * 2 + kSlots * kShift);
-  char* lse = alloc(rows * 4 + kSlots * kShift);
-  std::vector<int32_t> table(size_t(kMaxBatch) * kMaxPages), lens(kMaxBatch, kSeqlen);
-  for (size_t i = 0; i < table.size(); ++i) table[i] = int32_t(i);
-  auto* block_table = reinterpret_cast<int32_t*>(alloc(table.size() * 4));
-  auto* seqlens = reinterpret_cast<int32_t*>(alloc(lens.size() * 4));
-  CHECK_CUDA(cudaMemcpy(block_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  CHECK_CUDA(cudaMemcpy(seqlens, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
-  snapmla_decode_config_t dc = SNAPMLA_DECODE_CONFIG_INIT;
-  dc.num_heads = heads;
-  dc.max_pages = kMaxPages;
-  size_t plan_bytes = 0, workspace_bytes = 0;
-  for (int b = 1; b <= kMaxBatch; ++b) {  // one plan and one workspace for every batch size
-    size_t p = 0, w = 0;
-    dc.batch_size = b;
-    CHECK_SNAPMLA(snapmla_decode_buffer_sizes(&dc, &p, &w));
-    plan_bytes = std::max(plan_bytes, p);
-    workspace_bytes = std::max(workspace_bytes, w);
-  }
-  void* plan = alloc(plan_bytes);
-  void* workspace = alloc(workspace_bytes);
-  snapmla_decode_args_t args = SNAPMLA_DECODE_ARGS_INIT;
-  args.softmax_scale = 0.0721687836f;
-  args.q_stride_batch = int64_t(heads) * 576;
-  args.q_stride_token = int64_t(heads) * 576;
-  args.q_stride_head = 576;
-  args.block_table = block_table;
-  args.block_table_stride = kMaxPages;
-  args.cache_seqlens = seqlens;
-  auto set_call = [&](int batch, int slot) {
-    dc.batch_size = batch;
-    args.q = q + slot * kShift;
-    args.out = out + slot * kShift;
-    args.lse = reinterpret_cast<float*>(lse + slot * kShift);
-  };
-  auto now = [] { return std::chrono::steady_clock::now(); };
-  auto us = [](auto a, auto b) { return std::chrono::duration<double, std::micro>(b - a).count(); };
-  CHECK_CUDA(cudaDeviceSynchronize());
-
-  // (c) A new key's first three calls: direct, captured (on its second sight while the table
-  // is fresh), replayed; a synchronization before each.
-  CHECK_SNAPMLA(snapmla_release_thread_resources());
-  std::vector<double> first[3];
-  set_call(32, kCaptureSlot);
-  CHECK_SNAPMLA(snapmla_decode_plan(&dc, seqlens, plan, stream));
-  for (int k = 0; k < kCaptureKeys; ++k) {
-    set_call(32, kCaptureSlot + k);
-    for (int n = 0; n < 3; ++n) {
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      const auto t0 = now();
-      CHECK_SNAPMLA(snapmla_decode(cache, &dc, &args, plan, workspace, stream));
-      first[n].push_back(us(t0, now()));
-    }
-  }
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  for (auto& v : first) std::sort(v.begin(), v.end());
-  std::printf("CAPTURE %.3f %.3f %.3f\n", first[0][kCaptureKeys / 2], first[1][kCaptureKeys / 2],
-              first[2][kCaptureKeys / 2]);
-
-  // (a), (b) The step loops: pick(step, &slot) gives the step's batch and buffers' slot.
-  auto loop = [&](const char* name, const std::function<int(int, int*)>& pick) {
-    CHECK_SNAPMLA(snapmla_release_thread_resources());
-    std::vector<double> host;
-    double wall = 0;
-    for (int step = 0; step < kSteps; ++step) {
-      int slot = 0;
-      const int batch = pick(step, &slot);
-      set_call(batch, slot);
-      const auto t0 = now();
-      CHECK_SNAPMLA(snapmla_decode_plan(&dc, seqlens, plan, stream));
-      for (int layer = 0; layer < kLayers; ++layer) {
-        args.layer = layer;
-        const auto ta = now();
-        CHECK_SNAPMLA(snapmla_decode(cache, &dc, &args, plan, workspace, stream));
-        if (step >= kWarmSteps) host.push_back(us(ta, now()));
-      }
-      CHECK_CUDA(cudaStreamSynchronize(stream));
-      if (step >= kWarmSteps) wall += us(t0, now());
-    }
-    double sum = 0;
-    for (double h : host) sum += h;
-    std::sort(host.begin(), host.end());
-    std::printf("LOOP %s %.3f %.3f %.3f\n", name, sum / host.size(), host[host.size() / 2],
-                wall / (kSteps - kWarmSteps));
-    std::fflush(stdout);
-  };
-  std::mt19937 rng(1);
-  const int sizes[4] = {8, 16, 24, 32};
-  loop("steady_b32", [](int, int* slot) { return *slot = 32; });
-  loop("4_sizes", [&](int, int* slot) { return *slot = sizes[rng() % 4]; });
-  loop("batch_1..64", [&](int, int* slot) { return *slot = 1 + int(rng() % 64); });
-  int walk = 32;
-  loop("walk_1..64", [&](int, int* slot) {
-    walk = std::min(64, std::max(1, walk + int(rng() % 5) - 2));
-    return *slot = walk;
-  });
-  // 61 layers x 10 batch sizes in turn: a cycle of 610 calls, more than the table holds.
-  loop("cycle_610", [](int step, int* slot) { return *slot = 1 + step % 10; });
-  // The 4 sizes, each at one of 4 addresses a step (an allocator's churn): 976 calls.
-  loop("4_sizes_x4_addr", [&](int, int* slot) {
-    const int b = sizes[rng() % 4];
-    *slot = b * 4 + int(rng() % 4);
-    return b;
-  });
-  CHECK_SNAPMLA(snapmla_cache_destroy(cache));
-  return 0;
-}
-
-// Runs graph_loops in two children per mode, alternating (on, off, on, off), and prints the
-// means of the two with the verdict: graph replay stays on by default only if no loop's host
-// time per call or wall time per step is more than kSlower above the direct launches'.
-static int compare_graphs(const char*, int heads) {
-  constexpr double kSlower = 1.03;  // run-to-run noise of these means stays well below 3%
-  struct Row {
-    std::string name;
-    double v[2][3] = {};  // [on, off][host mean, host p50, wall]
-  };
-  std::vector<Row> rows;
-  double capture[3] = {};
-  char self[4096] = {};
-  if (readlink("/proc/self/exe", self, sizeof(self) - 1) <= 0) return 1;
-  const char* env[2] = {"env -u SNAPMLA_DECODE_GRAPHS", "env SNAPMLA_DECODE_GRAPHS=0"};
-  constexpr int kRounds = 2;
-  for (int round = 0; round < kRounds; ++round) {
-    for (int mode = 0; mode < 2; ++mode) {
-      const std::string cmd = std::string(env[mode]) + " '" + self + "' graphs-child " +
-                              std::to_string(heads);
-      FILE* f = popen(cmd.c_str(), "r");
-      if (f == nullptr) return 1;
-      char line[512], name[128];
-      double a, b, c;
-      size_t row = 0;
-      while (std::fgets(line, sizeof(line), f) != nullptr) {
-        if (std::sscanf(line, "LOOP %127s %lf %lf %lf", name, &a, &b, &c) == 4) {
-          if (row == rows.size()) rows.push_back(Row{name});
-          rows[row].v[mode][0] += a / kRounds;
-          rows[row].v[mode][1] += b / kRounds;
-          rows[row].v[mode][2] += c / kRounds;
-          ++row;
-        } else if (std::sscanf(line, "CAPTURE %lf %lf %lf", &a, &b, &c) == 3) {
-          if (mode == 0) {
-            capture[0] += a / kRounds;
-            capture[1] += b / kRounds;
-            capture[2] += c / kRounds;
-          }
-        } else {
-          std::fputs(line, stdout);
-        }
-      }
-      if (pclose(f) != 0) {
-        std::fprintf(stderr, "%s failed\n", cmd.c_str());
-        return 1;
-      }
-    }
-  }
-  std::printf("snapmla_decode graph replay: 61 layers, heads %d, batch <= 64, %d rounds per mode\n",
-              heads, kRounds);
-  std::printf("%-18s %21s %21s %15s %13s\n", "loop", "host us/call on", "host us/call off",
-              "wall us/step", "on/off");
-  std::printf("%-18s %10s %10s %10s %10s %7s %7s %6s %6s\n", "", "mean", "p50", "mean", "p50",
-              "on", "off", "host", "wall");
-  double worst = 0;
-  std::string worst_name;
-  for (const Row& r : rows) {
-    const double host = r.v[0][0] / r.v[1][0], wall = r.v[0][2] / r.v[1][2];
-    std::printf("%-18s %10.2f %10.2f %10.2f %10.2f %7.0f %7.0f %6.3f %6.3f\n", r.name.c_str(),
-                r.v[0][0], r.v[0][1], r.v[1][0], r.v[1][1], r.v[0][2], r.v[1][2], host, wall);
-    if (std::max(host, wall) > worst) {
-      worst = std::max(host, wall);
-      worst_name = r.name;
-    }
-  }
-  const double saving = capture[0] - capture[2], extra = capture[1] - capture[0];
-  std::printf("a new key (graphs on, medians): first call %.2f us (direct), second %.2f us "
-              "(capture + instantiate + launch), third %.2f us (replay): a capture costs %.1f us "
-              "more than a direct call and pays off after %.1f replays (the policy counts a graph "
-              "repaid at %u)\n",
-              capture[0], capture[1], capture[2], extra, saving > 0 ? extra / saving : -1.0,
-              snapmla::LaunchCache::kPayoffReplays);
-  if (worst <= kSlower) {
-    std::printf("VERDICT: keep graph replay on by default: no loop is slower with it (worst "
-                "on/off ratio %.3f, %s; limit %.2f)\n",
-                worst, worst_name.c_str(), kSlower);
-  } else {
-    std::printf("VERDICT: graph replay makes %s slower (on/off %.3f > %.2f): turn it off by "
-                "default\n",
-                worst_name.c_str(), worst, kSlower);
-  }
   return 0;
 }

@@ -153,7 +153,6 @@ NO_REFUSALS = {
     "snapmla_status_string",
     "snapmla_last_error",
     "snapmla_set_validate_only",
-    "snapmla_release_thread_resources",
 }
 
 

@@ -1,12 +1,10 @@
 // Decode: the buffer sizes, the plan, the kernel choice and the attention call.
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 
 #include "api/cache.h"
 #include "api/checks.h"
 #include "common/launch.h"
-#include "common/repeated_launch.h"
 #include "decode/decode.h"
 #include "decode/dispatch.h"
 #include "quantize/quantize_q.h"
@@ -212,20 +210,16 @@ snapmla_status_t check_buffers_apart(const char* op, const snapmla_decode_config
   return check_apart(op, e.lse, {plan_ext});
 }
 
-// A decode call's launches; also launch_repeated's key: every value they read on the host.
+// A decode call's launches.
 struct Launches {
   decode::DecodeParams p;
   QuantizeQParams qp;
   decode::Kernel kernel;
-  int32_t pad;
 };
-static_assert(std::has_unique_object_representations_v<QuantizeQParams>,
-              "QuantizeQParams is compared byte for byte: no padding");
 static_assert(sizeof(decode::PlanShape) == sizeof(QuantizeQParams::plan_shape),
               "the Q-quant kernel compares the plan's shape words");
-static_assert(sizeof(Launches) <= kMaxLaunchKeyBytes, "the launch key");
 
-// The launches of a checked call into *k, which the caller zeroed (its padding too).
+// The launches of a checked call into *k.
 void make_launches(const snapmla_decode_config_t& c, const snapmla_decode_args_t& a,
                    const snapmla_cache& cache, const void* plan, void* workspace, int parts,
                    Launches* k) {
@@ -290,8 +284,7 @@ void make_launches(const snapmla_decode_config_t& c, const snapmla_decode_args_t
 }
 
 // Q-quant, attention, split combine, in stream order; the first error stops the sequence.
-cudaError_t launch_decode(void* launches, cudaStream_t s) {
-  const Launches& k = *static_cast<const Launches*>(launches);
+cudaError_t launch_decode(const Launches& k, cudaStream_t s) {
   cudaError_t err = launch_quantize_q(k.qp, s);
   if (err == cudaSuccess) {
     err = k.kernel == decode::Kernel::kReference ? decode::launch_reference_decode(k.p, s)
@@ -420,10 +413,8 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t handle,
   int parts = 0;
   SNAPMLA_TRY(num_parts_of(op, c, &parts));
   if (c.num_sm_parts == 0) SNAPMLA_TRY(check_buffers_apart(op, c, parts, plan, workspace, e));
-  Launches launches;
-  std::memset(&launches, 0, sizeof(launches));
+  Launches launches{};
   make_launches(c, a, cache, plan, workspace, parts, &launches);
-  SNAPMLA_CUDA(op, launch_repeated(&launches, sizeof(launches), launch_decode, &launches,
-                                   reinterpret_cast<cudaStream_t>(stream)));
+  SNAPMLA_CUDA(op, launch_decode(launches, reinterpret_cast<cudaStream_t>(stream)));
   return SNAPMLA_SUCCESS;
 }

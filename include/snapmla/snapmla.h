@@ -601,30 +601,12 @@ SNAPMLA_API snapmla_status_t snapmla_decode_plan(const snapmla_decode_config_t* 
  * the plan or each other is refused, as snapmla.decode refuses it, and so is a workspace
  * overlapping any of them (the attention kernel may read q after another CTA wrote the
  * workspace, and the combine reads the plan while it writes out).
- * Host time: a call the calling thread repeats (every argument, pointer and size the launches
- * read on the host equal, in the same CUDA context) is captured once into a CUDA graph, a
- * one-time host allocation, and replayed from then on (on an H200 machine a replayed call
- * takes about 2.6 us of host time, its three launches about 11 us). The thread keeps its 512
- * most recently used calls; a call is captured once seen twice among them, or more often
- * while its graphs get evicted before they repay their capture. A failed capture or replay
- * launches directly. Not while `stream` is capturing (the capture takes the launches), nor
- * on a stream of another context than the current one. SNAPMLA_DECODE_GRAPHS=0 in the
- * environment (read at the first call) launches directly every time. [graph-safe] */
+ * Host time: three launches (Q-quant, attention, combine) and the checks, about 10 us; a
+ * step captured in a CUDA graph replays its launches without it. [graph-safe] */
 SNAPMLA_API snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                             const snapmla_decode_config_t* config,
                                             const snapmla_decode_args_t* args, const void* plan,
                                             void* workspace, snapmla_stream_t stream);
-
-/* Destroys the graphs snapmla_decode made on the calling thread in its current CUDA context
- * (the current device's primary context unless another is current) and forgets their calls;
- * the thread's bookkeeping is freed once no other context's calls remain in it, whose graphs
- * stay.
- * For a thread that stops decoding, or after freeing the buffers its calls named. Not needed
- * around a cudaDeviceReset: a graph is used only in the context it was made in, and the
- * reset frees the old context's graphs. snapmla_decode works as before afterwards. Returns
- * SNAPMLA_SUCCESS (SNAPMLA_VALIDATED in validation-only mode, having done nothing).
- * [host, thread-local: affects only the calling thread's graphs] */
-SNAPMLA_API snapmla_status_t snapmla_release_thread_resources(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

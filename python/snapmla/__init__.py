@@ -39,7 +39,6 @@ __all__ = [
     "paths",
     "quantize_q",
     "reference",
-    "release_thread_resources",
     "version",
 ]
 
@@ -55,18 +54,6 @@ def version() -> tuple[int, int, int]:
     from ._lib import open_library, split_version
 
     return split_version(int(open_library().snapmla_version()))
-
-
-def release_thread_resources() -> None:
-    """Drop the CUDA graphs the C library made for this thread's decode calls in the current
-    CUDA context (``snapmla_release_thread_resources``); later calls capture again as needed.
-
-    Raises:
-        SnapMLAError: The library is missing or refuses the call.
-    """
-    from ._lib import check, lib
-
-    check(lib().snapmla_release_thread_resources(), "snapmla_release_thread_resources")
 
 
 def __getattr__(name: str) -> Any:

@@ -212,7 +212,6 @@ snapmla_status_t snapmla_decode(snapmla_cache_t cache,
                                 const void* plan, void* workspace,
                                 snapmla_stream_t stream);
 
-snapmla_status_t snapmla_release_thread_resources(void);
 """
 
 ffi = cffi.FFI()

@@ -513,12 +513,11 @@ def test_repeated_call_follows_its_inputs(
     rng: np.random.Generator, h: int, stream_kind: str
 ) -> None:
     """Decode calls in a row with the same pointers and sizes, their query and lengths changed
-    in place between them, and two output buffers taken in turn (what a library-side graph of
-    a repeated call replays from a key's second call on, SNAPMLA_DECODE_GRAPHS: it must read the
-    inputs anew and write where its own call says): each output is a fresh call's, bit for bit,
-    and the buffer a call does not name stays untouched. On a stream of torch's and on the
-    legacy default stream (torch's current stream unless one is set; graphs replay there
-    too)."""
+    in place between them, and two output buffers taken in turn (the Python call memo keeps a
+    repeated call's checks: it must read the inputs anew and write where its own call says):
+    each output is a fresh call's, bit for bit, and the buffer a call does not name stays
+    untouched. On a stream of torch's and on the legacy default stream (torch's current stream
+    unless one is set)."""
     torch = torch_module()
     case, lens_a, lens_b, q_b = _graph_case(rng, h)
     cache = make_cache(case)
