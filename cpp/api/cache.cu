@@ -12,6 +12,7 @@
 
 #include "api/cache.h"
 #include "api/checks.h"
+#include "common/driver.h"
 
 namespace snapmla::api {
 namespace {
@@ -103,21 +104,10 @@ snapmla_status_t cache_bytes_of(const char* op, const char* layers_name, const c
   return SNAPMLA_SUCCESS;
 }
 
-// The driver's cuPointerGetAttribute, through the runtime's entry point (the library does not
-// link libcuda); nullptr where the driver does not give it.
+// The driver's cuPointerGetAttribute; nullptr where the driver does not give it.
 PFN_cuPointerGetAttribute_v4000 pointer_attribute_fn() {
-  static PFN_cuPointerGetAttribute_v4000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttribute", &p, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(p);
-    }
-    cudaGetLastError();
-  });
+  static const auto fn =
+      reinterpret_cast<PFN_cuPointerGetAttribute_v4000>(driver_function("cuPointerGetAttribute"));
   return fn;
 }
 

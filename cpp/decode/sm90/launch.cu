@@ -2,8 +2,8 @@
 #include <cudaTypedefs.h>
 
 #include <cstring>
-#include <mutex>
 
+#include "common/driver.h"
 #include "decode/decode.h"
 #include "decode/dispatch.h"
 #include "decode/sm90/traits.h"
@@ -19,17 +19,8 @@ cudaError_t run(const DecodeParams& p, const TensorMaps& maps, cudaStream_t stre
 namespace {
 
 PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
-                                         &q) == cudaSuccess &&
-        q == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    }
-  });
+  static const auto fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(
+      driver_function("cuTensorMapEncodeTiled"));
   return fn;
 }
 
