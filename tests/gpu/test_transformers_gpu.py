@@ -1,6 +1,6 @@
-"""snapmla.transformers on the GPU: randomly initialized DeepSeek-V3 models (128 heads,
-kv_lora_rank 512, RoPE 64, yarn; nothing downloaded), snapmla's FP8 cache and decode against
-the stock transformers model in BF16 and in fp32.
+"""snapmla.transformers on the GPU: randomly initialized DeepSeek-V3 models (128 heads, 32 for
+the two-term query's check; kv_lora_rank 512, RoPE 64, yarn; nothing downloaded), snapmla's FP8
+cache and decode against the stock transformers model in BF16 and in fp32.
 
 Bounds, from the numerics contract (snapmla.h):
 * The cache alone: a token's content is E4M3 with a per-token scale, rounding each element by at
