@@ -66,9 +66,9 @@ def _step(cache, q, bt, sl, plan, ws, c_kv, k_pe, slots):
     return out, lse
 
 
-def test_decode_step_compiles_fullgraph() -> None:
-    """Dynamo traces a whole step (no graph break); the GPU test compiles it with Inductor,
-    which also functionalizes the mutations, and checks it against eager."""
+def _trace(step: Any) -> Any:
+    """The one graph Dynamo traces of ``step`` (fullgraph) on fake CUDA step inputs, whose
+    outputs have decode's shapes and dtypes."""
     graphs = []
 
     def record(gm: Any, example_inputs: Any) -> Any:
@@ -77,11 +77,17 @@ def test_decode_step_compiles_fullgraph() -> None:
 
     torch._dynamo.reset()
     with FakeTensorMode():
-        x = _fake_step_inputs()
-        out, lse = torch.compile(_step, fullgraph=True, backend=record)(**x)
+        out, lse = torch.compile(step, fullgraph=True, backend=record)(**_fake_step_inputs())
         assert tuple(out.shape) == (2, 1, 16, 512) and out.dtype == torch.bfloat16
         assert tuple(lse.shape) == (2, 16, 1) and lse.dtype == torch.float32
-    code = graphs[0].code
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def test_decode_step_compiles_fullgraph() -> None:
+    """Dynamo traces a whole step (no graph break); the GPU test compiles it with Inductor,
+    which also functionalizes the mutations, and checks it against eager."""
+    code = _trace(_step).code
     order = [code.index(f"torch.ops.snapmla.{op}") for op in ("append", "plan", "decode")]
     assert order == sorted(order), code
 
@@ -407,27 +413,18 @@ def _step_x2(cache, q, bt, sl, plan, ws, c_kv, k_pe, slots):
 
 
 def test_fp8x2_step_compiles_fullgraph_with_the_precision_in_the_graph() -> None:
-    graphs = []
-
-    def record(gm: Any, example_inputs: Any) -> Any:
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with FakeTensorMode():
-        out, lse = torch.compile(_step_x2, fullgraph=True, backend=record)(**_fake_step_inputs())
-        assert tuple(out.shape) == (2, 1, 16, 512) and tuple(lse.shape) == (2, 16, 1)
+    graph = _trace(_step_x2)
     nodes = {
         n.target.__name__.split(".")[0]: n
-        for n in graphs[0].graph.nodes
+        for n in graph.graph.nodes
         if n.op == "call_function" and "snapmla" in str(n.target)
     }
-    assert set(nodes) == {"plan", "decode"}, graphs[0].code
+    assert set(nodes) == {"plan", "decode"}, graph.code
     for name, node in nodes.items():
         schema = getattr(torch.ops.snapmla, name).default._schema
         args = dict(zip((a.name for a in schema.arguments), node.args))
         args.update(node.kwargs)
-        assert args["q_precision"] == _args.Q_PRECISIONS["fp8x2"], (name, graphs[0].code)
+        assert args["q_precision"] == _args.Q_PRECISIONS["fp8x2"], (name, graph.code)
 
 
 def test_fake_ops_check_q_precision() -> None:
