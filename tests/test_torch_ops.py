@@ -34,6 +34,16 @@ def test_schema_mutates_exactly_the_outputs(name: str) -> None:
     assert not schema.returns, schema  # outputs are given: nothing aliases a new tensor
 
 
+@pytest.mark.parametrize("name", ["plan", "decode"])
+def test_schema_q_precision_is_a_trailing_int_defaulting_to_fp8(name: str) -> None:
+    """plan's and decode's last argument is ``int q_precision=0`` (snapmla_q_precision_t FP8):
+    calls without it keep their meaning."""
+    last = getattr(torch.ops.snapmla, name).default._schema.arguments[-1]
+    assert (last.name, str(last.type), last.default_value) == ("q_precision", "int", 0)
+    assert not last.kwarg_only
+    assert _args.Q_PRECISIONS == {"fp8": 0, "fp8x2": 1}
+
+
 def _fake_step_inputs(b: int = 2, h: int = 16, s_q: int = 1, max_pages: int = 4) -> dict[str, Any]:
     cuda = "cuda"
     return {
@@ -56,9 +66,9 @@ def _step(cache, q, bt, sl, plan, ws, c_kv, k_pe, slots):
     return out, lse
 
 
-def test_decode_step_compiles_fullgraph() -> None:
-    """Dynamo traces a whole step (no graph break); the GPU test compiles it with Inductor,
-    which also functionalizes the mutations, and checks it against eager."""
+def _trace(step: Any) -> Any:
+    """The one graph Dynamo traces of ``step`` (fullgraph) on fake CUDA step inputs, whose
+    outputs have decode's shapes and dtypes."""
     graphs = []
 
     def record(gm: Any, example_inputs: Any) -> Any:
@@ -67,11 +77,17 @@ def test_decode_step_compiles_fullgraph() -> None:
 
     torch._dynamo.reset()
     with FakeTensorMode():
-        x = _fake_step_inputs()
-        out, lse = torch.compile(_step, fullgraph=True, backend=record)(**x)
+        out, lse = torch.compile(step, fullgraph=True, backend=record)(**_fake_step_inputs())
         assert tuple(out.shape) == (2, 1, 16, 512) and out.dtype == torch.bfloat16
         assert tuple(lse.shape) == (2, 16, 1) and lse.dtype == torch.float32
-    code = graphs[0].code
+    assert len(graphs) == 1
+    return graphs[0]
+
+
+def test_decode_step_compiles_fullgraph() -> None:
+    """Dynamo traces a whole step (no graph break); the GPU test compiles it with Inductor,
+    which also functionalizes the mutations, and checks it against eager."""
+    code = _trace(_step).code
     order = [code.index(f"torch.ops.snapmla.{op}") for op in ("append", "plan", "decode")]
     assert order == sorted(order), code
 
@@ -288,7 +304,13 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
         "out": torch.zeros(1, 1, 16, 512, dtype=torch.bfloat16),
         "lse": torch.zeros(1, 16, 1, dtype=torch.float32),
     }
-    scalars = {"softmax_scale": 0.5, "causal": True, "kernel": 0, "num_sm_parts": 0}
+    scalars = {
+        "softmax_scale": 0.5,
+        "causal": True,
+        "kernel": 0,
+        "num_sm_parts": 0,
+        "q_precision": 0,
+    }
 
     def call(layer: int = 0, **changes: Any) -> None:
         t = {**tensors, **{k: v for k, v in changes.items() if k in tensors}}
@@ -307,6 +329,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
             s["causal"],
             s["kernel"],
             s["num_sm_parts"],
+            s["q_precision"],
         )
 
     call()
@@ -319,6 +342,7 @@ def test_decode_op_memo_keys_on_every_tensor_and_scalar(monkeypatch: pytest.Monk
         {"causal": False},
         {"kernel": 1},
         {"num_sm_parts": 7},
+        {"q_precision": 1},
         {"q": q.clone()},  # another address
         {"q": q.view(1, 16, 1, 576)},  # another shape
         {"q": torch.zeros(1, 1, 16, 1152, dtype=torch.bfloat16)[..., :576]},  # strides
@@ -365,7 +389,11 @@ def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
     )
     assert got[0] is out and got[1] is lse
     assert len(seen) == 1 and seen[0][1] == 2 and seen[0][7] is out and seen[0][8] is lse
-    assert seen[0][9:] == (0.5, True, _args.KERNELS["fast"], 0)
+    assert seen[0][9:] == (0.5, True, _args.KERNELS["fast"], 0, 0)
+    smt.decode(cache, 2, q, cache, cache, cache, cache, softmax_scale=0.5, q_precision="fp8x2",
+               out=out, lse=lse)  # fmt: skip
+    assert seen[-1][9:] == (0.5, True, _args.KERNELS["auto"], 0, _args.Q_PRECISIONS["fp8x2"])
+    del seen[1:]
     smt.append(cache, 1, q, q, q)
     assert len(seen) == 2 and seen[1] == (cache, 1, q, q, q)
 
@@ -373,3 +401,150 @@ def test_eager_calls_skip_the_dispatcher_only_where_nothing_needs_the_op(
     with pytest.raises(Exception) as refused:
         smt.append(cache, True, q, q, q)
     assert len(seen) == 2, refused.value
+
+
+# ------------------------------------------------------------------- the two-term query
+
+
+def _step_x2(cache, q, bt, sl, plan, ws, c_kv, k_pe, slots):
+    smt.plan(plan, sl, num_heads=q.shape[2], q_len=q.shape[1], max_pages=bt.shape[1],
+             q_precision="fp8x2")  # fmt: skip
+    return smt.decode(cache, 0, q, bt, sl, plan, ws, softmax_scale=0.1, q_precision="fp8x2")
+
+
+def test_fp8x2_step_compiles_fullgraph_with_the_precision_in_the_graph() -> None:
+    graph = _trace(_step_x2)
+    nodes = {
+        n.target.__name__.split(".")[0]: n
+        for n in graph.graph.nodes
+        if n.op == "call_function" and "snapmla" in str(n.target)
+    }
+    assert set(nodes) == {"plan", "decode"}, graph.code
+    for name, node in nodes.items():
+        schema = getattr(torch.ops.snapmla, name).default._schema
+        args = dict(zip((a.name for a in schema.arguments), node.args))
+        args.update(node.kwargs)
+        assert args["q_precision"] == _args.Q_PRECISIONS["fp8x2"], (name, graph.code)
+
+
+def test_fake_ops_check_q_precision() -> None:
+    with FakeTensorMode():
+        x = _fake_step_inputs()
+        out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 16, 1, dtype=torch.float32, device="cuda")
+        args = (x["cache"], 0, x["q"], x["bt"], x["sl"], x["plan"], x["ws"], out, lse, 0.1, True,
+                0, 0)  # fmt: skip
+        torch.ops.snapmla.decode(*args, 1)
+        torch.ops.snapmla.plan(x["plan"], x["sl"], 1, 16, 4, 0, 1)
+        for bad in (2, -1):
+            with pytest.raises(snapmla.SnapMLAError, match="argument 'q_precision'"):
+                torch.ops.snapmla.decode(*args, bad)
+            with pytest.raises(snapmla.SnapMLAError, match="argument 'q_precision'"):
+                torch.ops.snapmla.plan(x["plan"], x["sl"], 1, 16, 4, 0, bad)
+
+
+@pytest.mark.parametrize("bad", ["fp16", "FP8X2", 1, None])
+def test_functions_refuse_a_q_precision_by_name(bad: Any) -> None:
+    cache = torch.empty(1, 1, snapmla.PAGE_BYTES, dtype=torch.uint8)
+    sl = torch.zeros(1, dtype=torch.int32)
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16)
+    match = "argument 'q_precision': expected 'fp8' or 'fp8x2'"
+    with pytest.raises(snapmla.SnapMLAError, match=match):
+        smt.decode_buffers(1, num_heads=16, max_pages=1, q_precision=bad)
+    with pytest.raises(snapmla.SnapMLAError, match=match):
+        smt.plan(cache.view(-1), sl, num_heads=16, max_pages=1, q_precision=bad)
+    with pytest.raises(snapmla.SnapMLAError, match=match):
+        smt.decode(cache, 0, q, sl, sl, cache, cache, softmax_scale=0.1, q_precision=bad)
+
+
+def _c_sizes(b: int, q_len: int, h: int, max_pages: int, parts: int, precision: int):
+    ffi = _lib.ffi
+    plan_b, ws_b = ffi.new("size_t*"), ffi.new("size_t*")
+    config = _args.decode_config(b, q_len, h, max_pages, parts, precision)
+    _lib.check(_lib.lib().snapmla_decode_buffer_sizes(config, plan_b, ws_b), "sizes")
+    return int(plan_b[0]), int(ws_b[0])
+
+
+@pytest.mark.parametrize(("b", "q_len", "heads"), [(4, 1, 16), (3, 2, 16), (2, 1, 128)])
+def test_decode_buffers_are_sized_for_the_precision(b: int, q_len: int, heads: int) -> None:
+    """decode_buffers allocates what the C library asks for the precision (num_sm_parts
+    given: no GPU asked; fake CUDA tensors): the two-term query's workspace is larger."""
+    kw = dict(num_heads=heads, q_len=q_len, max_pages=64, num_sm_parts=66, device="cuda")
+    with FakeTensorMode():
+        got = {
+            p: tuple(t.shape[0] for t in smt.decode_buffers(b, **kw, q_precision=p))
+            for p in ("fp8", "fp8x2")
+        }
+        assert got["fp8"] == tuple(t.shape[0] for t in smt.decode_buffers(b, **kw))
+    want = {p: _c_sizes(b, q_len, heads, 64, 66, c) for p, c in _args.Q_PRECISIONS.items()}
+    assert got == want
+    assert want["fp8x2"][1] > want["fp8"][1], want
+
+
+class _Recorder:
+    """The library with its plan and decode calls recorded (and not run): the config each C
+    call received."""
+
+    def __init__(self) -> None:
+        self.real = _lib.lib()
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def _record(self, name: str, config: Any) -> None:
+        self.calls.append((name, config.q_precision, config.plan_bytes, config.workspace_bytes))
+
+    def snapmla_decode_buffer_sizes(self, config: Any, *rest: Any) -> int:
+        self._record("snapmla_decode_buffer_sizes", config)
+        return self.real.snapmla_decode_buffer_sizes(config, *rest)
+
+    def snapmla_decode_plan(self, config: Any, *rest: Any) -> int:
+        self._record("snapmla_decode_plan", config)
+        return 0
+
+    def snapmla_decode(self, handle: Any, config: Any, *rest: Any) -> int:
+        self._record("snapmla_decode", config)
+        return 0
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
+def test_plan_and_decode_pass_the_precision_to_the_c_config(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    """The real plan and decode ops (CPU tensors, the CUDA checks and the launches stubbed):
+    every C config they build carries the precision, the buffer sizes asked with it and the
+    buffers' real sizes; a workspace sized for the one-term query is refused for the two-term
+    one, naming 'workspace', before any launch."""
+    code = _args.Q_PRECISIONS[precision]
+    b, h, max_pages, parts = 3, 16, 4, 5
+    plan_bytes, ws_bytes = _c_sizes(b, 1, h, max_pages, parts, code)
+    fp8_ws_bytes = _c_sizes(b, 1, h, max_pages, parts, 0)[1]
+    recorder = _Recorder()
+    monkeypatch.setattr(_lib, "lib", lambda: recorder)
+    monkeypatch.setattr(smt, "_sizes", {})
+    monkeypatch.setattr(smt, "_decode_memo", {})
+    monkeypatch.setattr(smt, "_check", lambda *args, **kw: None)  # (CPU tensors)
+    monkeypatch.setattr(smt, "_handle", lambda cache: None)
+    monkeypatch.setattr(smt, "_stream_of", lambda index: None)
+    monkeypatch.setattr(smt, "_current_device", lambda: None)
+    plan = torch.zeros(plan_bytes, dtype=torch.uint8)
+    workspace = torch.zeros(ws_bytes, dtype=torch.uint8)
+    cache = torch.zeros(1, 1, snapmla.PAGE_BYTES, dtype=torch.uint8)
+    q = torch.zeros(b, 1, h, 576, dtype=torch.bfloat16)
+    bt = torch.zeros(b, max_pages, dtype=torch.int32)
+    sl = torch.zeros(b, dtype=torch.int32)
+    kw = dict(num_heads=h, max_pages=max_pages, num_sm_parts=parts, q_precision=precision)
+    smt.plan(plan, sl, **kw)
+    smt.decode(cache, 0, q, bt, sl, plan, workspace, softmax_scale=0.1, num_sm_parts=parts,
+               q_precision=precision)  # fmt: skip
+    assert recorder.calls == [
+        ("snapmla_decode_buffer_sizes", code, 0, 0),
+        ("snapmla_decode_plan", code, plan_bytes, 0),
+        ("snapmla_decode", code, plan_bytes, ws_bytes),
+    ]
+    if precision == "fp8x2":
+        del recorder.calls[:]
+        fp8_ws = torch.zeros(fp8_ws_bytes, dtype=torch.uint8)
+        assert fp8_ws.shape[0] < ws_bytes
+        with pytest.raises(snapmla.SnapMLAError, match="argument 'workspace': expected at least"):
+            smt.decode(cache, 0, q, bt, sl, plan, fp8_ws, softmax_scale=0.1, num_sm_parts=parts,
+                       q_precision=precision)  # fmt: skip
+        assert all(name != "snapmla_decode" for name, *_ in recorder.calls)

@@ -14,6 +14,7 @@ pytest.importorskip("transformers")
 import transformers  # noqa: E402
 from transformers import DynamicCache  # noqa: E402
 
+import snapmla  # noqa: E402
 import snapmla.transformers as smx  # noqa: E402
 from snapmla import reference as ref  # noqa: E402
 
@@ -472,3 +473,83 @@ def test_compileable_is_reported_from_the_backend():
         compileable = False
 
     assert not smx.SnapMLACache(ours, max_tokens=16, backend=Eager()).is_compileable
+
+
+# ------------------------------------------------------------------- the two-term query
+
+
+class _Calls:
+    """snapmla.torch's decode_buffers, plan and decode, recorded (no GPU)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict]] = []
+
+    def __getattr__(self, name: str):
+        def call(*args, **kwargs):
+            self.seen.append((name, kwargs))
+            if name == "decode_buffers":
+                return torch.zeros(1, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint8)
+            if name == "decode":
+                q = args[2]
+                return torch.zeros(*q.shape[:3], 512), torch.zeros(q.shape[0], q.shape[2], 1)
+            return None
+
+        return call
+
+
+@pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
+def test_backend_passes_the_precision_to_every_snapmla_torch_call(precision):
+    backend = smx.SnapMLABackend(q_precision=precision, kernel="fast")
+    calls = backend._smt = _Calls()
+    plan, ws = backend.decode_buffers(2, 16, 4, 1, torch.device("cpu"))
+    seqlens = torch.zeros(2, dtype=torch.int32)
+    backend.plan(plan, seqlens, 16, 4, 1)
+    q = torch.zeros(2, 1, 16, 576)
+    backend.decode(None, 0, q, None, seqlens, plan, ws, 0.1)
+    assert [name for name, _ in calls.seen] == ["decode_buffers", "plan", "decode"]
+    for name, kwargs in calls.seen:
+        assert kwargs["q_precision"] == precision, name
+    assert calls.seen[-1][1]["kernel"] == "fast"
+
+
+def test_prepare_refuses_fp8x2_past_the_fast_kernels_rows():
+    """fp8x2 with "auto" or "fast" runs up to the library's limit of query rows a request
+    (snapmla.decode.select_kernel): prepare refuses a model and max_decode_q_len past it,
+    naming the way out; "reference" takes every shape; fp8 is not limited."""
+    from snapmla.decode import DecodeConfig, select_kernel
+
+    def fast_ok(q_len, heads):
+        try:
+            select_kernel(DecodeConfig(1, q_len, heads, 1, 0, "fp8x2"))
+        except snapmla.SnapMLAError:
+            return False
+        return True
+
+    heads = 16
+    stock = _model(num_attention_heads=heads, num_key_value_heads=heads)
+    limit = max(s for s in range(1, 5) if fast_ok(s, heads))
+    assert limit < 4 and not fast_ok(limit + 1, heads)
+    for kernel in ("auto", "fast"):
+        with pytest.raises(ValueError, match=rf"max_decode_q_len <= {limit}, kernel='reference'"):
+            smx.prepare(copy.deepcopy(stock), kernel=kernel, q_precision="fp8x2",
+                        max_decode_q_len=limit + 1)  # fmt: skip
+    model = smx.prepare(copy.deepcopy(stock), q_precision="fp8x2", max_decode_q_len=limit)
+    assert model._snapmla.backend.q_precision == "fp8x2"
+    # A cache asking for longer decode steps than prepare's is refused the same way.
+    with pytest.raises(ValueError, match="q_precision='fp8x2' with kernel='auto'"):
+        smx.SnapMLACache(model, max_tokens=16, max_decode_q_len=limit + 1)
+    smx.SnapMLACache(model, max_tokens=16, max_decode_q_len=limit)
+    for kw in (dict(kernel="reference", q_precision="fp8x2"), dict(q_precision="fp8")):
+        smx.prepare(copy.deepcopy(stock), max_decode_q_len=4, **kw)
+    # A stand-in backend has no such limit.
+    smx.prepare(copy.deepcopy(stock), backend=smx.TorchBackend(), max_decode_q_len=4)
+
+
+def test_prepare_refuses_fp8x2_where_no_step_fits():
+    """With more heads than the fast kernels' rows, even one-token steps need "reference"."""
+    stock = _model(num_attention_heads=64, num_key_value_heads=64)
+    with pytest.raises(ValueError, match=r"max_decode_q_len=1 tokens of 64 heads") as refused:
+        smx.prepare(copy.deepcopy(stock), q_precision="fp8x2")
+    assert "max_decode_q_len <=" not in str(refused.value)
+    assert "argument 'kernel'" in str(refused.value)  # the library's reason
+    smx.prepare(copy.deepcopy(stock), q_precision="fp8x2", kernel="reference")

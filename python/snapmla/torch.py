@@ -22,6 +22,10 @@ implementations): ``append`` (mutates ``cache``), ``fetch_dequant`` (``c_kv``, `
 ``quantize_q`` (its three outputs), ``plan`` (``plan``), ``decode`` (``workspace``, ``out``,
 ``lse``). The functions of this module allocate missing outputs and call them.
 
+The two-term query (``snapmla.DecodePlan``'s ``q_precision="fp8x2"``): pass
+``q_precision="fp8x2"`` to ``decode_buffers``, ``plan`` and ``decode`` alike (the buffers are
+sized for it, the plan records it; a plan of another precision gives NaN rows).
+
 The cache tensor is the cache: the C handle over its memory is made on first use and kept,
 keyed by (address, layers, pages, device, page stride); ``release(cache)`` drops it. An
 engine that holds one tensor per layer passes each as a one-layer cache (``view(1, num_pages,
@@ -278,15 +282,19 @@ def release(cache: Tensor) -> bool:
 # Registered with torch.library.Library rather than torch.library.custom_op: the latter's
 # Python dispatch wrapper costs several times the host time of the whole call.
 # The real implementation is registered for CUDA and CPU (where it refuses the tensors by
-# name); the schemas state exactly which arguments each op writes.
+# name); the schemas state exactly which arguments each op writes. Enumerations are ints, as
+# the C library takes them: decode's ``kernel`` (snapmla_decode_kernel_t) and plan's and
+# decode's ``q_precision`` (snapmla_q_precision_t, 0 FP8 by default: schemas without it call
+# the same op); the public functions take their names. An int is a constant to Dynamo, so a
+# compiled graph holds the precision as it holds the kernel.
 
 _LIBRARY = torch.library.Library("snapmla", "DEF")
 SCHEMAS = {
     "append": "append(Tensor(a!) cache, SymInt layer, Tensor c_kv, Tensor k_pe, Tensor slots) -> ()",
     "fetch_dequant": "fetch_dequant(Tensor cache, SymInt layer, Tensor slots, Tensor(a!) c_kv, Tensor(b!) k_pe) -> ()",
     "quantize_q": "quantize_q(Tensor q, Tensor(a!) q_content, Tensor(b!) q_rope, Tensor(c!) q_scale) -> ()",
-    "plan": "plan(Tensor(a!) plan, Tensor cache_seqlens, SymInt q_len, SymInt num_heads, SymInt max_pages, SymInt num_sm_parts) -> ()",
-    "decode": "decode(Tensor cache, SymInt layer, Tensor q, Tensor block_table, Tensor cache_seqlens, Tensor plan, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, float softmax_scale, bool causal, SymInt kernel, SymInt num_sm_parts) -> ()",
+    "plan": "plan(Tensor(a!) plan, Tensor cache_seqlens, SymInt q_len, SymInt num_heads, SymInt max_pages, SymInt num_sm_parts, int q_precision=0) -> ()",
+    "decode": "decode(Tensor cache, SymInt layer, Tensor q, Tensor block_table, Tensor cache_seqlens, Tensor plan, Tensor(a!) workspace, Tensor(b!) out, Tensor(c!) lse, float softmax_scale, bool causal, SymInt kernel, SymInt num_sm_parts, int q_precision=0) -> ()",
 }
 for _schema in SCHEMAS.values():
     _LIBRARY.define(_schema)
@@ -462,8 +470,9 @@ _sizes: dict[tuple[int, ...], tuple[int, int]] = {}
 
 
 def _buffer_sizes(device: torch.device, *config_key: int) -> tuple[int, int]:
-    """(plan bytes, workspace bytes) of a config on ``device`` (the SM count matters when
-    num_sm_parts is 0), asked of the library once per config and device."""
+    """(plan bytes, workspace bytes) of a config (``_args.decode_config``'s first six
+    arguments: b, q_len, heads, max_pages, num_sm_parts, q_precision) on ``device`` (the SM
+    count matters when num_sm_parts is 0), asked of the library once per config and device."""
     key = (device.index, *config_key)
     sizes = _sizes.get(key)
     if sizes is None:
@@ -488,11 +497,15 @@ def decode_buffers(
     q_len: int = 1,
     num_sm_parts: int = 0,
     device: Any = None,
+    q_precision: str = "fp8",
 ) -> tuple[Tensor, Tensor]:
     """The plan and workspace of decode steps of up to ``batch_size`` requests, allocated by
     PyTorch (uint8, 1-D): they serve every batch size up to ``batch_size`` with the same
-    ``num_heads``, ``max_pages``, ``q_len`` and ``num_sm_parts``."""
+    ``num_heads``, ``max_pages``, ``q_len``, ``num_sm_parts`` and ``q_precision``.
+    ``q_precision``: ``"fp8"`` or ``"fp8x2"`` (the two-term query, ``snapmla.DecodePlan``'s
+    ``q_precision``; its workspace is larger); ``plan`` and ``decode`` take the same."""
     op = "snapmla.torch.decode_buffers"
+    precision = _args.q_precision_code(op, "q_precision", q_precision)
     if device is None:
         device = torch.device("cuda", torch.cuda.current_device())
     device = torch.device(device)
@@ -503,7 +516,7 @@ def decode_buffers(
         op, num_heads, q_len, max_pages, num_sm_parts
     )
     plan_bytes, workspace_bytes = _buffer_sizes(
-        device, batch_size, q_len, num_heads, max_pages, num_sm_parts
+        device, batch_size, q_len, num_heads, max_pages, num_sm_parts, precision
     )
     plan_t = torch.empty(max(plan_bytes, 1), dtype=torch.uint8, device=device)
     workspace = torch.empty(max(workspace_bytes, 1), dtype=torch.uint8, device=device)
@@ -521,8 +534,29 @@ def _check_buffer(op: str, name: str, t: Any, nbytes: int, device: torch.device)
         )
 
 
-def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor, *config: int) -> None:
-    """The plan op's tensors (its config is checked by the public ``plan`` and the C library)."""
+def _check_q_precision(op: str, code: int) -> None:
+    """An op's ``q_precision``: a snapmla_q_precision_t (the functions pass their names')."""
+    if code not in _Q_CODES:
+        expected = " or ".join(f"{c} ({name!r})" for name, c in _args.Q_PRECISIONS.items())
+        raise argument_error(op, "q_precision", expected, repr(code))
+
+
+_Q_CODES = frozenset(_args.Q_PRECISIONS.values())
+
+
+def _plan_checks(
+    op: str,
+    plan: Tensor,
+    cache_seqlens: Tensor,
+    q_len: int = 1,
+    num_heads: int = 1,
+    max_pages: int = 1,
+    num_sm_parts: int = 0,
+    q_precision: int = 0,
+) -> None:
+    """The plan op's tensors and precision (its other integers are checked by the public
+    ``plan`` and the C library)."""
+    _check_q_precision(op, q_precision)
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
     _args.check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
@@ -536,10 +570,11 @@ def _plan(
     num_heads: int,
     max_pages: int,
     num_sm_parts: int,
+    q_precision: int = 0,
 ) -> None:
     op = "snapmla.torch.plan"
-    _plan_checks(op, plan, cache_seqlens)
-    key = (cache_seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts)
+    _plan_checks(op, plan, cache_seqlens, q_precision=q_precision)
+    key = (cache_seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts, q_precision)
     _no_overlap(op, {"plan": plan}, {"cache_seqlens": cache_seqlens})
     device = cache_seqlens.device
     with _on_device(device.index):
@@ -547,7 +582,7 @@ def _plan(
         _check_buffer(op, "plan", plan, _buffer_sizes(device, *key)[0], device)
         _lib.check(
             _lib.lib().snapmla_decode_plan(
-                _args.decode_config(*key, 0, plan.shape[0]),  # (fp8; the plan's real size)
+                _args.decode_config(*key, plan.shape[0]),  # (the plan's real size)
                 _ptr(cache_seqlens, "const int32_t*"),
                 _ptr(plan, "void*"),
                 _stream(device),
@@ -557,9 +592,11 @@ def _plan(
 
 
 def _decode_checks(op: str, *args: Any) -> tuple[int, int, int, int]:
-    """(b, s_q, h, max_pages) of a decode call; ``args``: the op's, the tensors checked (the
-    scalars are the C library's to check)."""
+    """(b, s_q, h, max_pages) of a decode call; ``args``: the op's, the tensors and the
+    precision checked (the other scalars are the C library's to check)."""
     cache, _layer, q, block_table, cache_seqlens, plan, workspace, out, lse = args[:9]
+    if len(args) > 13:
+        _check_q_precision(op, args[13])
     _check_cache(op, cache)
     d = cache.device
     _check(op, "q", q, (torch.bfloat16,), (None, None, None, HEAD_DIM), inner=True, device=d)
@@ -595,6 +632,7 @@ def _decode(
     causal: bool,
     kernel: int,
     num_sm_parts: int,
+    q_precision: int = 0,
 ) -> None:
     # The call memo (host time): every check (_decode_prepare) is a function of
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
@@ -610,6 +648,7 @@ def _decode(
         causal,
         kernel,
         num_sm_parts,
+        q_precision,
         cache.data_ptr(), cache.shape, cache.is_contiguous(), cache.dtype, cache.get_device(),
         q.data_ptr(), q.shape, q.stride(), q.dtype, q.get_device(),
         block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
@@ -633,6 +672,7 @@ def _decode(
             causal,
             kernel,
             num_sm_parts,
+            q_precision,
         )
         index = cache.device.index
         prepared = (args, _args.decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
@@ -662,10 +702,12 @@ def _decode_prepare(
     causal: bool,
     kernel: int,
     num_sm_parts: int,
+    q_precision: int,
 ) -> tuple[Any, tuple[int, ...], Any, Any]:
     """Every check of a decode op call, then its packed C arguments, config key (``decode_config``'s
     arguments) and buffer pointers."""
     cache, q, block_table, cache_seqlens, plan, workspace, out, lse = tensors
+    _check_q_precision(op, q_precision)
     b, s_q, h, max_pages = _decode_checks(
         op, cache, layer, q, block_table, cache_seqlens, plan, workspace, out, lse
     )
@@ -680,7 +722,7 @@ def _decode_prepare(
             "plan": plan,
         },
     )
-    key = (b, s_q, h, max_pages, num_sm_parts)
+    key = (b, s_q, h, max_pages, num_sm_parts, q_precision)
     device = cache.device
     plan_bytes, workspace_bytes = _buffer_sizes(device, *key)  # (on the device itself)
     _check_buffer(op, "plan", plan, plan_bytes, device)
@@ -699,8 +741,8 @@ def _decode_prepare(
         lse.data_ptr(),
         out_dtype=_args.OUT_DTYPES["float32" if out.dtype == torch.float32 else "bfloat16"],
     )
-    # the config with the buffers' real sizes (fp8 query), which the library checks too
-    return args, (*key, 0, plan.shape[0], workspace.shape[0]), _ptr(plan), _ptr(workspace, "void*")
+    # the config with the buffers' real sizes, which the library checks too
+    return args, (*key, plan.shape[0], workspace.shape[0]), _ptr(plan), _ptr(workspace, "void*")
 
 
 for _name, _checks in (
@@ -787,17 +829,23 @@ def plan(
     max_pages: int,
     q_len: int = 1,
     num_sm_parts: int = 0,
+    q_precision: str = "fp8",
 ) -> None:
     """Build the step's split-KV schedule into ``plan`` (from ``decode_buffers``) from
     ``cache_seqlens`` (int32 ``[b]``: context lengths including the new tokens); one small
-    launch, no host synchronization."""
+    launch, no host synchronization. ``q_precision``: the buffers' (``decode_buffers``); the
+    plan records it, and ``decode`` must pass it too."""
+    op = "snapmla.torch.plan"
     num_heads, q_len, max_pages, num_sm_parts = _args.check_config(
-        "snapmla.torch.plan", num_heads, q_len, max_pages, num_sm_parts
+        op, num_heads, q_len, max_pages, num_sm_parts
     )
+    precision = _args.q_precision_code(op, "q_precision", q_precision)
     if _eager(plan, cache_seqlens):
-        _plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
+        _plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts, precision)
     else:
-        torch.ops.snapmla.plan(plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts)
+        torch.ops.snapmla.plan(
+            plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts, precision
+        )
 
 
 def decode(
@@ -816,6 +864,7 @@ def decode(
     out: Tensor | None = None,
     lse: Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    q_precision: str = "fp8",
 ) -> tuple[Tensor, Tensor]:
     """FP8 MLA decode of one layer (``snapmla.decode``'s contract) with a plan built by
     ``plan`` for the same ``cache_seqlens``: ``q`` BF16 ``[b, s_q, h, 576]``, ``block_table``
@@ -824,9 +873,13 @@ def decode(
     ``out`` may also be fp32: the values the BF16 output rounds, unrounded
     (``snapmla.decode``'s ``out``). ``out_dtype``: ``torch.bfloat16`` or ``torch.float32``, the
     dtype of an ``out`` allocated here; with ``out`` given, ``None`` (the default: bfloat16)
-    or ``out``'s dtype."""
+    or ``out``'s dtype. ``q_precision``: ``"fp8"`` or ``"fp8x2"``, that of the plan and
+    workspace (``decode_buffers``, ``plan``); ``"fp8x2"`` runs where ``select_kernel`` of
+    ``snapmla.decode`` allows it (``"auto"`` and ``"fast"`` up to ``s_q * h = 32`` query
+    rows, ``"reference"`` everywhere), else the library refuses it naming ``kernel``."""
     op = "snapmla.torch.decode"
     code = _args.kernel_code(op, kernel)
+    precision = _args.q_precision_code(op, "q_precision", q_precision)
     if out_dtype is not None and out_dtype not in _OUT_DTYPES:
         raise argument_error(
             op, "out_dtype", "torch.bfloat16, torch.float32 or None", repr(out_dtype)
@@ -857,5 +910,6 @@ def decode(
         bool(causal),
         code,
         num_sm_parts,
+        precision,
     )
     return out, lse

@@ -61,7 +61,6 @@ The backend seam: every call that touches the GPU library goes through one objec
 
 from __future__ import annotations
 
-import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -104,8 +103,10 @@ def _compiling() -> bool:
 class SnapMLABackend:
     """The GPU library's calls, through ``snapmla.torch``: ``kernel`` ``"auto"``, ``"fast"`` or
     ``"reference"``; ``q_precision`` ``"fp8"`` (the contract's query) or ``"fp8x2"`` (the
-    two-term query, where ``snapmla.torch.decode`` takes it); ``out_dtype`` of the latent
-    output (``None``: fp32 for an fp32 model, else BF16)."""
+    two-term query: about half the query's rounding error; ``"auto"`` and ``"fast"`` run it up
+    to the library's limit of query rows a request, ``max_decode_q_len * num_heads``, which
+    :meth:`check_decode_shape` enforces, and ``"reference"`` everywhere); ``out_dtype`` of the
+    latent output (``None``: fp32 for an fp32 model, else BF16)."""
 
     compileable = True
     kv_dtype = torch.bfloat16
@@ -124,18 +125,6 @@ class SnapMLABackend:
             raise ValueError(f"kernel: 'auto', 'fast' or 'reference', got {kernel!r}")
         if q_precision not in ("fp8", "fp8x2"):
             raise ValueError(f"q_precision: 'fp8' or 'fp8x2', got {q_precision!r}")
-        self._q_kwargs: dict[str, Any] = {}
-        if q_precision != "fp8":
-            takes = {
-                name: "q_precision" in inspect.signature(getattr(smt, name)).parameters
-                for name in ("decode", "plan", "decode_buffers")
-            }
-            if not all(takes.values()):
-                raise NotImplementedError(
-                    "q_precision='fp8x2': this snapmla.torch has no q_precision argument on "
-                    + ", ".join(n for n, ok in takes.items() if not ok)
-                )
-            self._q_kwargs = {"q_precision": q_precision}
         if out_dtype not in (None, torch.bfloat16, torch.float32):
             raise ValueError(f"out_dtype: torch.bfloat16, torch.float32 or None, got {out_dtype}")
         self._smt = smt
@@ -143,6 +132,35 @@ class SnapMLABackend:
         self.q_precision = q_precision
         self.num_sm_parts = num_sm_parts
         self.out_dtype = out_dtype
+
+    def check_decode_shape(self, num_heads: int, max_q_len: int) -> None:
+        """Refuse (``ValueError``) decode steps of up to ``max_q_len`` new tokens of
+        ``num_heads`` heads that this backend's kernel option cannot run with its query
+        precision, as the library decides (``snapmla.decode.select_kernel``; no device)."""
+        from snapmla import SnapMLAError
+        from snapmla.decode import DecodeConfig, select_kernel
+
+        def refusal(q_len: int) -> str | None:
+            config = DecodeConfig(1, q_len, num_heads, 1, 0, self.q_precision)
+            try:
+                select_kernel(config, self.kernel, "snapmla.decode.select_kernel")
+            except SnapMLAError as exc:
+                if exc.argument != "kernel":
+                    raise
+                return str(exc)
+            return None
+
+        refused = refusal(max_q_len)
+        if refused is None:
+            return
+        fits = [q_len for q_len in range(1, max_q_len) if refusal(q_len) is None]
+        fix = f"max_decode_q_len <= {fits[-1]}, " if fits else ""
+        raise ValueError(
+            f"snapmla.transformers: q_precision={self.q_precision!r} with kernel="
+            f"{self.kernel!r} cannot decode steps of max_decode_q_len={max_q_len} tokens of "
+            f"{num_heads} heads ({refused}); pass {fix}kernel='reference' (the two-term query "
+            "at any shape, several times slower) or q_precision='fp8'"
+        )
 
     def empty_cache(self, num_layers: int, num_pages: int, device: torch.device) -> Tensor:
         return self._smt.empty_cache(num_layers, num_pages, device=device)
@@ -163,7 +181,7 @@ class SnapMLABackend:
             q_len=q_len,
             num_sm_parts=self.num_sm_parts,
             device=device,
-            **self._q_kwargs,
+            q_precision=self.q_precision,
         )
 
     def plan(
@@ -176,7 +194,7 @@ class SnapMLABackend:
             max_pages=max_pages,
             q_len=q_len,
             num_sm_parts=self.num_sm_parts,
-            **self._q_kwargs,
+            q_precision=self.q_precision,
         )
 
     def decode(
@@ -206,7 +224,7 @@ class SnapMLABackend:
             kernel=self.kernel,
             num_sm_parts=self.num_sm_parts,
             out_dtype=out_dtype,
-            **self._q_kwargs,
+            q_precision=self.q_precision,
         )
         return out
 
@@ -504,6 +522,7 @@ class SnapMLACache(Cache):
         self.max_decode_q_len = _check_q_len(
             settings.max_decode_q_len if max_decode_q_len is None else max_decode_q_len
         )
+        _check_decode_shape(self.backend, settings.num_heads, self.max_decode_q_len)
         self.pages_per_request = -(-max_tokens // PAGE_SIZE)
         self.capacity = self.pages_per_request * PAGE_SIZE
         self.num_heads = settings.num_heads
@@ -708,6 +727,14 @@ def _validity(attention_mask: Any, batch: int, q_len: int) -> Tensor | None:
             f"{batch} requests x {q_len} new tokens"
         )
     return attention_mask[:, -q_len:]
+
+
+def _check_decode_shape(backend: Any, num_heads: int, max_q_len: int) -> None:
+    """The backend's refusal of decode steps it cannot run (a backend without the check runs
+    every shape)."""
+    check = getattr(backend, "check_decode_shape", None)
+    if check is not None:
+        check(num_heads, max_q_len)
 
 
 def _check_q_len(q_len: Any) -> int:
@@ -951,7 +978,9 @@ def prepare(
     ``backend``: the GPU library (:class:`SnapMLABackend` with ``kernel`` and ``q_precision``,
     the default) or a stand-in such as :class:`TorchBackend`; ``max_decode_q_len``: steps of up
     to this many new tokens per request (1..4) take snapmla's decode, longer ones the prefill
-    path. :func:`restore` undoes it."""
+    path. ``q_precision="fp8x2"`` (the two-term query) with ``kernel`` ``"auto"`` or ``"fast"``
+    is refused here where ``max_decode_q_len * num_heads`` passes the library's limit for
+    those kernels (``SnapMLABackend.check_decode_shape``). :func:`restore` undoes it."""
     if getattr(model, "_snapmla", None) is not None:
         raise ValueError("snapmla.transformers.prepare: the model is prepared already")
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
@@ -960,8 +989,9 @@ def prepare(
     found = _find_modules(model)
     if backend is None:
         backend = SnapMLABackend(kernel=kernel, q_precision=q_precision)
-    _register()
     first = found[0][0]
+    _check_decode_shape(backend, first.num_heads, max_decode_q_len)
+    _register()
     settings = _Settings(
         backend=backend,
         max_tokens=max_tokens,

@@ -21,6 +21,7 @@ from _util import (
 
 import snapmla
 from snapmla import reference as ref
+from snapmla._args import KERNELS
 
 pytestmark = pytest.mark.gpu
 
@@ -109,6 +110,86 @@ def test_decode_fp32_out(rng: np.random.Generator, kernel: str) -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("seqlens", "heads", "q_len", "kernel"),
+    [
+        ([1, 63, 64, 65], 16, 1, "auto"),  # the fast kernel: 16 query rows a request
+        ([700, 0, 130, 64], 32, 1, "auto"),  # 32 rows: the fast kernel's limit
+        ([200, 64, 5, 129], 16, 2, "fast"),
+        ([700, 0, 130], 128, 1, "reference"),  # past 32 rows: the reference kernel only
+    ],
+)
+def test_fp8x2_decode_matches_the_generic_api_bit_for_bit(
+    rng: np.random.Generator, seqlens: list[int], heads: int, q_len: int, kernel: str
+) -> None:
+    """q_precision="fp8x2" through decode_buffers, plan and decode: the buffers the generic
+    DecodePlan(q_precision="fp8x2") sizes, and its decode's out and lse bit for bit; the
+    one-term call on the same memory gives other values (the low rows are used)."""
+    case, cache, q, bt, sl = _torch_case(rng, seqlens, heads, q_len)
+    kv = snapmla.KVCache(case.num_layers, case.num_pages, buffer=cache.view(-1))
+    generic = make_plan(case, sl, q_precision="fp8x2")
+    want_out, want_lse = poisoned_outputs(len(seqlens), q_len, heads)
+    snapmla.decode(
+        kv, 1, q, bt, sl, generic, softmax_scale=SM_SCALE, out=want_out, lse=want_lse,
+        kernel=kernel,
+    )  # fmt: skip
+    kw = dict(num_heads=heads, q_len=q_len, max_pages=case.max_pages)
+    plan, workspace = smt.decode_buffers(len(seqlens), **kw, q_precision="fp8x2")
+    assert (plan.shape[0], workspace.shape[0]) == (
+        max(generic.plan_bytes, 1),
+        max(generic.workspace_bytes, 1),
+    )
+    smt.plan(plan, sl, **kw, q_precision="fp8x2")
+    args = (cache, 1, q, bt, sl, plan, workspace)
+    out, lse = smt.decode(*args, softmax_scale=SM_SCALE, kernel=kernel, q_precision="fp8x2")
+    synchronize()
+    assert torch.equal(out.view(torch.int16), want_out.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), want_lse.view(torch.int32))
+    assert torch.isfinite(out[torch.from_numpy(np.asarray(seqlens) > 0)].float()).all()
+    one_plan, one_ws = smt.decode_buffers(len(seqlens), **kw)
+    smt.plan(one_plan, sl, **kw)
+    one, _ = smt.decode(
+        cache, 1, q, bt, sl, one_plan, one_ws, softmax_scale=SM_SCALE, kernel=kernel
+    )
+    synchronize()
+    seen = torch.from_numpy(np.asarray(seqlens) > 0)
+    assert not torch.equal(one[seen], out[seen]), "the two-term query changed nothing"
+    code = KERNELS[kernel]
+    torch.library.opcheck(
+        torch.ops.snapmla.plan.default, (plan, sl, q_len, heads, case.max_pages, 0, 1)
+    )
+    torch.library.opcheck(
+        torch.ops.snapmla.decode.default, (*args, out, lse, SM_SCALE, True, code, 0, 1)
+    )
+
+
+def test_fp8x2_refusals_and_a_plan_of_the_other_precision(rng: np.random.Generator) -> None:
+    """fp8x2 past the fast kernel's rows with kernel "auto" is refused naming 'kernel'; a
+    workspace sized for fp8 is refused for fp8x2 naming 'workspace'; a plan built for fp8 and
+    decoded as fp8x2 (buffers large enough) gives NaN rows, as the library documents.
+    Refused calls write nothing."""
+    case, cache, q, bt, sl = _torch_case(rng, [100, 300], 128)
+    kw = dict(num_heads=128, max_pages=case.max_pages)
+    plan, workspace = smt.decode_buffers(2, **kw, q_precision="fp8x2")
+    smt.plan(plan, sl, **kw, q_precision="fp8x2")
+    out, lse = poisoned_outputs(2, 1, 128)
+    args = (cache, 0, q, bt, sl, plan, workspace)
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'kernel'"):
+        smt.decode(*args, softmax_scale=SM_SCALE, q_precision="fp8x2", out=out, lse=lse)
+    _, fp8_ws = smt.decode_buffers(2, **kw)
+    assert fp8_ws.shape[0] < workspace.shape[0]
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'workspace'"):
+        smt.decode(cache, 0, q, bt, sl, plan, fp8_ws, softmax_scale=SM_SCALE,
+                   kernel="reference", q_precision="fp8x2", out=out, lse=lse)  # fmt: skip
+    synchronize()
+    assert torch.isnan(out.float()).all() and torch.isnan(lse).all(), "a refused call wrote"
+    smt.plan(plan, sl, **kw)  # an fp8 plan in the fp8x2 buffers
+    smt.decode(*args, softmax_scale=SM_SCALE, kernel="reference", q_precision="fp8x2",
+               out=out, lse=lse)  # fmt: skip
+    synchronize()
+    assert torch.isnan(out.float()).all() and torch.isnan(lse).all()
+
+
 def test_append_fetch_quantize_match_the_generic_api(rng: np.random.Generator) -> None:
     case, cache, _, _, _ = _torch_case(rng, [100, 40], 16)
     n = 37
@@ -171,18 +252,23 @@ def test_opcheck_every_op(rng: np.random.Generator) -> None:
     torch.library.opcheck(ops.quantize_q.default, (qq, *raw))
 
 
-def _step(cache, layers, q, bt, sl, plan, workspace, c_kv, k_pe, slots, max_pages):
+def _step(cache, layers, q, bt, sl, plan, workspace, c_kv, k_pe, slots, max_pages, precision):
     """A decode step of ``layers`` layers: append the new tokens, plan, decode each layer."""
     outs = []
-    smt.plan(plan, sl, num_heads=q.shape[3], q_len=q.shape[2], max_pages=max_pages)
+    smt.plan(plan, sl, num_heads=q.shape[3], q_len=q.shape[2], max_pages=max_pages,
+             q_precision=precision)  # fmt: skip
     for layer in range(layers):
         smt.append(cache, layer, c_kv[layer], k_pe[layer], slots)
-        out, _ = smt.decode(cache, layer, q[layer], bt, sl, plan, workspace, softmax_scale=SM_SCALE)
+        out, _ = smt.decode(cache, layer, q[layer], bt, sl, plan, workspace,
+                            softmax_scale=SM_SCALE, q_precision=precision)  # fmt: skip
         outs.append(out)
     return torch.stack(outs)
 
 
-def test_compile_fullgraph_and_cuda_graph_match_eager(rng: np.random.Generator) -> None:
+@pytest.mark.parametrize("precision", ["fp8", "fp8x2"])
+def test_compile_fullgraph_and_cuda_graph_match_eager(
+    rng: np.random.Generator, precision: str
+) -> None:
     layers, b, h = 4, 3, 16
     case = make_case(rng, [130, 64, 1], num_heads=h, num_layers=layers)
     cache = smt.empty_cache(layers, case.num_pages, device="cuda")
@@ -198,8 +284,11 @@ def test_compile_fullgraph_and_cuda_graph_match_eager(rng: np.random.Generator) 
     c_kv = to_torch(ref_rows(rng, (layers, b, 512)))
     k_pe = to_torch(ref_rows(rng, (layers, b, 64)))
     q = to_torch(ref_rows(rng, (layers, b, 1, h, 576)))
-    plan, workspace = smt.decode_buffers(8, num_heads=h, max_pages=case.max_pages)  # padded size
-    args = (cache, layers, q, bt, sl, plan, workspace, c_kv, k_pe, slots, case.max_pages)
+    plan, workspace = smt.decode_buffers(
+        8, num_heads=h, max_pages=case.max_pages, q_precision=precision
+    )  # a padded batch
+    args = (cache, layers, q, bt, sl, plan, workspace, c_kv, k_pe, slots, case.max_pages,
+            precision)  # fmt: skip
 
     cache.view(-1).copy_(image)
     eager = _step(*args)

@@ -1,6 +1,6 @@
-"""snapmla.transformers on the GPU: randomly initialized DeepSeek-V3 models (128 heads,
-kv_lora_rank 512, RoPE 64, yarn; nothing downloaded), snapmla's FP8 cache and decode against
-the stock transformers model in BF16 and in fp32.
+"""snapmla.transformers on the GPU: randomly initialized DeepSeek-V3 models (128 heads, 32 for
+the two-term query's check; kv_lora_rank 512, RoPE 64, yarn; nothing downloaded), snapmla's FP8
+cache and decode against the stock transformers model in BF16 and in fp32.
 
 Bounds, from the numerics contract (snapmla.h):
 * The cache alone: a token's content is E4M3 with a per-token scale, rounding each element by at
@@ -44,9 +44,13 @@ AGREE_FP8 = 0.9  # teacher-forced argmax agreement with fp32 stock, FP8 path
 AGREE_BF16_SLACK = 0.05  # the FP8 path may trail stock BF16's agreement by this much
 
 
-def _config(moe: bool = False, layers: int = 3) -> "transformers.DeepseekV3Config":
+def _config(
+    moe: bool = False, layers: int = 3, heads: int = 128
+) -> "transformers.DeepseekV3Config":
     kw = dict(
         vocab_size=VOCAB,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
         hidden_size=512,
         intermediate_size=1024,
         num_hidden_layers=layers,
@@ -155,6 +159,41 @@ def test_teacher_forced_logits_against_stock(base, kernel):
     agree = (logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     agree_bf = (bf_logits.argmax(-1) == ref_logits.argmax(-1)).float().mean().item()
     assert agree >= min(AGREE_FP8, agree_bf - AGREE_BF16_SLACK), (agree, agree_bf)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_fp8x2_query_is_closer_to_fp32_stock(dtype):
+    """q_precision="fp8x2" (the two-term query) at 32 heads, one token a step (32 query rows:
+    "auto" runs the fast kernel): the teacher-forced logits are closer to the fp32 stock
+    model than the one-term query's, and so is the attention output summed over the layers
+    (the query's FP8 rounding, about 2^-6 of the logits' content part, drops to about 2^-10;
+    the cache's and P's roundings stay), within the one-term budget. In a BF16 model and in an
+    fp32 one (fp32 latent output: only snapmla's roundings remain)."""
+    torch.manual_seed(0)
+    base = transformers.DeepseekV3ForCausalLM(_config(heads=32)).eval()
+    prompt, steps = 130, 40
+    ids, mask = _inputs([130, 90, 127], steps)
+    ref_logits, ref_attn = _teacher_forced(_stock(base, torch.float32), ids, mask,
+                                           DynamicCache(config=base.config), prompt)  # fmt: skip
+    err_bf = 0.0  # the stock model's own error in this dtype
+    if dtype != torch.float32:
+        bf_logits, _ = _teacher_forced(_stock(base, dtype), ids, mask,
+                                       DynamicCache(config=base.config), prompt)  # fmt: skip
+        err_bf = _rel(bf_logits, ref_logits)
+    logits_err, attn_err = {}, {}
+    for precision in ("fp8", "fp8x2"):
+        model = _prepared(base, dtype, q_precision=precision)
+        assert model._snapmla.backend.q_precision == precision
+        cache = smx.SnapMLACache(model, max_tokens=prompt + steps)
+        logits, attn = _teacher_forced(model, ids, mask, cache, prompt)
+        cache.check()
+        assert torch.isfinite(logits).all(), precision
+        logits_err[precision] = _rel(logits, ref_logits)
+        attn_err[precision] = [_rel(attn[i], ref_attn[i]) for i in sorted(ref_attn)]
+        assert logits_err[precision] <= err_bf + LOGIT_BOUND, (precision, logits_err, err_bf)
+    report = f"logits {logits_err}, per-layer attention {attn_err}, stock {dtype}: {err_bf:.4f}"
+    assert logits_err["fp8x2"] < logits_err["fp8"], report
+    assert sum(attn_err["fp8x2"]) < sum(attn_err["fp8"]), report
 
 
 def test_cache_holds_the_round_trip_of_the_stock_latents(base):
