@@ -215,6 +215,8 @@ static void gpu_checks(void) {
   CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_SUCCESS, "sizes");
   cudaMalloc(&plan, plan_bytes);
   cudaMalloc(&ws, ws_bytes);
+  dc.plan_bytes = plan_bytes; /* the plan and decode calls refuse buffers too small */
+  dc.workspace_bytes = ws_bytes;
   cudaMalloc(&d_q, kHeads * 576 * 2);
   cudaMalloc(&d_out, kHeads * 512 * 2);
   cudaMalloc((void**)&d_lse, sizeof(h_lse));
