@@ -35,7 +35,7 @@ columns of that mask, so padding tokens are never cached and each request's leng
 positions (transformers' ``position_ids``, the mask's cumulative sum) count its own tokens.
 Padding may appear only before a request's first token, as ``generate`` puts it.
 
-Model types (transformers 5.15 to 5.x; every one is checked: ``kv_lora_rank`` 512,
+Model types (transformers 5.17 to 5.25, the releases tested; every one is checked: ``kv_lora_rank`` 512,
 ``qk_rope_head_dim`` 64, 1 to 128 heads):
 
 * ``deepseek_v3`` (``DeepseekV3Attention``; RoPE interleaved or not, per
@@ -746,9 +746,18 @@ def _check_q_len(q_len: Any) -> int:
 # ----------------------------------------------------------------- the attention forward
 
 
+# The cache argument's names across transformers 5.x (5.25 renames past_key_values to cache).
+_CACHE_NAMES = ("past_key_values", "cache")
+
+
 def _argument(args: tuple, kwargs: dict, order: tuple[str, ...], name: str) -> Any:
     i = order.index(name)
-    return args[i] if len(args) > i else kwargs.get(name)
+    if len(args) > i:
+        return args[i]
+    for alias in _CACHE_NAMES if name == "past_key_values" else (name,):
+        if alias in kwargs:
+            return kwargs[alias]
+    return None
 
 
 def _mla_forward(self: Any, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -1043,7 +1052,7 @@ def _generate(model: Any, *args: Any, **kwargs: Any) -> Any:
             "snapmla.transformers: beam search (num_beams > 1) reorders cache rows, which "
             "SnapMLACache does not do; use greedy decoding or sampling"
         )
-    cache = kwargs.get("past_key_values")
+    cache = next((kwargs[n] for n in _CACHE_NAMES if kwargs.get(n) is not None), None)
     if cache is None and option("use_cache") is not False:
         inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
         if not isinstance(inputs, Tensor):
