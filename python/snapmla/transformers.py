@@ -35,8 +35,8 @@ columns of that mask, so padding tokens are never cached and each request's leng
 positions (transformers' ``position_ids``, the mask's cumulative sum) count its own tokens.
 Padding may appear only before a request's first token, as ``generate`` puts it.
 
-Model types (transformers 5.17 to 5.25, the releases tested; every one is checked: ``kv_lora_rank`` 512,
-``qk_rope_head_dim`` 64, 1 to 128 heads):
+Model types (transformers 5.17 to 5.25, the releases tested; every one is checked:
+``kv_lora_rank`` 512, ``qk_rope_head_dim`` 64, 1 to 128 heads):
 
 * ``deepseek_v3`` (``DeepseekV3Attention``; RoPE interleaved or not, per
   ``config.rope_interleave``), and what embeds it: ``kimi_k25`` (its language model is a
