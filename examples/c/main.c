@@ -1,5 +1,7 @@
 /* snapmla from C: version and error handling, a cache on caller memory, and (with a CUDA
- * toolkit and a Hopper GPU, run with --gpu) append -> fetch-dequant -> decode.
+ * toolkit and a Hopper GPU, run with --gpu) append -> fetch-dequant -> decode; with --devices,
+ * the same small decode on every visible device from one thread, the outputs compared byte for
+ * byte, and (with two or more devices) a cache of device 0 refused for calls on device 1.
  * Prints "N passed, M failed" and exits non-zero on any failure. */
 #include <math.h>
 #include <snapmla/snapmla.h>
@@ -268,16 +270,217 @@ static void gpu_checks(void) {
   free(h_q);
   free(h_out);
 }
+/* --devices: one decode per device, its stages interleaved across the devices. */
+enum { kDevTokens = 100, kDevHeads = 16, kDevMaxDevices = 64 };
+
+typedef struct device_run {
+  snapmla_cache_t cache;
+  void *ckv, *kpe, *q, *out, *plan, *ws;
+  int64_t* slots;
+  int32_t *table, *len;
+  float* lse;
+} device_run_t;
+
+static snapmla_decode_args_t decode_args_of(const device_run_t* r) {
+  snapmla_decode_args_t args = SNAPMLA_DECODE_ARGS_INIT;
+  args.softmax_scale = 1.0f / sqrtf(192.0f);
+  args.q = r->q;
+  args.q_stride_batch = kDevHeads * 576;
+  args.q_stride_token = kDevHeads * 576;
+  args.q_stride_head = 576;
+  args.block_table = r->table;
+  args.block_table_stride = 2;
+  args.cache_seqlens = r->len;
+  args.out = r->out;
+  args.lse = r->lse;
+  return args;
+}
+
+static void devices_checks(void) {
+  const size_t ckv_bytes = kDevTokens * 512 * 2, kpe_bytes = kDevTokens * 64 * 2;
+  const size_t q_bytes = kDevHeads * 576 * 2, out_bytes = kDevHeads * 512 * 2;
+  uint16_t *h_ckv, *h_kpe, *h_q, *h_out;
+  float* h_lse;
+  int64_t h_slots[kDevTokens];
+  int32_t h_table[2] = {1, 0}, h_len = kDevTokens;
+  device_run_t* runs;
+  snapmla_decode_config_t dc = SNAPMLA_DECODE_CONFIG_INIT;
+  snapmla_decode_args_t args;
+  size_t plan_bytes = 0, ws_bytes = 0;
+  int count = 0, d, i, same = 1, finite = 1;
+
+  CHECK(cudaGetDeviceCount(&count) == cudaSuccess && count >= 1, "CUDA devices: %d", count);
+  if (count < 1) return;
+  if (count > kDevMaxDevices) count = kDevMaxDevices;
+  printf("devices: %d\n", count);
+  runs = (device_run_t*)calloc((size_t)count, sizeof(device_run_t));
+  h_ckv = (uint16_t*)malloc(ckv_bytes);
+  h_kpe = (uint16_t*)malloc(kpe_bytes);
+  h_q = (uint16_t*)malloc(q_bytes);
+  h_out = (uint16_t*)malloc(out_bytes * (size_t)count);
+  h_lse = (float*)malloc(sizeof(float) * kDevHeads * (size_t)count);
+  srand(11);
+  for (i = 0; i < kDevTokens * 512; ++i) h_ckv[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  for (i = 0; i < kDevTokens * 64; ++i) h_kpe[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  for (i = 0; i < kDevHeads * 576; ++i) h_q[i] = bf16_of((float)rand() / RAND_MAX - 0.5f);
+  for (i = 0; i < kDevTokens; ++i) h_slots[i] = (int64_t)h_table[i / 64] * 64 + i % 64;
+
+  dc.batch_size = 1;
+  dc.num_heads = kDevHeads;
+  dc.max_pages = 2;
+  dc.num_sm_parts = 8; /* one split on every device, whatever its SM count: comparable bytes */
+  CHECK(snapmla_decode_buffer_sizes(&dc, &plan_bytes, &ws_bytes) == SNAPMLA_SUCCESS, "sizes");
+  dc.plan_bytes = plan_bytes;
+  dc.workspace_bytes = ws_bytes;
+
+  /* A cache and the inputs on every device (config.device names it; the library allocates). */
+  for (d = 0; d < count; ++d) {
+    device_run_t* r = &runs[d];
+    snapmla_cache_config_t cfg = SNAPMLA_CACHE_CONFIG_INIT;
+    snapmla_cache_info_t info = SNAPMLA_CACHE_INFO_INIT;
+    cfg.num_layers = 1;
+    cfg.num_pages = 2;
+    cfg.device = d;
+    CHECK(snapmla_cache_create(&cfg, &r->cache) == SNAPMLA_SUCCESS, "create on device %d", d);
+    CHECK(snapmla_cache_info(r->cache, &info) == SNAPMLA_SUCCESS && info.device == d,
+          "the cache of device %d says device %d", d, info.device);
+    CHECK(cudaSetDevice(d) == cudaSuccess, "cudaSetDevice(%d)", d);
+    cudaMalloc(&r->ckv, ckv_bytes);
+    cudaMalloc(&r->kpe, kpe_bytes);
+    cudaMalloc(&r->q, q_bytes);
+    cudaMalloc(&r->out, out_bytes);
+    cudaMalloc(&r->plan, plan_bytes);
+    cudaMalloc(&r->ws, ws_bytes);
+    cudaMalloc((void**)&r->slots, sizeof(h_slots));
+    cudaMalloc((void**)&r->table, sizeof(h_table));
+    cudaMalloc((void**)&r->len, sizeof(h_len));
+    cudaMalloc((void**)&r->lse, sizeof(float) * kDevHeads);
+    cudaMemcpy(r->ckv, h_ckv, ckv_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(r->kpe, h_kpe, kpe_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(r->q, h_q, q_bytes, cudaMemcpyHostToDevice);
+    cudaMemcpy(r->slots, h_slots, sizeof(h_slots), cudaMemcpyHostToDevice);
+    cudaMemcpy(r->table, h_table, sizeof(h_table), cudaMemcpyHostToDevice);
+    cudaMemcpy(r->len, &h_len, sizeof(h_len), cudaMemcpyHostToDevice);
+    CHECK(cudaGetLastError() == cudaSuccess, "buffers on device %d", d);
+  }
+  /* Each stage on every device before the next: the current device changes between calls. */
+  for (d = 0; d < count; ++d) {
+    device_run_t* r = &runs[d];
+    cudaSetDevice(d);
+    CHECK(snapmla_append(r->cache, 0, r->ckv, 512, r->kpe, 64, r->slots, kDevTokens, NULL) ==
+              SNAPMLA_SUCCESS,
+          "append on device %d", d);
+  }
+  for (d = 0; d < count; ++d) {
+    cudaSetDevice(d);
+    CHECK(snapmla_decode_plan(&dc, runs[d].len, runs[d].plan, NULL) == SNAPMLA_SUCCESS,
+          "plan on device %d", d);
+  }
+  for (d = 0; d < count; ++d) {
+    cudaSetDevice(d);
+    args = decode_args_of(&runs[d]);
+    CHECK(snapmla_decode(runs[d].cache, &dc, &args, runs[d].plan, runs[d].ws, NULL) ==
+              SNAPMLA_SUCCESS,
+          "decode on device %d", d);
+  }
+  for (d = 0; d < count; ++d) {
+    cudaSetDevice(d);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "device %d ran its kernels", d);
+    cudaMemcpy(h_out + (size_t)d * kDevHeads * 512, runs[d].out, out_bytes,
+               cudaMemcpyDeviceToHost);
+    cudaMemcpy(h_lse + (size_t)d * kDevHeads, runs[d].lse, sizeof(float) * kDevHeads,
+               cudaMemcpyDeviceToHost);
+    if (memcmp(h_out + (size_t)d * kDevHeads * 512, h_out, out_bytes) != 0 ||
+        memcmp(h_lse + (size_t)d * kDevHeads, h_lse, sizeof(float) * kDevHeads) != 0) {
+      same = 0;
+      fprintf(stderr, "device %d: output differs from device 0's\n", d);
+    }
+  }
+  for (i = 0; i < kDevHeads * 512; ++i) finite &= isfinite(float_of(h_out[i])) ? 1 : 0;
+  CHECK(finite && h_lse[0] > 0.0f, "device 0's output is finite");
+  CHECK(same, "the outputs of %d devices are identical byte for byte", count);
+  printf("outputs of %d devices identical byte for byte: %s\n", count, same ? "yes" : "NO");
+
+  if (count >= 2) {
+    /* The cache of device 0 with the memory of device 1: refused naming 'cache', nothing run. */
+    snapmla_cache_config_t cfg = SNAPMLA_CACHE_CONFIG_INIT;
+    snapmla_cache_t other = NULL;
+    uint16_t* again = (uint16_t*)malloc(out_bytes);
+    cudaSetDevice(1);
+    args = decode_args_of(&runs[1]);
+    CHECK(snapmla_decode(runs[0].cache, &dc, &args, runs[1].plan, runs[1].ws, NULL) ==
+                  SNAPMLA_ERROR_INVALID_ARGUMENT &&
+              strstr(snapmla_last_error(), "argument 'cache'") != NULL &&
+              strstr(snapmla_last_error(), "device 0") != NULL,
+          "decode with device 0's cache while device 1 is current is refused");
+    printf("device 0's cache with device 1's memory: %s\n", snapmla_last_error());
+    CHECK(snapmla_append(runs[0].cache, 0, runs[1].ckv, 512, runs[1].kpe, 64, runs[1].slots,
+                         kDevTokens, NULL) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+              strstr(snapmla_last_error(), "argument 'cache'") != NULL,
+          "append into device 0's cache while device 1 is current is refused");
+    cudaDeviceSynchronize();
+    cudaMemcpy(again, runs[1].out, out_bytes, cudaMemcpyDeviceToHost);
+    CHECK(memcmp(again, h_out + (size_t)kDevHeads * 512, out_bytes) == 0,
+          "the refused calls wrote nothing");
+    free(again);
+    /* A cache for device 0 on memory cudaMalloc'ed on device 1: refused naming the memory. */
+    cfg.num_layers = 1;
+    cfg.num_pages = 1;
+    cfg.device = 0;
+    cfg.memory = runs[1].ckv; /* 102400 bytes of device 1, more than one page */
+    cfg.memory_bytes = SNAPMLA_PAGE_BYTES;
+    CHECK(snapmla_cache_create(&cfg, &other) == SNAPMLA_ERROR_INVALID_ARGUMENT &&
+              strstr(snapmla_last_error(), "config.memory") != NULL,
+          "a device 0 cache on device 1's memory is refused");
+    printf("a device 0 cache on device 1's memory: %s\n", snapmla_last_error());
+  } else {
+    printf("one device: the refusals of a device 0 cache on device 1 need two\n");
+  }
+
+  for (d = 0; d < count; ++d) {
+    device_run_t* r = &runs[d];
+    cudaSetDevice(d);
+    CHECK(snapmla_cache_destroy(r->cache) == SNAPMLA_SUCCESS, "destroy on device %d", d);
+    cudaFree(r->ckv);
+    cudaFree(r->kpe);
+    cudaFree(r->q);
+    cudaFree(r->out);
+    cudaFree(r->plan);
+    cudaFree(r->ws);
+    cudaFree(r->slots);
+    cudaFree(r->table);
+    cudaFree(r->len);
+    cudaFree(r->lse);
+  }
+  cudaSetDevice(0);
+  free(runs);
+  free(h_ckv);
+  free(h_kpe);
+  free(h_q);
+  free(h_out);
+  free(h_lse);
+}
 #endif
 
 int main(int argc, char** argv) {
-  int gpu = argc > 1 && strcmp(argv[1], "--gpu") == 0;
+  int gpu = 0, devices = 0, i;
+  for (i = 1; i < argc; ++i) {
+    if (strcmp(argv[i], "--gpu") == 0) {
+      gpu = 1;
+    } else if (strcmp(argv[i], "--devices") == 0) {
+      devices = 1;
+    } else {
+      fprintf(stderr, "usage: %s [--gpu] [--devices]\n", argv[0]);
+      return 2;
+    }
+  }
   host_checks();
-  if (gpu) {
+  if (gpu || devices) {
 #ifdef SNAPMLA_EXAMPLE_WITH_CUDA
-    gpu_checks();
+    if (gpu) gpu_checks();
+    if (devices) devices_checks();
 #else
-    fprintf(stderr, "FAIL: --gpu needs the example built with a CUDA toolkit\n");
+    fprintf(stderr, "FAIL: --gpu and --devices need the example built with a CUDA toolkit\n");
     ++g_failed;
 #endif
   }
