@@ -13,6 +13,8 @@
 #   pytest-files          PYTEST_FILES: test files or node ids
 #   frag                  the seesaw fragment-mapping unit test (tests/gpu/test_seesaw_fragments.py)
 #   ctest                 the C example (examples/c) against the installed CMake package
+#   multi-gpu             every visible GPU: tests/gpu/test_multi_gpu.py, the C example's
+#                         --devices, bench_multi_gpu.py tp and dp --quick with one rank a GPU
 #   sanitize              compute-sanitizer memcheck, racecheck, synccheck on tests/gpu/smoke.py
 #   sass                  SASS and resource usage of the library; tensor-core and spill counts
 #   demo                  python3 -m snapmla.demo
@@ -67,7 +69,7 @@ case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 # archive of every log and result, refreshed after each stage so that a call cut short by the
 # device-time budget still returns them. A file of the caller's own in $FINAL that matches none
 # of these names is left alone.
-PUBLISHED=('decode*.json' 'dataflow*.json' 'accuracy*.json' 'host-overhead-real*.json'
+PUBLISHED=('decode*.json' 'dataflow*.json' 'multi-gpu*.json' 'accuracy*.json' 'host-overhead-real*.json'
            'host-c*.log' 'sanitize*.log' 'soak*.log' 'power-floor*.log' qgmma.log
            ncu-per-block.txt 'ncu-*.txt' 'ncu-sass-*.csv.gz')
 publish() {
@@ -126,6 +128,21 @@ for stage in "$@"; do
         -DCMAKE_PREFIX_PATH="$(python3 -m snapmla --cmake-dir)" >"$OUT/ctest$TAG.log" 2>&1 &&
         cmake --build /tmp/build-c >>"$OUT/ctest$TAG.log" 2>&1 &&
         /tmp/build-c/snapmla_c_example --gpu 2>&1 | tee -a "$OUT/ctest$TAG.log" || status=1
+      ;;
+    multi-gpu)  # NCCL without NVLink multicast (NVLS): the launch needs no fabric manager setup
+      ngpu=$(nvidia-smi -L | wc -l)
+      log "multi-GPU tests on $ngpu GPUs (tests/gpu/test_multi_gpu.py)"
+      pytest_stage "multi-gpu-tests$TAG.log" 400 tests/gpu/test_multi_gpu.py --tb=short
+      log "C example --devices"
+      cmake -S examples/c -B /tmp/build-c -G Ninja \
+        -DCMAKE_PREFIX_PATH="$(python3 -m snapmla --cmake-dir)" >"$OUT/multi-gpu-c$TAG.log" 2>&1 &&
+        cmake --build /tmp/build-c >>"$OUT/multi-gpu-c$TAG.log" 2>&1 &&
+        /tmp/build-c/snapmla_c_example --devices 2>&1 | tee -a "$OUT/multi-gpu-c$TAG.log" || status=1
+      log "bench_multi_gpu.py tp and dp --quick, $ngpu ranks (torchrun)"
+      NCCL_NVLS_ENABLE=0 timeout 400 python3 -m torch.distributed.run --standalone \
+        --nproc-per-node "$ngpu" bench/bench_multi_gpu.py both --quick \
+        --out "$OUT/multi-gpu$TAG.json" 2>&1 | tee "$OUT/bench-multi-gpu$TAG.log" | tail -30 \
+        || status=1
       ;;
     sanitize)  # the three tools' output one after the other in sanitize.log
       rm -f "$OUT/sanitize$TAG.log"
