@@ -44,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode import (  # the sibling script's helpers (standard library only at import)
     CONTENT_DIM,
     HEAD_DIM,
+    OUR_BYTES_PER_TOKEN,
     PAGE_SIZE,
     ROPE_DIM,
     SOFTMAX_SCALE,
@@ -462,6 +463,7 @@ def run_tp(torch: Any, smt: Any, group: Group, args: argparse.Namespace) -> dict
         "heads_per_rank": h,
         "batch": batch,
         "context": context,
+        "kv_bytes_a_rank": batch * context * OUR_BYTES_PER_TOKEN,  # every rank reads it all
         "q_len": args.q_len,
         "kernel": args.kernel,
         "num_sm_parts": args.num_sm_parts,
