@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from _util import BF16, FP8, POISON_BYTE, SM_SCALE, DecodeCase, make_case, page_slots
+from _util import BF16, POISON_BYTE, SM_SCALE, DecodeCase, make_case, page_slots, to_torch
 
 import snapmla
 
@@ -75,15 +75,8 @@ def _keep_current_device() -> Iterator[None]:
 
 
 def to_dev(a: np.ndarray, device: int) -> Any:
-    """Host array (bf16 / fp8 / plain) -> a new contiguous torch tensor on cuda:``device``."""
-    a = np.ascontiguousarray(a)
-    if a.dtype == BF16:
-        t = torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-    elif a.dtype == FP8:
-        t = torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
-    else:
-        t = torch.from_numpy(a)
-    return t.to(torch.device("cuda", device))
+    """Host array (bf16 / plain) -> a new contiguous torch tensor on cuda:``device``."""
+    return to_torch(a).to(torch.device("cuda", device))
 
 
 def bits(t: Any) -> np.ndarray:
@@ -331,6 +324,18 @@ def assert_untouched(job: Job, cache_bytes: np.ndarray, label: str) -> None:
     assert torch.isnan(job.lse).all(), f"{label}: lse was written"
 
 
+def refuse_tokens_on_device_1(
+    job: Job, cache_bytes: np.ndarray, append: Callable[..., None]
+) -> None:
+    """``append(c_kv, k_pe, slots)`` of the job's tokens with each of them in turn on device 1
+    is refused naming it, the cache and the outputs untouched."""
+    for i, name in enumerate(("c_kv", "k_pe", "slots")):
+        tokens = list(job.tokens)
+        tokens[i] = tokens[i].to(torch.device("cuda", 1))
+        expect_refusal(lambda t=tokens: append(*t), name, "cuda:1")
+        assert_untouched(job, cache_bytes, f"append with {name} on cuda:1")
+
+
 def test_torch_front_end_refuses_tensors_on_another_device(on_two: dict[str, Any]) -> None:
     job, cache_bytes = on_two["job"], on_two["cache_bytes"]
     one = torch.device("cuda", 1)
@@ -357,11 +362,7 @@ def test_torch_front_end_refuses_tensors_on_another_device(on_two: dict[str, Any
 
             expect_refusal(call, name, "cuda:1")
             assert_untouched(job, cache_bytes, f"decode with {name} on cuda:1")
-        for i, name in enumerate(("c_kv", "k_pe", "slots")):
-            tokens = list(job.tokens)
-            tokens[i] = tokens[i].to(one)
-            expect_refusal(lambda t=tokens: smt.append(job.memory, 0, *t), name, "cuda:1")
-            assert_untouched(job, cache_bytes, f"append with {name} on cuda:1")
+        refuse_tokens_on_device_1(job, cache_bytes, lambda *t: smt.append(job.memory, 0, *t))
         plan_1 = job.plan_t.to(one)
         expect_refusal(
             lambda p=plan_1: smt.plan(p, job.sl, num_heads=16, max_pages=job.case.max_pages),
@@ -393,11 +394,7 @@ def test_generic_front_end_refuses_tensors_on_another_device(on_two: dict[str, A
 
         expect_refusal(call, name, "cuda:")
         assert_untouched(job, cache_bytes, f"decode with {name} on cuda:1")
-    for i, name in enumerate(("c_kv", "k_pe", "slots")):
-        tokens = list(job.tokens)
-        tokens[i] = tokens[i].to(one)
-        expect_refusal(lambda t=tokens: cache.append(0, *t), name, "cuda:1")
-        assert_untouched(job, cache_bytes, f"append with {name} on cuda:1")
+    refuse_tokens_on_device_1(job, cache_bytes, lambda *t: cache.append(0, *t))
 
 
 def test_c_api_refuses_a_call_on_another_device_than_the_cache(on_two: dict[str, Any]) -> None:
