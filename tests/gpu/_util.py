@@ -437,6 +437,35 @@ def check_decode(
     return err
 
 
+def c_decode_args(
+    q: Any, block_table: Any, seqlens: Any, out: Any, lse: Any, kernel: int = 0
+) -> Any:
+    """A ``snapmla_decode_args_t*`` for a C-level call over torch tensors (layer 0, causal,
+    SM_SCALE); the caller keeps the tensors alive."""
+    from snapmla import _lib
+
+    ffi = _lib.ffi
+    return ffi.new(
+        "snapmla_decode_args_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_decode_args_t"),
+            "layer": 0,
+            "causal": 1,
+            "softmax_scale": SM_SCALE,
+            "kernel": kernel,
+            "q": ffi.cast("const void*", q.data_ptr()),
+            "q_stride_batch": q.stride(0),
+            "q_stride_token": q.stride(1),
+            "q_stride_head": q.stride(2),
+            "block_table": ffi.cast("const int32_t*", block_table.data_ptr()),
+            "block_table_stride": block_table.stride(0),
+            "cache_seqlens": ffi.cast("const int32_t*", seqlens.data_ptr()),
+            "out": ffi.cast("void*", out.data_ptr()),
+            "lse": ffi.cast("float*", lse.data_ptr()),
+        },
+    )
+
+
 def assert_all_nan(x: Any, what: str) -> None:
     """Every element of a float output still holds NaN (the poison of an untouched output)."""
     a = to_numpy(x)

@@ -21,7 +21,16 @@ from typing import Any, Callable
 
 import numpy as np
 import pytest
-from _util import BF16, POISON_BYTE, SM_SCALE, DecodeCase, make_case, page_slots, to_torch
+from _util import (
+    BF16,
+    POISON_BYTE,
+    SM_SCALE,
+    DecodeCase,
+    c_decode_args,
+    make_case,
+    page_slots,
+    to_torch,
+)
 
 import snapmla
 
@@ -462,23 +471,7 @@ def test_c_api_refuses_a_call_on_another_device_than_the_cache(on_two: dict[str,
 
         sl_ptr = ptr(sl, "const int32_t*")
         assert lib.snapmla_decode_plan(config, sl_ptr, ptr(plan), ffi.NULL) == 0
-        args = ffi.new(
-            "snapmla_decode_args_t*",
-            {
-                "struct_size": ffi.sizeof("snapmla_decode_args_t"),
-                "causal": 1,
-                "softmax_scale": SM_SCALE,
-                "q": ptr(q, "const void*"),
-                "q_stride_batch": q.stride(0),
-                "q_stride_token": q.stride(1),
-                "q_stride_head": q.stride(2),
-                "block_table": ptr(bt, "const int32_t*"),
-                "block_table_stride": bt.stride(0),
-                "cache_seqlens": sl_ptr,
-                "out": ptr(out),
-                "lse": ptr(lse, "float*"),
-            },
-        )
+        args = c_decode_args(q, bt, sl, out, lse)
         n = slots.shape[0]
         slot_ptr = ptr(slots, "const int64_t*")
         dst = slots.clone()

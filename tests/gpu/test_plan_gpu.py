@@ -25,8 +25,8 @@ from _util import (
     FAST_OUT_RTOL,
     REF_LSE_ATOL,
     REF_OUT_RTOL,
-    SM_SCALE,
     assert_all_nan,
+    c_decode_args,
     check_decode,
     device_inputs,
     make_cache,
@@ -446,25 +446,7 @@ def test_plan_of_another_config_writes_nan_rows_and_nothing_past_the_workspace(
     ) == 0  # fmt: skip
     out = nan_torch((2, 1, 16, 512))
     lse = nan_torch((2, 16, 1), "float32")
-    args = ffi.new(
-        "snapmla_decode_args_t*",
-        {
-            "struct_size": ffi.sizeof("snapmla_decode_args_t"),
-            "layer": 0,
-            "causal": 1,
-            "softmax_scale": SM_SCALE,
-            "kernel": kernel,
-            "q": ffi.cast("const void*", q.data_ptr()),
-            "q_stride_batch": q.stride(0),
-            "q_stride_token": q.stride(1),
-            "q_stride_head": q.stride(2),
-            "block_table": ffi.cast("const int32_t*", bt.data_ptr()),
-            "block_table_stride": bt.stride(0),
-            "cache_seqlens": ffi.cast("const int32_t*", sl.data_ptr()),
-            "out": ffi.cast("void*", out.data_ptr()),
-            "lse": ffi.cast("float*", lse.data_ptr()),
-        },
-    )
+    args = c_decode_args(q, bt, sl, out, lse, kernel)
     plan_ptr, ws_ptr = ffi.cast("void*", plan.data_ptr()), ffi.cast("void*", region.data_ptr())
     call = _c_config(ffi, case, called["q_precision"], called["parts"])
     # The call's own sizes (its workspace, the span the library checks) lie inside the region.

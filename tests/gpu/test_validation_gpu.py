@@ -15,6 +15,7 @@ from _util import (
     POISON_BYTE,
     SM_SCALE,
     assert_all_nan,
+    c_decode_args,
     device_inputs,
     download,
     make_cache,
@@ -332,25 +333,8 @@ def test_c_api_validates_too(setup: dict[str, Any]) -> None:
     assert lib.snapmla_decode_plan(config, seqlens_ptr, plan_ptr, ffi.NULL) == 0
     ws_ptr = ffi.cast("void*", ws.data_ptr())
     q, bt, sl, out, lse = kw["q"], kw["block_table"], kw["cache_seqlens"], kw["out"], kw["lse"]
-    args = ffi.new(
-        "snapmla_decode_args_t*",
-        {
-            "struct_size": ffi.sizeof("snapmla_decode_args_t"),
-            "layer": 0,
-            "causal": 1,
-            "softmax_scale": SM_SCALE,
-            "kernel": 0,
-            "q": ffi.NULL,
-            "q_stride_batch": q.stride(0),
-            "q_stride_token": q.stride(1),
-            "q_stride_head": q.stride(2),
-            "block_table": ffi.cast("const int32_t*", bt.data_ptr()),
-            "block_table_stride": bt.stride(0),
-            "cache_seqlens": ffi.cast("const int32_t*", sl.data_ptr()),
-            "out": ffi.cast("void*", out.data_ptr()),
-            "lse": ffi.cast("float*", lse.data_ptr()),
-        },
-    )
+    args = c_decode_args(q, bt, sl, out, lse)
+    args.q = ffi.NULL
     handle = setup["cache"]._handle  # the C handle of the KVCache (private, test only)
     assert lib.snapmla_decode(handle, config, args, plan_ptr, ws_ptr, ffi.NULL) == 1
     message = ffi.string(lib.snapmla_last_error()).decode()
@@ -642,24 +626,7 @@ def test_decode_refuses_buffers_smaller_than_the_config_says(setup: dict[str, An
     ws = torch.zeros(need[1], dtype=torch.uint8, device="cuda")
     plan_ptr, ws_ptr = ffi.cast("void*", plan.data_ptr()), ffi.cast("void*", ws.data_ptr())
     seqlens = ffi.cast("const int32_t*", sl.data_ptr())
-    args = ffi.new(
-        "snapmla_decode_args_t*",
-        {
-            "struct_size": ffi.sizeof("snapmla_decode_args_t"),
-            "layer": 0,
-            "causal": 1,
-            "softmax_scale": SM_SCALE,
-            "q": ffi.cast("const void*", q.data_ptr()),
-            "q_stride_batch": q.stride(0),
-            "q_stride_token": q.stride(1),
-            "q_stride_head": q.stride(2),
-            "block_table": ffi.cast("const int32_t*", bt.data_ptr()),
-            "block_table_stride": bt.stride(0),
-            "cache_seqlens": ffi.cast("const int32_t*", sl.data_ptr()),
-            "out": ffi.cast("void*", out.data_ptr()),
-            "lse": ffi.cast("float*", lse.data_ptr()),
-        },
-    )
+    args = c_decode_args(q, bt, sl, out, lse)
     handle = setup["cache"]._handle
     for plan_bytes, ws_bytes, named in (
         (need[0] - 1, need[1], "plan"),
