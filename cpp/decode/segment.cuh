@@ -7,6 +7,8 @@
 // for n = 0 .. 31: the mma.sync m16n8 / wgmma m64nN fragment layout.
 #pragma once
 
+#include <stddef.h>
+
 #include "common/numerics.cuh"
 #include "decode/decode.h"
 
@@ -124,12 +126,17 @@ __device__ inline void write_empty_request(const DecodeParams& p, int b, int til
 // launch writes NaN rows instead of following it (its words would index requests and partial
 // slots out of bounds, and the workspace is laid out for its shape).
 __device__ __forceinline__ bool plan_matches(const DecodeParams& p) {
-  const PlanHeader& h = *reinterpret_cast<const PlanHeader*>(p.plan);
-  const PlanShape& s = h.shape;
-  return s.magic == kPlanMagic && s.batch == p.batch && s.num_parts == p.num_parts &&
-         s.row_tiles == p.row_tiles && s.q_len == p.q_len && s.num_heads == p.num_heads &&
-         s.max_pages == p.max_pages && s.q_terms == (p.q_lo != nullptr ? 2 : 1) &&
-         h.part_cost > 0;
+  static_assert(PlanShape::kWords == 8 && offsetof(PlanHeader, part_cost) == 32,
+                "the header is two 16-byte words and the part cost");
+  // Issued together (the plan is 16-byte aligned) and compared without branches: every CTA's
+  // start waits on these loads.
+  const int4 a = __ldg(reinterpret_cast<const int4*>(p.plan));
+  const int4 b = __ldg(reinterpret_cast<const int4*>(p.plan) + 1);
+  const int32_t part_cost = __ldg(p.plan + 8);
+  const int q_terms = p.q_lo != nullptr ? 2 : 1;
+  return (a.x == kPlanMagic) & (a.y == p.batch) & (a.z == p.num_parts) & (a.w == p.row_tiles) &
+         (b.x == p.q_len) & (b.y == p.num_heads) & (b.z == p.max_pages) & (b.w == q_terms) &
+         (part_cost > 0);
 }
 
 // Request b's blocks: the plan's word where it is what the seqlen the launch reads gives, else
