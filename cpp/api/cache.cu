@@ -25,6 +25,29 @@ constexpr int64_t kMaxPageStride = int64_t{1} << 40;  // TMA: global strides bel
 constexpr uint64_t kCacheMagicBegin = 0x534e41504d4c4131ull;  // "SNAPMLA1", big-endian
 constexpr uint64_t kCacheMagicEnd = 0x31414c4d50414e53ull;    // the same, byte-reversed
 
+// `device` current for the scope's life, the caller's device back after it.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device) {
+      status_ = cudaSetDevice(device);
+      switched_ = status_ == cudaSuccess;
+    }
+  }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
 // Live caches by handle. A handle is kHandleTag | a serial number, never an address: a lookup
 // dereferences nothing the caller gave, and a destroyed handle stays refused. Calls on a cache
 // take the lock shared; create and destroy take it exclusively.
@@ -188,9 +211,8 @@ snapmla_status_t check_cache_memory(const char* op, const snapmla_cache_config_t
   SNAPMLA_REQUIRE(device < count,
                   "%s: argument 'config.device': CUDA reports %d devices, expected 0 .. %d, got %d",
                   op, count, count - 1, device);
-  int previous = 0;
-  SNAPMLA_CUDA(op, cudaGetDevice(&previous));
-  if (previous != device) SNAPMLA_CUDA(op, cudaSetDevice(device));
+  const DeviceScope scope(device);
+  SNAPMLA_CUDA(op, scope.status());
   snapmla_status_t st = SNAPMLA_SUCCESS;
   if (layers.empty()) {
     st = check_caller_memory(op, "config.memory", "config.memory_bytes", c.memory, c.memory_bytes,
@@ -201,7 +223,6 @@ snapmla_status_t check_cache_memory(const char* op, const snapmla_cache_config_t
     std::snprintf(name, sizeof(name), "config.layer_memory[%zu]", l);
     st = check_caller_memory(op, name, name, layers[l], layer_bytes, device);
   }
-  if (previous != device) cudaSetDevice(previous);
   return st;
 }
 
@@ -219,12 +240,13 @@ snapmla_status_t make_cache(const char* op, const snapmla_cache_config_t& c, siz
     std::copy(layers.begin(), layers.end(), layer_copy);
   }
   if (data == nullptr) {
-    int previous = 0;
-    SNAPMLA_CUDA(op, cudaGetDevice(&previous));
-    if (previous != device) SNAPMLA_CUDA(op, cudaSetDevice(device));
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, bytes);
-    if (previous != device) cudaSetDevice(previous);
+    cudaError_t err = cudaSuccess;
+    {
+      const DeviceScope scope(device);
+      SNAPMLA_CUDA(op, scope.status());
+      err = cudaMalloc(&p, bytes);
+    }
     if (err == cudaErrorMemoryAllocation) {
       cudaGetLastError();
       return fail(SNAPMLA_ERROR_OUT_OF_MEMORY, "%s: cudaMalloc of %zu bytes on device %d failed",
@@ -418,7 +440,10 @@ extern "C" SNAPMLA_API snapmla_status_t snapmla_cache_destroy(snapmla_cache_t ha
                 op, static_cast<void*>(handle));
   }
   cudaError_t err = cudaSuccess;
-  if (cache->owns_memory) err = cudaFree(cache->data);
+  if (cache->owns_memory) {  // on its own device, whichever one the caller has current
+    const DeviceScope scope(cache->device);
+    err = scope.status() == cudaSuccess ? cudaFree(cache->data) : scope.status();
+  }
   delete[] cache->layers;
   delete cache;
   if (err != cudaSuccess) return cuda_fail(op, err);

@@ -504,6 +504,38 @@ def test_c_api_refuses_a_call_on_another_device_than_the_cache(on_two: dict[str,
     assert_untouched(job, cache_bytes, "C calls with device 1 current")
 
 
+def test_c_cache_of_another_device_is_created_and_freed_there() -> None:
+    """A cache whose memory the library allocates lands on config.device and is freed there by
+    snapmla_cache_destroy, whichever device is current at either call; the current device is
+    left as the caller set it."""
+    need_devices(2)
+    from snapmla import _lib
+
+    lib, ffi = _lib.lib(), _lib.ffi
+    pages = 4096  # 161 MiB: well above the allocator's granularity
+    torch.cuda.set_device(0)
+    sync_all()
+    free_0, free_1 = torch.cuda.mem_get_info(0)[0], torch.cuda.mem_get_info(1)[0]
+    config = ffi.new(
+        "snapmla_cache_config_t*",
+        {
+            "struct_size": ffi.sizeof("snapmla_cache_config_t"),
+            "num_layers": 1,
+            "num_pages": pages,
+            "device": 1,
+        },
+    )
+    handle = ffi.new("snapmla_cache_t*")
+    assert lib.snapmla_cache_create(config, handle) == 0, ffi.string(lib.snapmla_last_error())
+    assert torch.cuda.current_device() == 0
+    used_1 = free_1 - torch.cuda.mem_get_info(1)[0]
+    assert used_1 >= pages * 41216, used_1
+    assert abs(free_0 - torch.cuda.mem_get_info(0)[0]) < pages * 41216 // 2
+    assert lib.snapmla_cache_destroy(handle[0]) == 0, ffi.string(lib.snapmla_last_error())
+    assert torch.cuda.current_device() == 0
+    assert free_1 - torch.cuda.mem_get_info(1)[0] < pages * 41216 // 2
+
+
 # ---------------------------------------------------------------------------- (c) plans
 
 
