@@ -212,6 +212,87 @@ def test_shim_checks_arguments_without_a_gpu(fm: ModuleType) -> None:
     assert rc == 1 and "workspace" in lib.fm_last_error().decode()
 
 
+# ------------------------------------------------------------------------------ bench_decode.py
+
+
+@pytest.fixture(scope="module")
+def bench_decode() -> ModuleType:
+    path = ADAPTER.parents[1] / "bench_decode.py"
+    spec = importlib.util.spec_from_file_location("_bench_decode_for_flashmla", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_opens_flashmla_from_flash_mla_or_the_shim(
+    bench_decode: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without flash_mla, the BF16 decode comes from the shim where it is built; the FP8 one
+    only from the shim; without either, both are None and the environment says why; the
+    options leave each out."""
+    monkeypatch.setitem(sys.modules, "flash_mla", None)  # import flash_mla raises ImportError
+    shim = bench_decode.flashmla_shim()
+    assert shim.__file__ == str(ADAPTER)
+    parse = bench_decode._parser().parse_args
+    monkeypatch.setenv(shim.LIB_ENV, str(tmp_path / "absent.so"))
+    env: dict = {}
+    assert bench_decode.open_flashmla(parse([]), env) == (None, None)
+    assert "flash_mla" in env["flashmla"] and "no FlashMLA shim" in env["flashmla"]
+    assert env["flashmla_fp8"].startswith("unavailable: ") and "build.sh" in env["flashmla_fp8"]
+    env = {}
+    assert bench_decode.open_flashmla(parse(["--no-flashmla", "--no-flashmla-fp8"]), env) == (
+        None,
+        None,
+    )
+    assert env == {}
+    monkeypatch.delenv(shim.LIB_ENV)
+    if not shim.available():
+        return  # the rest needs the built library (no GPU: constructing one loads it only)
+    env = {}
+    fm, fm8 = bench_decode.open_flashmla(parse([]), env)
+    assert isinstance(fm, shim.DenseBF16) and isinstance(fm8, shim.SparseFP8)
+    assert env["flashmla"] == env["flashmla_fp8"] == shim.version()
+    fm, fm8 = bench_decode.open_flashmla(parse(["--no-flashmla-fp8"]), {})
+    assert isinstance(fm, shim.DenseBF16) and fm8 is None
+
+
+def test_bench_reports_flashmla_fp8(bench_decode: ModuleType) -> None:
+    """The summary lists FlashMLA FP8's time, our speedup over it, its topk and its error, and
+    the refused case's error, not the cases of other head counts; the Markdown table gets its
+    two columns only where a case has its time."""
+    case = {
+        "name": "64x1x128x32768",
+        "snapmla": {"median_us": 500.0},
+        "flashinfer": {"median_us": 1100.0},
+        "speedup_vs_flashinfer": 2.2,
+        "flashmla_fp8": {"supported": True, "median_us": 600.0, "topk": 32768},
+        "speedup_vs_flashmla_fp8": 1.2,
+        "checks": {"flashmla_fp8_vs_fp32_ref": 0.021},
+        "floor": {"floor_us": 452.0},
+        "target_us": 514.0,
+    }
+    skipped = {**case, "name": "128x1x16x16384", "speedup_vs_flashmla_fp8": None}
+    skipped["flashmla_fp8"] = {"supported": False, "skipped": "64 or 128 heads only"}
+    refused = {**case, "name": "32x1x64x4096", "speedup_vs_flashmla_fp8": None}
+    refused["flashmla_fp8"] = {"supported": False, "error": "RuntimeError: refused"}
+    text = bench_decode.table([case, skipped, refused])
+    assert "FlashMLA FP8 sparse decode as dense attention, same run:" in text
+    line = next(x for x in text.splitlines() if x.startswith("64x1x128x32768 ") and "topk" in x)
+    assert "600.0 us" in line and "ours 1.20x" in line and "topk 32768" in line
+    assert "err%ref 2.10" in line
+    assert "RuntimeError: refused" in text
+    assert not any(x.startswith("128x1x16x16384 ") and "topk" in x for x in text.splitlines())
+    doc = {"cases": [case, skipped], "device": {"name": "H100"}, "commit": "abcdef0"}
+    head, _, first, second = bench_decode.markdown_table(doc).splitlines()[2:6]
+    assert "| FlashMLA FP8 | vs FlashMLA FP8 |" in head
+    assert "| 600.0 | 1.20x |" in first and "| - | - |" in second
+    without = {k: v for k, v in case.items() if k != "flashmla_fp8"}
+    assert "FlashMLA FP8" not in bench_decode.markdown_table({**doc, "cases": [without]})
+    assert "FlashMLA FP8" not in bench_decode.table([without])
+
+
 # ------------------------------------------------------------------------------ on a GPU
 
 

@@ -302,6 +302,7 @@ class SparseFP8(_Shim):
     """FlashMLA's FP8 sparse decode (V3.2 cache layout) with its combine, as dense attention."""
 
     sparse = 1
+    heads = SPARSE_HEADS
 
     def prepare(
         self,
