@@ -1,14 +1,16 @@
-// C entry points over FlashMLA's sm90 decode kernels, for bench_decode.py (through ctypes):
-// the BF16 dense decode and the FP8 sparse decode, each split-KV kernel followed by FlashMLA's
+// C entry points over FlashMLA's sm90 decode kernels, for bench_decode.py (through ctypes): the
+// BF16 dense decode and the FP8 sparse decode, each split-KV kernel followed by FlashMLA's
 // combine. Built with FlashMLA's sources by build.sh into libflashmla_shim.so; measurement only.
 //
 // Every call takes raw device pointers and a stream. The caller owns all memory: out, lse and
 // one workspace of fm_workspace_bytes() bytes holding the schedule (written by the *_metadata
-// call, read by every decode after it) and the split-KV partials. The decode calls allocate
-// nothing and never synchronize the host, so they can be captured in a CUDA graph.
-// Return values: FM_OK, or an error code with a message from fm_last_error(). Arguments are
-// checked before anything is launched; the contents of device buffers (block tables, lengths,
-// indices) are the caller's to get right.
+// call, read by every decode after it) and the split-KV partials; the metadata and decode calls
+// of one case take the num_sm_parts fm_num_sm_parts() gave. The decode calls allocate nothing
+// and never synchronize the host, so they can be captured in a CUDA graph.
+// Returns 0, or 1 (a bad argument), 2 (not an sm_90 device), 3 (a CUDA error) or 4 (FlashMLA's
+// host code refused), with a message from fm_last_error() (per thread). Arguments are checked
+// before anything is launched; the contents of device buffers (block tables, lengths, indices)
+// are the caller's to get right.
 //
 // Layouts (contiguous, h_kv = 1):
 //   q        [b, s_q, h_q, 576] BF16       out [b, s_q, h_q, 512] BF16   lse [b, s_q, h_q] fp32
@@ -132,6 +134,9 @@ int check_shape(int b, int s_q, int h_q, int parts) {
   FM_REQUIRE(h_q >= 1 && h_q <= 128, "h_q must be in 1..128");
   FM_REQUIRE(parts >= 1 && parts <= kMaxSmParts,
              "num_sm_parts must be in 1.." + std::to_string(kMaxSmParts));
+  // the kernels index the partials [b + parts, s_q, h_q, 512] with int
+  FM_REQUIRE(int64_t(b + parts) * s_q * h_q * kDimV <= INT32_MAX,
+             "(b + num_sm_parts) * s_q * h_q * 512 must fit int32");
   return FM_OK;
 }
 
