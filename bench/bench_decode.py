@@ -1089,6 +1089,30 @@ def _us(timing: dict[str, Any]) -> str:
     return text + "*" if timing.get("method") == "eager-events" else text
 
 
+def _flashmla_lines(cases: list[dict[str, Any]], key: str, title: str) -> list[str]:
+    """The summary's block of a FlashMLA kernel (result key "flashmla" or "flashmla_fp8"): per
+    case it ran or refused, its time, our speedup over it, its time over the anchor (BF16) or
+    its topk (FP8), its error against the fp32 reference and its refusal. Cases of head counts
+    it does not run ("skipped") are left out; no block where no case has it."""
+    lines = []
+    for c in cases:
+        f = c.get(key) or {}
+        if f.get("supported") is None or "skipped" in f:
+            continue
+        err = (c.get("checks") or {}).get(f"{key}_vs_fp32_ref")
+        extra = (
+            f"FM/anc {_fmt(c.get('flashmla_vs_anchor'), '.2f')}"
+            if key == "flashmla"
+            else f"topk {_fmt(f.get('topk'), 'd')}"
+        )
+        lines.append(
+            f"{c['name']:<17} {_us(f):>8} us  ours {_fmt(c.get(f'speedup_vs_{key}'), '.2f')}x"
+            f"  {extra}  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
+            + (f"  {f['error'][:100]}" if "error" in f else "")
+        )
+    return ["", title, *lines] if lines else []
+
+
 def table(cases: list[dict[str, Any]]) -> str:
     head = (
         f"{'case':<17} {'ours us':>8} {'FI us':>8} {'xFI':>5} {'TFLOPS':>6} {'TB/s':>5} "
@@ -1122,38 +1146,10 @@ def table(cases: list[dict[str, Any]]) -> str:
     )
     if eager:
         lines.append("* eager launches timed between events (graph capture failed)")
-    fm = [c for c in cases if (c.get("flashmla") or {}).get("supported") is not None]
-    if fm:
-        lines.append("")
-        lines.append("FlashMLA BF16, same run:")
-        for c in fm:
-            f = c["flashmla"]
-            err = (c.get("checks") or {}).get("flashmla_vs_fp32_ref")
-            lines.append(
-                f"{c['name']:<17} {_us(f):>8} us  ours {_fmt(c.get('speedup_vs_flashmla'), '.2f')}x"
-                f"  FM/anc {_fmt(c.get('flashmla_vs_anchor'), '.2f')}"
-                f"  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
-                + (f"  {f['error'][:100]}" if "error" in f else "")
-            )
-    fm8 = [
-        c
-        for c in cases
-        if (c.get("flashmla_fp8") or {}).get("supported") is not None
-        and "skipped" not in c["flashmla_fp8"]  # heads it does not run
-    ]
-    if fm8:
-        lines.append("")
-        lines.append("FlashMLA FP8 sparse decode as dense attention, same run:")
-        for c in fm8:
-            f = c["flashmla_fp8"]
-            err = (c.get("checks") or {}).get("flashmla_fp8_vs_fp32_ref")
-            lines.append(
-                f"{c['name']:<17} {_us(f):>8} us  "
-                f"ours {_fmt(c.get('speedup_vs_flashmla_fp8'), '.2f')}x"
-                f"  topk {_fmt(f.get('topk'), 'd')}"
-                f"  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
-                + (f"  {f['error'][:100]}" if "error" in f else "")
-            )
+    lines += _flashmla_lines(cases, "flashmla", "FlashMLA BF16, same run:")
+    lines += _flashmla_lines(
+        cases, "flashmla_fp8", "FlashMLA FP8 sparse decode as dense attention, same run:"
+    )
     two = [c for c in cases if c.get("snapmla_fp8x2")]
     if two:
         lines.append("")

@@ -25,14 +25,18 @@ torch = pytest.importorskip("torch")
 ADAPTER = Path(__file__).resolve().parents[1] / "bench" / "flashmla" / "flashmla.py"
 
 
-@pytest.fixture(scope="module")
-def fm() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_bench_flashmla_adapter", ADAPTER)
+def _module(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
+    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def fm() -> ModuleType:
+    return _module("_bench_flashmla_adapter", ADAPTER)
 
 
 def _bf16(rng: np.random.Generator, shape: tuple, std: float = 0.5) -> torch.Tensor:
@@ -217,13 +221,7 @@ def test_shim_checks_arguments_without_a_gpu(fm: ModuleType) -> None:
 
 @pytest.fixture(scope="module")
 def bench_decode() -> ModuleType:
-    path = ADAPTER.parents[1] / "bench_decode.py"
-    spec = importlib.util.spec_from_file_location("_bench_decode_for_flashmla", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return _module("_bench_decode_for_flashmla", ADAPTER.parents[1] / "bench_decode.py")
 
 
 def test_bench_opens_flashmla_from_flash_mla_or_the_shim(

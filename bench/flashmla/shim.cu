@@ -188,10 +188,27 @@ void launch_schedule(int b, int s_q, int topk, const int* seqlens, int parts, vo
   smxx::decode::run_get_decoding_sched_meta_kernel(p);
 }
 
+// The fields FlashMLA's sparse decode params and combine params share, by the same names:
+// strides of the contiguous out [b, s_q, h_q, 512], lse [b, s_q, h_q] and partials
+// [b + parts, s_q, h_q, (512)], and the workspace's schedule and partials.
+template <typename Params>
+void set_split_kv(Params& p, int b, int s_q, int h_q, int parts, void* workspace) {
+  const Workspace w = workspace_layout(b, s_q, h_q, parts);
+  p.stride_lse_b = p.stride_lse_accum_split = s_q * h_q;
+  p.stride_lse_s_q = p.stride_lse_accum_s_q = h_q;
+  p.stride_o_b = p.stride_o_accum_split = s_q * h_q * kDimV;
+  p.stride_o_s_q = p.stride_o_accum_s_q = h_q * kDimV;
+  p.stride_o_h_q = p.stride_o_accum_h_q = kDimV;
+  p.lse_accum = at<float>(workspace, w.lse_accum);
+  p.o_accum = at<float>(workspace, w.o_accum);
+  p.tile_scheduler_metadata_ptr = at<DecodingSchedMeta>(workspace, w.meta);
+  p.num_splits_ptr = at<int>(workspace, w.splits);
+  p.num_sm_parts = parts;
+}
+
 // The combine over [b, s_q, h_q] rows (dense rows s_q * h_q of one KV head are the same rows).
 void launch_combine(int b, int s_q, int h_q, void* out, float* lse, int parts, void* workspace,
                     cudaStream_t stream) {
-  const Workspace w = workspace_layout(b, s_q, h_q, parts);
   CombineParams c{};
   c.b = b;
   c.s_q = s_q;
@@ -199,21 +216,7 @@ void launch_combine(int b, int s_q, int h_q, void* out, float* lse, int parts, v
   c.d_v = kDimV;
   c.lse = lse;
   c.out = out;
-  c.stride_lse_b = s_q * h_q;
-  c.stride_lse_s_q = h_q;
-  c.stride_o_b = s_q * h_q * kDimV;
-  c.stride_o_s_q = h_q * kDimV;
-  c.stride_o_h_q = kDimV;
-  c.lse_accum = at<float>(workspace, w.lse_accum);
-  c.o_accum = at<float>(workspace, w.o_accum);
-  c.stride_lse_accum_split = s_q * h_q;
-  c.stride_lse_accum_s_q = h_q;
-  c.stride_o_accum_split = s_q * h_q * kDimV;
-  c.stride_o_accum_s_q = h_q * kDimV;
-  c.stride_o_accum_h_q = kDimV;
-  c.tile_scheduler_metadata_ptr = at<DecodingSchedMeta>(workspace, w.meta);
-  c.num_splits_ptr = at<int>(workspace, w.splits);
-  c.num_sm_parts = parts;
+  set_split_kv(c, b, s_q, h_q, parts, workspace);
   c.attn_sink = nullptr;
   c.stream = stream;
   smxx::decode::run_flash_mla_combine_kernel<cutlass::bfloat16_t>(c);
@@ -355,7 +358,6 @@ FM_API int fm_sparse_fp8_decode(const void* q, const void* kv, int num_pages, co
   int sms = 0;
   if (int rc = device_sms(&sms)) return rc;
 
-  const Workspace w = workspace_layout(b, s_q, h_q, num_sm_parts);
   SparseAttnDecodeParams p{};
   p.b = b;
   p.s_q = s_q;
@@ -382,22 +384,8 @@ FM_API int fm_sparse_fp8_decode(const void* q, const void* kv, int num_pages, co
   p.stride_kv_row = kFp8TokenBytes;
   p.stride_indices_b = s_q * topk;
   p.stride_indices_s_q = topk;
-  p.stride_lse_b = s_q * h_q;
-  p.stride_lse_s_q = h_q;
-  p.stride_o_b = s_q * h_q * kDimV;
-  p.stride_o_s_q = h_q * kDimV;
-  p.stride_o_h_q = kDimV;
   p.stream = stream;
-  p.lse_accum = at<float>(workspace, w.lse_accum);
-  p.o_accum = at<float>(workspace, w.o_accum);
-  p.stride_lse_accum_split = s_q * h_q;
-  p.stride_lse_accum_s_q = h_q;
-  p.stride_o_accum_split = s_q * h_q * kDimV;
-  p.stride_o_accum_s_q = h_q * kDimV;
-  p.stride_o_accum_h_q = kDimV;
-  p.tile_scheduler_metadata_ptr = at<DecodingSchedMeta>(workspace, w.meta);
-  p.num_splits_ptr = at<int>(workspace, w.splits);
-  p.num_sm_parts = num_sm_parts;
+  set_split_kv(p, b, s_q, h_q, num_sm_parts, workspace);
   return guarded([&] {
     if (h_q == 64)
       sm90::decode::sparse_fp8::run_flash_splitkv_mla_fp8_sparse_kernel<ModelType::V32, 64>(p);
