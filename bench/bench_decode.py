@@ -851,7 +851,7 @@ def run_case(
                 fm_call = fm.prepare(torch, case, ckv, kpe, block_tables, seqlens_t, q)
                 fm_out = fm_call(0)
                 torch.cuda.synchronize()
-                result["flashmla"] = {"supported": True}
+                result["flashmla"] = {"supported": True, **getattr(fm, "info", {})}
             except Exception as exc:  # noqa: BLE001 (e.g. a shape FlashMLA refuses)
                 torch.cuda.synchronize()
                 fm_call = fm_out = None

@@ -98,7 +98,8 @@ cat > "$build/exports.map" <<'EOF'
 { global: fm_*; local: *; };
 EOF
 # static runtime and C++ library; only the shim's fm_* functions exported
-ldflags="-shared -cudart static -Xlinker --version-script=$build/exports.map"
+ldflags="-shared -cudart static -gencode arch=compute_90a,code=sm_90a"
+ldflags+=" -Xlinker --version-script=$build/exports.map"
 ldflags+=" -Xlinker --exclude-libs,ALL -Xlinker --no-undefined"
 ldflags+=" -Xcompiler -static-libstdc++,-static-libgcc -ldl -lpthread -lrt"
 lib=$out/libflashmla_shim.so
