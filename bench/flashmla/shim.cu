@@ -1,5 +1,5 @@
 // C entry points over FlashMLA's sm90 decode kernels, for bench_decode.py (through ctypes): the
-// BF16 dense decode and the FP8 sparse decode, each split-KV kernel followed by FlashMLA's
+// BF16 dense decode and the FP8 sparse decode, each split-KV kernel then FlashMLA's
 // combine. Built with FlashMLA's sources by build.sh into libflashmla_shim.so; measurement only.
 //
 // Every call takes raw device pointers and a stream. The caller owns all memory: out, lse and
