@@ -1,10 +1,13 @@
 """Decode latency: snapmla's FP8 MLA decode against FlashInfer's FA3 BF16 MLA path (and
-FlashMLA's BF16 decode where ``flash_mla`` is importable).
+FlashMLA's BF16 decode: ``flash_mla`` where importable, else FlashMLA's kernels through the shim
+``bench/flashmla/build.sh`` builds; with the shim also FlashMLA's FP8 sparse decode used as dense
+attention, at 64 and 128 heads).
 
 Every case of the two tables in ``bench/ANCHORS.md`` (batch x q_len x heads x context, with
 ``R32768`` = lengths uniform in 1..32768 from a fixed seed) runs on the same random data
 (``normal(0, 0.5)``, never zeros) in every kernel: the BF16 pages FlashInfer and FlashMLA read
-are appended to snapmla's FP8 cache through ``KVCache.append``; page size 64,
+are appended to snapmla's FP8 cache through ``KVCache.append`` (and quantized to FlashMLA's
+656-byte FP8 token for its sparse decode); page size 64,
 ``softmax_scale = 192**-0.5``, causal for ``q_len > 1``, block tables in shuffled page order.
 
 Timing: CUDA-graph replay (``torch.cuda.CUDAGraph`` capturing N calls), median over >= 20
@@ -48,6 +51,7 @@ PAGE_BYTES = 41216
 SOFTMAX_SCALE = 192**-0.5
 OUR_BYTES_PER_TOKEN = 644  # FP8 content 512 + BF16 RoPE 128 + fp32 scale 4
 BF16_BYTES_PER_TOKEN = 1152  # BF16 c_kv 1024 + k_pe 128
+FLASHMLA_FP8_BYTES_PER_TOKEN = 656  # FP8 content 512 + 4 fp32 scales 16 + BF16 RoPE 128
 FLOP_PER_ROW_TOKEN = 2 * (HEAD_DIM + CONTENT_DIM)  # QK over 576 + PV over 512
 
 # The machine's ceilings (bench/ANCHORS.md).
@@ -196,6 +200,7 @@ def figures(case: Case, seqlens: list[int]) -> dict[str, Any]:
         "kv_bytes": {
             "snapmla": tokens * OUR_BYTES_PER_TOKEN,
             "flashinfer": tokens * BF16_BYTES_PER_TOKEN,
+            "flashmla_fp8": tokens * FLASHMLA_FP8_BYTES_PER_TOKEN,
         },
         "intensity_flop_per_byte": {
             "snapmla": flops / (tokens * OUR_BYTES_PER_TOKEN),
@@ -614,6 +619,49 @@ class FlashMLABF16:
         return call
 
 
+def flashmla_shim() -> Any:
+    """``bench/flashmla/flashmla.py``: FlashMLA's kernels through the shim that
+    ``bench/flashmla/build.sh`` builds into .carry/flashmla (loaded by path, once)."""
+    name = "snapmla_bench_flashmla"
+    if name not in sys.modules:
+        import importlib.util
+
+        path = os.path.join(HERE, "flashmla", "flashmla.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def open_flashmla(args: argparse.Namespace, env: dict[str, Any]) -> tuple[Any, Any]:
+    """FlashMLA's BF16 decode (``flash_mla`` where importable, else the shim) and its FP8
+    sparse decode (the shim), each None where left out or unavailable; ``env`` records their
+    versions or why not."""
+    fm = fm8 = None
+    if not args.no_flashmla:
+        try:
+            fm = FlashMLABF16()
+        except Exception as exc:  # noqa: BLE001 (not built on this machine)
+            try:
+                fm = flashmla_shim().DenseBF16(SOFTMAX_SCALE)
+            except Exception as exc2:  # noqa: BLE001 (no shim library either)
+                why = f"flash_mla: {short_error(exc)}; shim: {short_error(exc2)}"
+                env["flashmla"] = f"unavailable: {why}"
+                print(f"bench_decode: FlashMLA unavailable: {why}", file=sys.stderr)
+        if fm is not None:
+            env["flashmla"] = fm.version
+    if not args.no_flashmla_fp8:
+        try:
+            fm8 = flashmla_shim().SparseFP8(SOFTMAX_SCALE)
+            env["flashmla_fp8"] = fm8.version
+        except Exception as exc:  # noqa: BLE001 (no shim library)
+            env["flashmla_fp8"] = f"unavailable: {short_error(exc)}"
+            print(f"bench_decode: FlashMLA FP8 unavailable: {short_error(exc)}", file=sys.stderr)
+    return fm, fm8
+
+
 def run_case(
     torch: Any,
     snapmla: Any,
@@ -621,7 +669,8 @@ def run_case(
     args: argparse.Namespace,
     fi: FlashInferBF16 | None,
     fi_error: str | None,
-    fm: FlashMLABF16 | None = None,
+    fm: Any = None,
+    fm8: Any = None,
 ) -> dict[str, Any]:
     """Build the data of one case, check every kernel's output, time them."""
     import numpy as np
@@ -671,6 +720,8 @@ def run_case(
         "speedup_vs_flashinfer": None,
         "flashmla": None,
         "speedup_vs_flashmla": None,
+        "flashmla_fp8": None,
+        "speedup_vs_flashmla_fp8": None,
         "pass": None,
         "error": {},
     }
@@ -800,11 +851,27 @@ def run_case(
                 fm_call = fm.prepare(torch, case, ckv, kpe, block_tables, seqlens_t, q)
                 fm_out = fm_call(0)
                 torch.cuda.synchronize()
-                result["flashmla"] = {"supported": True}
+                result["flashmla"] = {"supported": True, **getattr(fm, "info", {})}
             except Exception as exc:  # noqa: BLE001 (e.g. a shape FlashMLA refuses)
                 torch.cuda.synchronize()
                 fm_call = fm_out = None
                 result["flashmla"] = {"supported": False, "error": short_error(exc)}
+
+        # ---- FlashMLA's FP8 sparse decode (the shim, 64 and 128 heads): its 656-byte cache made
+        # from the same pages, indices naming each request's tokens in block-table order.
+        fm8_call, fm8_out = None, None
+        if fm8 is not None and h not in fm8.heads:
+            result["flashmla_fp8"] = {"supported": False, "skipped": "64 or 128 heads only"}
+        elif fm8 is not None:
+            try:
+                fm8_call = fm8.prepare(torch, case, ckv, kpe, block_tables, seqlens_t, q)
+                fm8_out = fm8_call(0)
+                torch.cuda.synchronize()
+                result["flashmla_fp8"] = {"supported": True, **fm8.info}
+            except Exception as exc:  # noqa: BLE001 (recorded in the results)
+                torch.cuda.synchronize()
+                fm8_call = fm8_out = None
+                result["flashmla_fp8"] = {"supported": False, "error": short_error(exc)}
 
         # ---- sanity: outputs of both on copy 0, and an fp32 reference for a few requests.
         checks: dict[str, Any] = {}
@@ -838,6 +905,9 @@ def run_case(
             if fm_out is not None:
                 fm_rows = torch.stack([fm_out[r] for r in sample])
                 checks["flashmla_vs_fp32_ref"] = _rel_l2(torch, fm_rows, fp32_ref)
+            if fm8_out is not None:
+                fm8_rows = torch.stack([fm8_out[r] for r in sample])
+                checks["flashmla_fp8_vs_fp32_ref"] = _rel_l2(torch, fm8_rows, fp32_ref)
             del refs
         result["checks"] = checks
 
@@ -946,31 +1016,37 @@ def run_case(
         if args.two_term:
             result["snapmla_fp8x2"] = two_term()
 
-        def time_bf16(name: str, call: Callable[[int], Any]) -> None:
-            """Times a BF16 library's call into result[name] (its TB/s: the BF16 bytes)."""
+        def time_theirs(name: str, call: Callable[[int], Any], kv: str = "flashinfer") -> None:
+            """Times another library's call into result[name] (its TB/s: the KV bytes
+            fig["kv_bytes"][kv], BF16 unless said)."""
             try:
                 t = time_calls(
                     torch, call, variants=copies, target_s=target_s, use_graph=not args.no_graph
                 )
                 t["gpu_after"] = gpu_state()
                 t["tflops"] = fig["flops"] / (t["median_us"] * 1e-6) / 1e12
-                t["tbps"] = fig["kv_bytes"]["flashinfer"] / (t["median_us"] * 1e-6) / 1e12
+                t["tbps"] = fig["kv_bytes"][kv] / (t["median_us"] * 1e-6) / 1e12
                 result[name].update(t)
             except Exception as exc:  # noqa: BLE001 (recorded in the results)
                 torch.cuda.synchronize()
                 result["error"][name] = short_error(exc)
 
         if fi_ok:
-            time_bf16("flashinfer", theirs)
+            time_theirs("flashinfer", theirs)
         if fm_call is not None:
-            time_bf16("flashmla", fm_call)
+            time_theirs("flashmla", fm_call)
+        if fm8_call is not None:
+            time_theirs("flashmla_fp8", fm8_call, "flashmla_fp8")
         ours_t = (result["snapmla"] or {}).get("median_us")
         fi_t = (result["flashinfer"] or {}).get("median_us")
         fm_t = (result["flashmla"] or {}).get("median_us")
+        fm8_t = (result["flashmla_fp8"] or {}).get("median_us")
         if ours_t and fi_t:
             result["speedup_vs_flashinfer"] = fi_t / ours_t
         if ours_t and fm_t:
             result["speedup_vs_flashmla"] = fm_t / ours_t
+        if ours_t and fm8_t:
+            result["speedup_vs_flashmla_fp8"] = fm8_t / ours_t
         if fm_t and anchor is not None and anchor.flashmla_us:
             result["flashmla_vs_anchor"] = fm_t / anchor.flashmla_us
         if ours_t and anchor is not None and anchor.target_us is not None:
@@ -980,7 +1056,7 @@ def run_case(
     finally:
         torch.cuda.synchronize()
         cache.close()
-        ckv = kpe = plan = fm_call = fm_out = None
+        ckv = kpe = plan = fm_call = fm_out = fm8_call = fm8_out = None
         _free_memory(torch)
     return result
 
@@ -1013,6 +1089,30 @@ def _us(timing: dict[str, Any]) -> str:
     return text + "*" if timing.get("method") == "eager-events" else text
 
 
+def _flashmla_lines(cases: list[dict[str, Any]], key: str, title: str) -> list[str]:
+    """The summary's block of a FlashMLA kernel (result key "flashmla" or "flashmla_fp8"): per
+    case it ran or refused, its time, our speedup over it, its time over the anchor (BF16) or
+    its topk (FP8), its error against the fp32 reference and its refusal. Cases of head counts
+    it does not run ("skipped") are left out; no block where no case has it."""
+    lines = []
+    for c in cases:
+        f = c.get(key) or {}
+        if f.get("supported") is None or "skipped" in f:
+            continue
+        err = (c.get("checks") or {}).get(f"{key}_vs_fp32_ref")
+        extra = (
+            f"FM/anc {_fmt(c.get('flashmla_vs_anchor'), '.2f')}"
+            if key == "flashmla"
+            else f"topk {_fmt(f.get('topk'), 'd')}"
+        )
+        lines.append(
+            f"{c['name']:<17} {_us(f):>8} us  ours {_fmt(c.get(f'speedup_vs_{key}'), '.2f')}x"
+            f"  {extra}  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
+            + (f"  {f['error'][:100]}" if "error" in f else "")
+        )
+    return ["", title, *lines] if lines else []
+
+
 def table(cases: list[dict[str, Any]]) -> str:
     head = (
         f"{'case':<17} {'ours us':>8} {'FI us':>8} {'xFI':>5} {'TFLOPS':>6} {'TB/s':>5} "
@@ -1042,23 +1142,14 @@ def table(cases: list[dict[str, Any]]) -> str:
     eager = any(
         (c.get(k) or {}).get("method") == "eager-events"
         for c in cases
-        for k in ("snapmla", "flashinfer")
+        for k in ("snapmla", "flashinfer", "flashmla", "flashmla_fp8")
     )
     if eager:
         lines.append("* eager launches timed between events (graph capture failed)")
-    fm = [c for c in cases if (c.get("flashmla") or {}).get("supported") is not None]
-    if fm:
-        lines.append("")
-        lines.append("FlashMLA BF16, same run:")
-        for c in fm:
-            f = c["flashmla"]
-            err = (c.get("checks") or {}).get("flashmla_vs_fp32_ref")
-            lines.append(
-                f"{c['name']:<17} {_us(f):>8} us  ours {_fmt(c.get('speedup_vs_flashmla'), '.2f')}x"
-                f"  FM/anc {_fmt(c.get('flashmla_vs_anchor'), '.2f')}"
-                f"  err%ref {_fmt(None if err is None else 100 * err, '.2f')}"
-                + (f"  {f['error'][:100]}" if "error" in f else "")
-            )
+    lines += _flashmla_lines(cases, "flashmla", "FlashMLA BF16, same run:")
+    lines += _flashmla_lines(
+        cases, "flashmla_fp8", "FlashMLA FP8 sparse decode as dense attention, same run:"
+    )
     two = [c for c in cases if c.get("snapmla_fp8x2")]
     if two:
         lines.append("")
@@ -1080,10 +1171,12 @@ def table(cases: list[dict[str, Any]]) -> str:
 
 def markdown_table(doc: dict[str, Any]) -> str:
     """A results JSON as the Markdown table the docs quote: a caption naming the GPU, commit,
-    date and timing, then per case our time, FlashInfer's (and FlashMLA's, where the run had
-    it), the speedups, the FP8 floor and the target, in microseconds."""
+    date and timing, then per case our time, FlashInfer's (and FlashMLA's BF16 and FP8 sparse
+    decode, where the run had them), the speedups, the FP8 floor and the target, in
+    microseconds."""
     cases = doc["cases"]
     with_fm = any((c.get("flashmla") or {}).get("median_us") for c in cases)
+    with_fm8 = any((c.get("flashmla_fp8") or {}).get("median_us") for c in cases)
     s = doc.get("settings") or {}
     caption = (
         f"{(doc.get('device') or {}).get('name', '?')}, commit {str(doc.get('commit'))[:7]}, "
@@ -1093,16 +1186,23 @@ def markdown_table(doc: dict[str, Any]) -> str:
     head = ["case", "snapmla", "FlashInfer BF16", "speedup"]
     if with_fm:
         head += ["FlashMLA BF16", "vs FlashMLA"]
+    if with_fm8:
+        head += ["FlashMLA FP8", "vs FlashMLA FP8"]
     head += ["FP8 floor", "target"]
     lines = [caption, "", "| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
     for c in cases:
-        o, f, m = (c.get(k) or {} for k in ("snapmla", "flashinfer", "flashmla"))
+        o, f, m, m8 = (
+            c.get(k) or {} for k in ("snapmla", "flashinfer", "flashmla", "flashmla_fp8")
+        )
         x = c.get("speedup_vs_flashinfer")
         row = [c["name"], _fmt(o.get("median_us")), _fmt(f.get("median_us"))]
         row.append("-" if x is None else f"{x:.2f}x")
         if with_fm:
             xm = c.get("speedup_vs_flashmla")
             row += [_fmt(m.get("median_us")), "-" if xm is None else f"{xm:.2f}x"]
+        if with_fm8:
+            xm8 = c.get("speedup_vs_flashmla_fp8")
+            row += [_fmt(m8.get("median_us")), "-" if xm8 is None else f"{xm8:.2f}x"]
         row += [_fmt((c.get("floor") or {}).get("floor_us")), _fmt(c.get("target_us"), "g")]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
@@ -1127,7 +1227,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-flashinfer", action="store_true", help="leave FlashInfer out")
     p.add_argument(
-        "--no-flashmla", action="store_true", help="leave FlashMLA out (timed where importable)"
+        "--no-flashmla",
+        action="store_true",
+        help="leave FlashMLA's BF16 decode out (timed where flash_mla is importable or the shim "
+        "of bench/flashmla/build.sh is built)",
+    )
+    p.add_argument(
+        "--no-flashmla-fp8",
+        action="store_true",
+        help="leave FlashMLA's FP8 sparse decode out (timed at 64 and 128 heads where the shim "
+        "is built)",
     )
     p.add_argument("--out", help="write the JSON results here")
     p.add_argument(
@@ -1221,13 +1330,8 @@ def main(argv: list[str] | None = None) -> int:
             fi_error = short_error(exc)
             env["flashinfer"] = f"unavailable: {fi_error}"
             print(f"bench_decode: FlashInfer unavailable: {fi_error}", file=sys.stderr)
-    fm = None
-    if not args.no_flashmla:
-        try:
-            fm = FlashMLABF16()
-            env["flashmla"] = fm.version
-        except Exception as exc:  # noqa: BLE001 (not built on this machine)
-            env["flashmla"] = f"unavailable: {short_error(exc)}"
+    fm, fm8 = open_flashmla(args, env)
+    fm_source = None if fm is None else "flash_mla" if isinstance(fm, FlashMLABF16) else "shim"
     doc: dict[str, Any] = {
         "schema": "snapmla.bench_decode/1",
         **git_commit(),
@@ -1246,12 +1350,18 @@ def main(argv: list[str] | None = None) -> int:
             "seed": args.seed,
             "flashinfer": not args.no_flashinfer,
             "flashmla": fm is not None,
+            "flashmla_source": fm_source,
+            "flashmla_fp8": fm8 is not None,
             "two_term": args.two_term,
             "page_stride": args.page_stride,
             "num_sm_parts": args.num_sm_parts,
         },
         "constants": {
-            "bytes_per_token": {"snapmla": OUR_BYTES_PER_TOKEN, "flashinfer": BF16_BYTES_PER_TOKEN},
+            "bytes_per_token": {
+                "snapmla": OUR_BYTES_PER_TOKEN,
+                "flashinfer": BF16_BYTES_PER_TOKEN,
+                "flashmla_fp8": FLASHMLA_FP8_BYTES_PER_TOKEN,
+            },
             "flop_per_row_token": FLOP_PER_ROW_TOKEN,
             "hbm_tbps": HBM_TBPS,
             "floor_hbm_tbps": FLOOR_HBM_TBPS,
@@ -1265,7 +1375,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, case in enumerate(cases):
         t0 = time.perf_counter()
         try:
-            res = run_case(torch, snapmla, case, args, fi, fi_error, fm)
+            res = run_case(torch, snapmla, case, args, fi, fi_error, fm, fm8)
         except Exception as exc:  # noqa: BLE001 (one case's failure is recorded)
             traceback.print_exc()
             res = {
@@ -1295,7 +1405,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": [
             c["name"]
             for c in doc["cases"]
-            if set(c.get("error") or {}) - {"flashinfer", "flashmla"}
+            if set(c.get("error") or {}) - {"flashinfer", "flashmla", "flashmla_fp8"}
         ],
         "flashinfer_unsupported": [
             c["name"] for c in doc["cases"] if (c.get("flashinfer") or {}).get("supported") is False
