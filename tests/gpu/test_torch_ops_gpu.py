@@ -164,9 +164,10 @@ def test_fp8x2_decode_matches_the_generic_api_bit_for_bit(
 
 
 def test_fp8x2_refusals_and_a_plan_of_the_other_precision(rng: np.random.Generator) -> None:
-    """fp8x2 past the fast kernel's rows with kernel "auto" is refused naming 'kernel'; a
-    workspace sized for fp8 is refused for fp8x2 naming 'workspace'; a plan built for fp8 and
-    decoded as fp8x2 (buffers large enough) gives NaN rows, as the library documents.
+    """fp8x2 past the fast kernel's rows with kernel "auto" is refused naming 'args.kernel'
+    (the C library checks that range and names its field); a workspace sized for fp8 is refused
+    for fp8x2 naming 'workspace'; a plan built for fp8 and decoded as fp8x2 (buffers large
+    enough) gives NaN rows, as the library documents.
     Refused calls write nothing."""
     case, cache, q, bt, sl = _torch_case(rng, [100, 300], 128)
     kw = dict(num_heads=128, max_pages=case.max_pages)
@@ -174,7 +175,7 @@ def test_fp8x2_refusals_and_a_plan_of_the_other_precision(rng: np.random.Generat
     smt.plan(plan, sl, **kw, q_precision="fp8x2")
     out, lse = poisoned_outputs(2, 1, 128)
     args = (cache, 0, q, bt, sl, plan, workspace)
-    with pytest.raises(snapmla.SnapMLAError, match="argument 'kernel'"):
+    with pytest.raises(snapmla.SnapMLAError, match="argument 'args.kernel'"):
         smt.decode(*args, softmax_scale=SM_SCALE, q_precision="fp8x2", out=out, lse=lse)
     _, fp8_ws = smt.decode_buffers(2, **kw)
     assert fp8_ws.shape[0] < workspace.shape[0]
