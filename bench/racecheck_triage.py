@@ -10,7 +10,7 @@ writer only arrives at (`bar.arrive`, then the other side's `bar.sync`: PTX orde
 threads' earlier accesses before the waiters' later ones); racecheck does not model that
 handoff and reports some of those pairs, a different number from run to run of the same build.
 A debug build that stores (request, block) beside the statistics and traps on any other read
-saw none (docs/performance.md). Every other record, in the decode kernels or elsewhere, fails.
+saw none (docs/design.md, the seesaw). Every other record, in the decode kernels or elsewhere, fails.
 
 The pairs are recognised by source text, not line numbers: the read is a statement of
 `softmax.cuh` that loads `ps.m`, `ps.sig` or `ps.l` of a row, the write one that stores
