@@ -7,7 +7,6 @@ needed: bench_decode.py imports those lazily."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -16,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from _bench_module import bench_module
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 ANCHORS_MD = BENCH / "ANCHORS.md"
@@ -23,13 +24,7 @@ ANCHORS_MD = BENCH / "ANCHORS.md"
 
 def _module(path: str) -> ModuleType:
     """bench/<path>.py as a module (e.g. "bench_decode", "probes/ncu_per_block")."""
-    name = path.replace("/", "_")
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", BENCH / f"{path}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(path)
 
 
 @pytest.fixture(scope="module")

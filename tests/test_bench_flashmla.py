@@ -9,7 +9,6 @@ both kernels match an fp32 reference."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import math
 import struct
 import sys
@@ -20,23 +19,16 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from _bench_module import bench_module
+
 torch = pytest.importorskip("torch")
 
 ADAPTER = Path(__file__).resolve().parents[1] / "bench" / "flashmla" / "flashmla.py"
 
 
-def _module(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def fm() -> ModuleType:
-    return _module("_bench_flashmla_adapter", ADAPTER)
+    return bench_module("flashmla/flashmla")
 
 
 def _bf16(rng: np.random.Generator, shape: tuple, std: float = 0.5) -> torch.Tensor:
@@ -221,7 +213,7 @@ def test_shim_checks_arguments_without_a_gpu(fm: ModuleType) -> None:
 
 @pytest.fixture(scope="module")
 def bench_decode() -> ModuleType:
-    return _module("_bench_decode_for_flashmla", ADAPTER.parents[1] / "bench_decode.py")
+    return bench_module("bench_decode")
 
 
 def test_bench_opens_flashmla_from_flash_mla_or_the_shim(

@@ -4,26 +4,19 @@ and on the tree's own softmax.cuh."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from _bench_module import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
 def triage() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "_racecheck_triage", ROOT / "bench" / "racecheck_triage.py"
-    )
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module("racecheck_triage")
 
 
 def _fn(name: str, traits: str = "(int)32, (bool)0") -> str:
