@@ -55,12 +55,15 @@ supported: it removes each request's last tokens. A request that outgrows ``max_
 ``generate`` raise (its tokens past the end are not cached).
 
 The backend seam: every call that touches the GPU library goes through one object
-(:class:`SnapMLABackend`); :class:`TorchBackend` implements the same contract in plain torch
-(exact fp32 attention, optionally over snapmla's FP8 round trip) for CPU tests and debugging.
+(:class:`SnapMLABackend`); :class:`TorchBackend` implements the same interface in plain torch
+on any device, for CPU tests and debugging: exact attention (the client's math alone), or with
+``quantize=True`` snapmla's numerics contract (FP8 cache, query and probabilities, what
+``snapmla.reference`` and the kernels compute).
 """
 
 from __future__ import annotations
 
+import struct
 import sys
 import types
 from dataclasses import dataclass, field
@@ -88,6 +91,7 @@ MAX_HEADS = 128  # SNAPMLA_MAX_HEADS
 MAX_Q_LEN = 4  # SNAPMLA_MAX_Q_LEN: new tokens per request in one decode call
 _FP8_MAX = 448.0
 _MIN_SCALE = 2.0**-32
+_MIN_PROB_SCALE = 2.0**-64  # floor of a P block's scale
 
 Tensor = torch.Tensor
 
@@ -229,53 +233,97 @@ class SnapMLABackend:
         return out
 
 
+def _div(x: Tensor, c: float) -> Tensor:
+    """``x / c`` rounded as IEEE division on every device (CUDA computes a tensor divided by a
+    Python number as ``x * (1 / c)``, one ulp off the quotient the contract names)."""
+    return x / x.new_full((), c)
+
+
+def _e4m3(x: Tensor) -> Tensor:
+    """fp32 to the nearest E4M3 value (round to nearest even, saturating at +-448), as fp32."""
+    return x.clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).float()
+
+
+def _e4m3_round(x: Tensor) -> Tensor:
+    """float64 to the nearest E4M3 value in one rounding (a float64 -> float8 cast rounds
+    through fp32 first): ``snapmla.reference.e4m3_round``."""
+    a = x.abs().clamp(max=_FP8_MAX)
+    e = torch.floor(torch.log2(a)).clamp(min=-6)  # exponent of a, corrected below
+    e = e - (torch.exp2(e) > a).to(e.dtype) + (torch.exp2(e + 1) <= a).to(e.dtype)
+    quantum = torch.exp2(e.clamp(min=-6) - 3)  # 3 mantissa bits; subnormal spacing 2^-9
+    return torch.copysign(torch.round(a / quantum) * quantum, x)
+
+
+def _quantize_rows(nope: Tensor, pe: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``snapmla.reference.quantize_rows`` of BF16-valued rows: (E4M3 content, BF16 RoPE
+    pre-divided by the scale, fp32 scale ``max(amax / 448, 2^-32)`` ``[..., 1]``), all fp32."""
+    scale = _div(nope.abs().amax(dim=-1, keepdim=True), _FP8_MAX).clamp_min(_MIN_SCALE)
+    return _e4m3(nope / scale), (pe / scale).to(torch.bfloat16).float(), scale
+
+
 class TorchBackend:
-    """The backend contract in plain torch, on any device: the cache is fp32
-    ``[layers, pages * 64 + 1, 576]`` (token slot ``t`` in row ``t``; the last row takes skipped
-    tokens), decode is exact fp32 softmax attention over it with snapmla's visibility rule
-    (token ``j < seqlen``; causal, bottom-right aligned, among the new tokens).
-    ``quantize=True`` stores what snapmla's FP8 round trip gives back (``fetch_dequant``'s
-    values: per-token scale ``max(amax / 448, 2^-32)``, E4M3 content, BF16 RoPE pre-divided by
-    the scale, dequantized to BF16), so decode attends over the values the GPU cache holds,
-    without the query's and P's FP8 roundings."""
+    """The backend contract in plain torch, on any device (CPU tests, debugging).
+
+    ``quantize=False``: exact attention over the tokens as given, in fp32: the client's math
+    alone. The cache is fp32 ``[layers, pages * 64 + 1, 577]`` (token slot ``t`` in row ``t``;
+    the last row takes skipped tokens), decode is exact softmax attention over it with snapmla's
+    visibility rule (token ``j < seqlen``; causal, bottom-right aligned, among the new tokens).
+
+    ``quantize=True``: snapmla's numerics contract (``snapmla.reference``, what the kernels
+    compute): the cache holds each token's E4M3 content, BF16 RoPE pre-divided by the token's
+    scale and the fp32 scale ``max(amax / 448, 2^-32)`` of its BF16 ``c_kv``, bit for bit
+    (``fetch_dequant`` gives ``bf16(code * scale)``); decode quantizes each (token, head) query
+    row the same way (``q_precision="fp8x2"``: the two-term query), takes the logits
+    ``(q8.c8 + qr.kr) * s_q * s_k * softmax_scale`` and the probabilities as E4M3 per 64-token
+    block with the running-max rescaling, in float64 as ``snapmla.reference.decode_reference``
+    does."""
 
     compileable = True
     kv_dtype = None  # keeps the model's dtype
     name = "torch"
 
-    def __init__(self, quantize: bool = False) -> None:
+    def __init__(self, quantize: bool = False, q_precision: str = "fp8") -> None:
+        if q_precision not in ("fp8", "fp8x2"):
+            raise ValueError(f"q_precision: 'fp8' or 'fp8x2', got {q_precision!r}")
+        if q_precision == "fp8x2" and not quantize:
+            raise ValueError("q_precision='fp8x2' needs quantize=True (exact attention has no FP8)")
         self.quantize = quantize
+        self.q_precision = q_precision
 
     def empty_cache(self, num_layers: int, num_pages: int, device: torch.device) -> Tensor:
         rows = num_pages * PAGE_SIZE + 1
         return torch.zeros(
-            (num_layers, rows, CONTENT_DIM + ROPE_DIM), dtype=torch.float32, device=device
+            (num_layers, rows, CONTENT_DIM + ROPE_DIM + 1), dtype=torch.float32, device=device
         )
 
     @staticmethod
     def round_trip(c_kv: Tensor, k_pe: Tensor) -> tuple[Tensor, Tensor]:
         """snapmla's quantize-then-dequantize of tokens (``snapmla.reference.quantize_kv``
-        then ``dequantize``), as BF16 ``(c_kv [n, 512], k_pe [n, 64])``."""
-        c = c_kv.to(torch.bfloat16).float()
-        k = k_pe.to(torch.bfloat16).float()
-        scale = (c.abs().amax(dim=-1, keepdim=True) / _FP8_MAX).clamp_min(_MIN_SCALE)
-        content = (c / scale).clamp(-_FP8_MAX, _FP8_MAX).to(torch.float8_e4m3fn).float()
-        rope = (k / scale).to(torch.bfloat16).float()
+        then ``dequantize``, bit for bit on any device), as BF16 ``(c_kv [n, 512], k_pe
+        [n, 64])``."""
+        content, rope, scale = _quantize_rows(c_kv.to(torch.bfloat16).float(),
+                                              k_pe.to(torch.bfloat16).float())  # fmt: skip
         return (content * scale).to(torch.bfloat16), (rope * scale).to(torch.bfloat16)
 
     def append(self, cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
         if self.quantize:
-            c_kv, k_pe = self.round_trip(c_kv, k_pe)
+            content, rope, scale = _quantize_rows(c_kv.to(torch.bfloat16).float(),
+                                                  k_pe.to(torch.bfloat16).float())  # fmt: skip
+            values = torch.cat([content, rope, scale], dim=-1)
+        else:
+            values = torch.cat([c_kv.float(), k_pe.float(), c_kv.new_ones(c_kv.shape[0], 1)], -1)
         rows = cache.shape[1] - 1
         target = torch.where((slots >= 0) & (slots < rows), slots, rows)
-        values = torch.cat([c_kv.float(), k_pe.float()], dim=-1)
-        cache[layer].index_copy_(0, target, values)
+        cache[layer].index_copy_(0, target, values.float())
 
     def fetch_dequant(self, cache: Tensor, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         rows = cache.shape[1] - 1
         keep = (slots >= 0) & (slots < rows)
-        values = cache[layer].index_select(0, torch.where(keep, slots, rows))
-        values = values * keep[:, None]  # a negative slot reads zeros, as snapmla's does
+        stored = cache[layer].index_select(0, torch.where(keep, slots, rows))
+        values = stored[:, :-1] * stored[:, -1:]
+        if self.quantize:
+            values = values.to(torch.bfloat16)  # bf16(code * scale), as snapmla's
+        values = torch.where(keep[:, None], values, 0.0)  # a negative slot reads zeros
         return values[:, :CONTENT_DIM], values[:, CONTENT_DIM:]
 
     def decode_buffers(
@@ -304,15 +352,70 @@ class TorchBackend:
         n = block_table.shape[1] * PAGE_SIZE
         j = torch.arange(n, device=q.device)
         slots = block_table[:, j // PAGE_SIZE].long() * PAGE_SIZE + j % PAGE_SIZE  # [b, n]
-        kv = cache[layer].index_select(0, slots.reshape(-1)).view(b, n, -1)  # [b, n, 576]
-        z = torch.einsum("bshd,bnd->bshn", q.float(), kv) * softmax_scale
+        kv = cache[layer].index_select(0, slots.reshape(-1)).view(b, n, -1)  # [b, n, 577]
         limit = seqlens.long()[:, None] - s + torch.arange(s, device=q.device)  # [b, s]
         visible = (j[None, None, :] < seqlens.long()[:, None, None]) & (
             j[None, None, :] <= limit[:, :, None]
         )  # [b, s, n]
+        if self.quantize:
+            return self._contract_decode(q, kv, visible, softmax_scale)
+        kv = kv[..., :-1]
+        z = torch.einsum("bshd,bnd->bshn", q.float(), kv) * softmax_scale
         z = z.masked_fill(~visible[:, :, None, :], float("-inf"))
         p = torch.softmax(z, dim=-1).nan_to_num(0.0)  # rows that see nothing: out = 0
         return torch.einsum("bshn,bnc->bshc", p, kv[..., :CONTENT_DIM])
+
+    def _contract_decode(self, q: Tensor, kv: Tensor, visible: Tensor, softmax_scale: float
+                         ) -> Tensor:  # fmt: skip
+        """``snapmla.reference.decode_reference`` in torch: ``q [b, s, h, 576]``, the stored
+        tokens ``kv [b, n, 577]`` in request order, ``visible [b, s, n]``; returns fp32
+        ``[b, s, h, 512]``."""
+        b, s, h, _ = q.shape
+        n = kv.shape[1]
+        qf = q.to(torch.bfloat16).float()
+        q8, qr, sq = _quantize_rows(qf[..., :CONTENT_DIM], qf[..., CONTENT_DIM:])
+        f64 = torch.float64
+        content = kv[..., :CONTENT_DIM].to(f64)
+        rope, tok_scale = kv[..., CONTENT_DIM:-1].to(f64), kv[..., -1].to(f64)
+        acc = torch.einsum("bshc,bnc->bshn", q8.to(f64), content)
+        acc = acc + torch.einsum("bshr,bnr->bshn", qr.to(f64), rope)
+        if self.q_precision == "fp8x2":
+            x = qf[..., :CONTENT_DIM] / sq  # the quotient q8 rounds, bit for bit
+            q_lo = _e4m3(16.0 * (x - q8))  # exact residual, one E4M3 rounding
+            rho = (sq * 2.0**-4) / sq  # fp32(s2 / s1)
+            acc = acc + rho.to(f64) * torch.einsum("bshc,bnc->bshn", q_lo.to(f64), content)
+        row_scale = sq.to(f64) * struct.unpack("f", struct.pack("f", softmax_scale))[0]  # fp32
+        z = acc * row_scale * tok_scale[:, None, None, :]  # [b, s, h, n]
+        z = z.reshape(b, s * h, n)
+        vis = visible[:, :, None, :].expand(b, s, h, n).reshape(b, s * h, n)
+        # NaN in a token reaches the rows that see it through z; an invisible one adds nothing.
+        content = torch.where(torch.isfinite(content), content, 0.0)
+        rows = (b, s * h)
+        m = z.new_full(rows, float("-inf"))
+        sig = z.new_ones(rows)
+        l_sum = z.new_zeros(rows)
+        o = z.new_zeros((*rows, CONTENT_DIM))
+        seen = torch.zeros(rows, dtype=torch.bool, device=z.device)
+        for j0 in range(0, n, PAGE_SIZE):
+            zb, vb = z[..., j0 : j0 + PAGE_SIZE], vis[..., j0 : j0 + PAGE_SIZE]
+            active = vb.any(dim=-1)
+            zb = zb.masked_fill(~vb, float("-inf"))
+            m_new = torch.maximum(m, zb.amax(dim=-1))
+            e = torch.where(vb, torch.exp(zb - m_new[..., None]), 0.0)
+            p = torch.where(vb, e * tok_scale[:, None, j0 : j0 + PAGE_SIZE], 0.0)
+            sig_new = _div(p.amax(dim=-1), _FP8_MAX).clamp_min(_MIN_PROB_SCALE)
+            p = _e4m3_round(p / sig_new[..., None])
+            g = torch.exp(m - m_new) * sig / sig_new
+            g = torch.where(torch.isneginf(m) & ~torch.isnan(m_new), 0.0, g)
+            l_new = l_sum * g + e.sum(dim=-1) / sig_new
+            o_new = o * g[..., None] + torch.bmm(p, content[:, j0 : j0 + PAGE_SIZE])
+            m = torch.where(active, m_new, m)
+            sig = torch.where(active, sig_new, sig)
+            l_sum = torch.where(active, l_new, l_sum)
+            o = torch.where(active[..., None], o_new, o)
+            seen = seen | active
+        out = torch.where(seen[..., None], o / l_sum[..., None], 0.0)
+        return out.view(b, s, h, CONTENT_DIM).float()
 
 
 # --------------------------------------------------------------------- model families
