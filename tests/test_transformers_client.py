@@ -644,8 +644,8 @@ def _contract_runs(init: float, precisions=("fp8",), chunks=None, stock: bool = 
 
     ours = {}
     for precision in precisions:
-        model = smx.prepare(copy.deepcopy(base).bfloat16(),
-                            backend=smx.TorchBackend(quantize=True, q_precision=precision))  # fmt: skip
+        backend = smx.TorchBackend(quantize=True, q_precision=precision)
+        model = smx.prepare(copy.deepcopy(base).bfloat16(), backend=backend)
         ours[precision] = run(model, smx.SnapMLACache(model, max_tokens=80))
     if not stock:
         return ours
