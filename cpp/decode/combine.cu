@@ -73,6 +73,18 @@ __device__ __forceinline__ Partial4 load_partial4(const DecodeParams& p, int64_t
           *reinterpret_cast<const uint16_t*>(rec + kPartialExpByte + partial_group(4 * c))};
 }
 
+// Raises m to the largest partial LSE of row fr over parts first + g, first + g + stride, ...
+// <= last; sets nan_seen where one is NaN (which fmaxf drops).
+__device__ __forceinline__ void max_partial_lse(const DecodeParams& p, int first, int last, int g,
+                                                int stride, int rows_pad, int fr, bool& nan_seen,
+                                                float& m) {
+  for (int part = first + g; part <= last; part += stride) {
+    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
+    nan_seen |= (v != v);
+    m = fmaxf(m, v);
+  }
+}
+
 // acc += w O_s over the lane's 16 columns of row fr in partial slot `slot`, w = exp(lse_s - m);
 // returns w.
 __device__ __forceinline__ float add_partial(const DecodeParams& p, int64_t slot, int rows_pad,
@@ -123,19 +135,14 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   const int lane = threadIdx.x % 32;
   const int fr = blockIdx.y * kRowsPerBlock + threadIdx.x / 32;
   const int rows_total = p.q_len * p.num_heads;
-  if (fr >= rows_total) return;
-  int first, last;
-  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  int first, last;  // no parts: a row past the step's, or written by the decode kernel
+  if (fr >= rows_total || !wait_and_split_parts(p, b, &first, &last)) return;
   const int rows_pad = p.row_tiles * kTileRows;
 
   // Pass 1: the largest partial LSE; NaN anywhere poisons the row.
   float m = -INFINITY;
   bool has_nan = false;
-  for (int part = first; part <= last; ++part) {
-    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
-    has_nan |= (v != v);
-    m = fmaxf(m, v);
-  }
+  max_partial_lse(p, first, last, 0, 1, rows_pad, fr, has_nan, m);
   float acc[kColsPerLane] = {};
   float lse;
   if (has_nan) {
@@ -174,20 +181,15 @@ __global__ void __launch_bounds__(kThreads) combine_wide_kernel(const DecodePara
   const int b = blockIdx.x, fr = blockIdx.y;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int rows_total = p.q_len * p.num_heads;
-  if (fr >= rows_total) return;
-  int first, last;
-  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  int first, last;  // no parts: a row past the step's, or written by the decode kernel
+  if (fr >= rows_total || !wait_and_split_parts(p, b, &first, &last)) return;
   const int rows_pad = p.row_tiles * kTileRows;
 
   // Pass 1, in every warp: the largest partial LSE, the lanes over the parts; NaN anywhere
   // poisons the row.
-  float m = -INFINITY;
   bool nan_seen = false;
-  for (int part = first + lane; part <= last; part += 32) {
-    const float v = p.partial_lse[partial_slot(part, first) * rows_pad + fr];
-    nan_seen |= (v != v);
-    m = fmaxf(m, v);
-  }
+  float m = -INFINITY;
+  max_partial_lse(p, first, last, lane, 32, rows_pad, fr, nan_seen, m);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   const bool has_nan = __any_sync(0xffffffffu, nan_seen);
@@ -318,9 +320,8 @@ __global__ void __launch_bounds__(kRowThreads* kGroups)
   const int b = blockIdx.x, fr = blockIdx.y;
   const int c = threadIdx.x % kRowThreads, g = threadIdx.x / kRowThreads;
   const int rows_total = p.q_len * p.num_heads;
-  if (fr >= rows_total) return;
-  int first, last;
-  if (!wait_and_split_parts(p, b, &first, &last)) return;  // written by the decode kernel
+  int first, last;  // no parts: a row past the step's, or written by the decode kernel
+  if (fr >= rows_total || !wait_and_split_parts(p, b, &first, &last)) return;
   const int rows_pad = p.row_tiles * kTileRows;
 
   RunningMerge r;
