@@ -18,6 +18,22 @@ struct RowState {
   float l_part[2] = {0.f, 0.f};
 };
 
+// v[i] reduced with `op` over the quad (the four t4 threads sharing a row), stored by t4 == 0
+// into red[half] at row_local[i] for the partner, then `sync`.
+template <class Op, class Sync>
+__device__ __forceinline__ void quad_reduce_to_partner(float (&v)[2], Op op,
+                                                       float (*red)[kTileRows],
+                                                       const int (&row_local)[2], int half, int t4,
+                                                       Sync sync) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    v[i] = op(v[i], __shfl_xor_sync(0xffffffffu, v[i], 1));
+    v[i] = op(v[i], __shfl_xor_sync(0xffffffffu, v[i], 2));
+    if (t4 == 0) red[half][row_local[i]] = v[i];
+  }
+  sync();
+}
+
 // s[n][c]: QK accumulators of tokens half * 32 + 8 n + 2 t4 + (c & 1), rows row_local[c / 2].
 // On return s holds P8 (exact E4M3 values as floats) and gamma[i] the factor g_k by which the
 // caller rescales O of row i; st advanced to this block.
@@ -46,13 +62,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
       row_max[i] = fmaxf(row_max[i], z);
     }
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 1));
-    row_max[i] = fmaxf(row_max[i], __shfl_xor_sync(0xffffffffu, row_max[i], 2));
-    if (t4 == 0) red_max[half][row_local[i]] = row_max[i];
-  }
-  sync();
+  const auto max = [](float x, float y) { return fmaxf(x, y); };
+  quad_reduce_to_partner(row_max, max, red_max, row_local, half, t4, sync);
   float m_new[2], m_use[2];
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -75,13 +86,7 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
       p_max[i] = fmaxf(p_max[i], pp);
     }
   }
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 1));
-    p_max[i] = fmaxf(p_max[i], __shfl_xor_sync(0xffffffffu, p_max[i], 2));
-    if (t4 == 0) red_pmax[half][row_local[i]] = p_max[i];
-  }
-  sync();
+  quad_reduce_to_partner(p_max, max, red_pmax, row_local, half, t4, sync);
 
   // ---- sigma_k, g_k = exp(m_{k-1} - m_k) sigma_{k-1} / sigma_k, l (eq. 12), P8 = e4m3(P'/sig)
 #pragma unroll
@@ -107,13 +112,8 @@ __device__ __forceinline__ void softmax_block(float (&s)[4][4], const float* k_s
 template <class Sync>
 __device__ __forceinline__ void reduce_l(RowState& st, const int (&row_local)[2], int half, int t4,
                                          float (*red_l)[kTileRows], float (&l)[2], Sync sync) {
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    st.l_part[i] += __shfl_xor_sync(0xffffffffu, st.l_part[i], 1);
-    st.l_part[i] += __shfl_xor_sync(0xffffffffu, st.l_part[i], 2);
-    if (t4 == 0) red_l[half][row_local[i]] = st.l_part[i];
-  }
-  sync();
+  const auto sum = [](float x, float y) { return x + y; };
+  quad_reduce_to_partner(st.l_part, sum, red_l, row_local, half, t4, sync);
 #pragma unroll
   for (int i = 0; i < 2; ++i) l[i] = red_l[0][row_local[i]] + red_l[1][row_local[i]];
 }
