@@ -14,6 +14,7 @@
 // own accumulator, combined per logit as fmaf(rho, acc_lo, acc_hi), rho = s2 / s1 per row
 // (snapmla.reference, q_terms=2); one K stage instead of two, to make room for the low row.
 #include <algorithm>
+#include <type_traits>
 
 #include "common/launch.h"
 #include "common/numerics.cuh"
@@ -83,23 +84,32 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(p)));
 }
-// D += A (16x32 e4m3, row) * B (32x8 e4m3, col), fp32 accumulate.
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D += A (16 x K, row) * B (K x 8, col), fp32 accumulate, K = 32 bytes of T: 32 e4m3 or 16 bf16
+// (the same fragments; each element type is its own instruction).
+using E4M3 = __nv_fp8_e4m3;
+using BF16 = __nv_bfloat16;
+template <class T>
+__device__ __forceinline__ void mma_m16n8(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+  static_assert(std::is_same_v<T, E4M3> || std::is_same_v<T, BF16>, "e4m3 or bf16");
+  if constexpr (std::is_same_v<T, E4M3>) {
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
-// D += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// D0 += A * B[n 0..7], D1 += A * B[n 8..15]: B's two n8 fragments from one ldmatrix x4.
+template <class T>
+__device__ __forceinline__ void mma_m16n16(float (&d0)[4], float (&d1)[4], const uint32_t (&a)[4],
+                                           const uint32_t (&bf)[4]) {
+  mma_m16n8<T>(d0, a, bf[0], bf[1]);
+  mma_m16n8<T>(d1, a, bf[2], bf[3]);
 }
 // Barrier among the 64 threads (two warps) of one row group; ids 1..4 (0 is __syncthreads).
 __device__ __forceinline__ void row_group_sync(int rg) {
@@ -109,48 +119,38 @@ __device__ __forceinline__ void row_group_sync(int rg) {
 __device__ __forceinline__ float nan_to_zero(float x) { return x != x ? 0.f : x; }
 
 // ------------------------------------------------------------------------------ loading
+// Rows tile * kTileRows + r of request row0's [rows x kCols] query matrix `src` into shared
+// memory rows kStride bytes apart, 16 bytes a cp.async; padding rows (past `rows`) are zero.
+template <int kCols, int kStride, class T>
+__device__ __forceinline__ void load_q_rows(uint8_t* dst, const T* src, int64_t row0, int rows,
+                                            int tile) {
+  constexpr int kChunks = kCols * static_cast<int>(sizeof(T)) / 16;  // a row's
+  for (int c = threadIdx.x; c < kTileRows * kChunks; c += kThreads) {
+    const int r = c / kChunks, col = c % kChunks;
+    const int fr = tile * kTileRows + r;
+    uint8_t* d = dst + r * kStride + col * 16;
+    if (fr < rows) {
+      cp_async16(d, reinterpret_cast<const uint8_t*>(src + (row0 + fr) * kCols) + col * 16);
+    } else {
+      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
 // Queries of request b for this CTA's 64 rows; padding rows are zero with scale 0 (and, for
 // the two-term query, rho 0).
 template <bool kTwoTerm>
 __device__ void load_q_tile(SharedStorage<kTwoTerm>& s, const DecodeParams& p, int b, int tile) {
   const int rows = p.q_len * p.num_heads;
   const int64_t row0 = int64_t{b} * rows;
-  for (int c = threadIdx.x; c < kTileRows * (kContentDim / 16); c += kThreads) {
-    const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
-    const int fr = tile * kTileRows + r;
-    uint8_t* dst = s.q_content + r * kQStride + col * 16;
-    if (fr < rows) {
-      cp_async16(dst, p.q_content + (row0 + fr) * kContentDim + col * 16);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-  }
-  for (int c = threadIdx.x; c < kTileRows * (kRopeDim * 2 / 16); c += kThreads) {
-    const int r = c / (kRopeDim * 2 / 16), col = c % (kRopeDim * 2 / 16);
-    const int fr = tile * kTileRows + r;
-    uint8_t* dst = s.q_rope + r * kRopeStride + col * 16;
-    if (fr < rows) {
-      cp_async16(dst,
-                 reinterpret_cast<const uint8_t*>(p.q_rope + (row0 + fr) * kRopeDim) + col * 16);
-    } else {
-      *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-    }
-  }
+  load_q_rows<kContentDim, kQStride>(s.q_content, p.q_content, row0, rows, tile);
+  load_q_rows<kRopeDim, kRopeStride>(s.q_rope, p.q_rope, row0, rows, tile);
   for (int r = threadIdx.x; r < kTileRows; r += kThreads) {
     const int fr = tile * kTileRows + r;
     s.q_scale[r] = fr < rows ? p.q_scale[row0 + fr] : 0.f;
   }
   if constexpr (kTwoTerm) {
-    for (int c = threadIdx.x; c < kTileRows * (kContentDim / 16); c += kThreads) {
-      const int r = c / (kContentDim / 16), col = c % (kContentDim / 16);
-      const int fr = tile * kTileRows + r;
-      uint8_t* dst = s.q_lo + r * kQStride + col * 16;
-      if (fr < rows) {
-        cp_async16(dst, p.q_lo + (row0 + fr) * kContentDim + col * 16);
-      } else {
-        *reinterpret_cast<uint4*>(dst) = make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_q_rows<kContentDim, kQStride>(s.q_lo, p.q_lo, row0, rows, tile);
     for (int r = threadIdx.x; r < kTileRows; r += kThreads) {  // fp32 IEEE division
       const int fr = tile * kTileRows + r;
       s.q_rho[r] = fr < rows ? __fdiv_rn(p.q_lo_scale[row0 + fr], p.q_scale[row0 + fr]) : 0.f;
@@ -266,6 +266,13 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
         const int a_row = rg * 16 + (lane % 8) + 8 * ((lane / 8) % 2);
         const int a_col = 16 * (lane / 16);
         const int b_col = 16 * ((lane / 8) % 2);
+        // B: tokens 32 half + 16 np .. + 15 of a stage tile (rows `stride` bytes apart), bytes
+        // kk .. kk + 31, as one ldmatrix x4
+        const auto load_b = [&](uint32_t (&bf)[4], const uint8_t* tile, int stride, int np,
+                                int kk) {
+          const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
+          ldmatrix_x4(bf, tile + b_row * stride + kk + b_col);
+        };
 #pragma unroll 4
         for (int kk = 0; kk < kContentDim; kk += 32) {  // FP8 content, k = 32 bytes
           uint32_t a[4], a_lo[4];
@@ -273,15 +280,10 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
           if constexpr (kTwoTerm) ldmatrix_x4(a_lo, s.q_lo + a_row * kQStride + kk + a_col);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
-            const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
             uint32_t bf[4];
-            ldmatrix_x4(bf, ks.content + b_row * kQStride + kk + b_col);
-            mma_e4m3(acc[2 * np], a, bf[0], bf[1]);
-            mma_e4m3(acc[2 * np + 1], a, bf[2], bf[3]);
-            if constexpr (kTwoTerm) {
-              mma_e4m3(acc_lo[2 * np], a_lo, bf[0], bf[1]);
-              mma_e4m3(acc_lo[2 * np + 1], a_lo, bf[2], bf[3]);
-            }
+            load_b(bf, ks.content, kQStride, np, kk);
+            mma_m16n16<E4M3>(acc[2 * np], acc[2 * np + 1], a, bf);
+            if constexpr (kTwoTerm) mma_m16n16<E4M3>(acc_lo[2 * np], acc_lo[2 * np + 1], a_lo, bf);
           }
         }
 #pragma unroll
@@ -290,11 +292,9 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
           ldmatrix_x4(a, s.q_rope + a_row * kRopeStride + kk + a_col);
 #pragma unroll
           for (int np = 0; np < 2; ++np) {
-            const int b_row = 32 * half + 16 * np + 8 * (lane / 16) + (lane % 8);
             uint32_t bf[4];
-            ldmatrix_x4(bf, ks.rope + b_row * kRopeStride + kk + b_col);
-            mma_bf16(acc[2 * np], a, bf[0], bf[1]);
-            mma_bf16(acc[2 * np + 1], a, bf[2], bf[3]);
+            load_b(bf, ks.rope, kRopeStride, np, kk);
+            mma_m16n16<BF16>(acc[2 * np], acc[2 * np + 1], a, bf);
           }
         }
       }
@@ -345,8 +345,7 @@ __global__ void __launch_bounds__(kThreads, 1) reference_decode_kernel(const Dec
           const int col = 256 * half + 16 * np + 8 * (lane / 16);
           uint32_t bf[4];
           ldmatrix_x4_trans(bf, s.v + v_row * kVStride + col * 2);
-          mma_bf16(o[2 * np], a, bf[0], bf[1]);
-          mma_bf16(o[2 * np + 1], a, bf[2], bf[3]);
+          mma_m16n16<BF16>(o[2 * np], o[2 * np + 1], a, bf);
         }
       }
     }
