@@ -10,41 +10,36 @@ namespace snapmla {
 namespace decode {
 namespace seesaw {
 
-// A page outside the layer loads nothing, sets `bad_page` (its rows come out NaN) and still
-// arrives. Evict-first: a page is read once; the split partials should stay in L2 for the combine.
-__device__ __forceinline__ void load_content_half(SharedStorage::Stage& st, uint64_t* bar,
-                                                  const TensorMaps& maps, int half, int32_t page,
-                                                  int32_t num_pages, int32_t& bad_page) {
+// One part of a page into its stage: content half `half` (a warpgroup's refill), or, kRopeScale,
+// the RoPE and the scales. A page outside the layer loads nothing, sets `bad_page` (its rows come
+// out NaN) and still arrives. Evict-first: a page is read once; the split partials should stay in
+// L2 for the combine.
+template <bool kRopeScale>
+__device__ __forceinline__ void load_page_part(SharedStorage::Stage& st, uint64_t* bar,
+                                               const TensorMaps& maps, int half, int32_t page,
+                                               int32_t num_pages, int32_t& bad_page) {
   if (!(page >= 0 && page < num_pages)) {
     bad_page = 1;
     return sm90::mbar_arrive(bar);
   }
-  sm90::mbar_arrive_expect_tx(bar, kContentHalfTx);
+  sm90::mbar_arrive_expect_tx(bar, kRopeScale ? kRopeScaleTx : kContentHalfTx);
   const uint64_t policy = sm90::l2_evict_first_policy();
+  if constexpr (kRopeScale) {
+    sm90::tma_load_3d_hint(st.rope, &maps.k_rope, bar, 0, 0, page, policy);
+    sm90::tma_load_2d_hint(st.scale, &maps.k_scale, bar, 0, page, policy);
+  } else {
 #pragma unroll
-  for (int c = 2 * half; c < 2 * half + 2; ++c) {
-    sm90::tma_load_3d_hint(st.content[c], &maps.k_content, bar, c * kChunkBytes, 0, page, policy);
+    for (int c = 2 * half; c < 2 * half + 2; ++c) {
+      sm90::tma_load_3d_hint(st.content[c], &maps.k_content, bar, c * kChunkBytes, 0, page, policy);
+    }
   }
-}
-
-__device__ __forceinline__ void load_rope_scale(SharedStorage::Stage& st, uint64_t* bar,
-                                                const TensorMaps& maps, int32_t page,
-                                                int32_t num_pages, int32_t& bad_page) {
-  if (!(page >= 0 && page < num_pages)) {
-    bad_page = 1;
-    return sm90::mbar_arrive(bar);
-  }
-  sm90::mbar_arrive_expect_tx(bar, kRopeScaleTx);
-  const uint64_t policy = sm90::l2_evict_first_policy();
-  sm90::tma_load_3d_hint(st.rope, &maps.k_rope, bar, 0, 0, page, policy);
-  sm90::tma_load_2d_hint(st.scale, &maps.k_scale, bar, 0, page, policy);
 }
 
 __device__ __forceinline__ void load_block(const Ring& ring, const TensorMaps& maps, int i,
                                            int32_t page, int32_t num_pages) {
-  load_content_half(ring.stage(i), ring.full(i), maps, 0, page, num_pages, ring.s.bad_page);
-  load_content_half(ring.stage(i), ring.full(i), maps, 1, page, num_pages, ring.s.bad_page);
-  load_rope_scale(ring.stage(i), ring.full(i), maps, page, num_pages, ring.s.bad_page);
+  load_page_part<false>(ring.stage(i), ring.full(i), maps, 0, page, num_pages, ring.s.bad_page);
+  load_page_part<false>(ring.stage(i), ring.full(i), maps, 1, page, num_pages, ring.s.bad_page);
+  load_page_part<true>(ring.stage(i), ring.full(i), maps, 0, page, num_pages, ring.s.bad_page);
 }
 
 __device__ __forceinline__ void load_q_tile(SharedStorage& s, const TensorMaps& maps,
