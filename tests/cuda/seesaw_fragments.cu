@@ -30,16 +30,8 @@ constexpr int kTokens = 64, kDim = 512, kRows = 64;
 
 template <int N>
 __device__ void pv_kstep(float (&acc)[N / 2], const uint32_t (&a)[4], uint64_t desc, bool init) {
-  if constexpr (N == 64) {
-    init ? sm90::wgmma_m64n64k32_e4m3_rs_init(acc, a, desc)
-         : sm90::wgmma_m64n64k32_e4m3_rs(acc, a, desc, 1);
-  } else if constexpr (N == 32) {
-    init ? sm90::wgmma_m64n32k32_e4m3_rs_init(acc, a, desc)
-         : sm90::wgmma_m64n32k32_e4m3_rs(acc, a, desc, 1);
-  } else {
-    init ? sm90::wgmma_m64n16k32_e4m3_rs_init(acc, a, desc)
-         : sm90::wgmma_m64n16k32_e4m3_rs(acc, a, desc, 1);
-  }
+  init ? sm90::wgmma_m64nNk32_e4m3_rs_init<N>(acc, a, desc)
+       : sm90::wgmma_m64nNk32_e4m3_rs<N>(acc, a, desc, 1);
 }
 
 // v: e4m3 [64 tokens][512]; p: fp32 [64 rows][64 tokens] (exact E4M3 values);

@@ -12,19 +12,8 @@ namespace seesaw {
 // D[64 latent x N rows] (+)= V^T[64 x 32 tokens] (registers) P8^T (shared memory).
 template <int N, bool kInit>
 __device__ __forceinline__ void wgmma_pv(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc) {
-  if constexpr (N == 64) {
-    kInit ? sm90::wgmma_m64n64k32_e4m3_rs_init(d, a, desc)
-          : sm90::wgmma_m64n64k32_e4m3_rs(d, a, desc, 1);
-  } else if constexpr (N == 32) {
-    kInit ? sm90::wgmma_m64n32k32_e4m3_rs_init(d, a, desc)
-          : sm90::wgmma_m64n32k32_e4m3_rs(d, a, desc, 1);
-  } else if constexpr (N == 16) {
-    kInit ? sm90::wgmma_m64n16k32_e4m3_rs_init(d, a, desc)
-          : sm90::wgmma_m64n16k32_e4m3_rs(d, a, desc, 1);
-  } else {
-    kInit ? sm90::wgmma_m64n8k32_e4m3_rs_init(d, a, desc)
-          : sm90::wgmma_m64n8k32_e4m3_rs(d, a, desc, 1);
-  }
+  kInit ? sm90::wgmma_m64nNk32_e4m3_rs_init<N>(d, a, desc)
+        : sm90::wgmma_m64nNk32_e4m3_rs<N>(d, a, desc, 1);
 }
 
 __device__ __forceinline__ void wgmma_wait_upto3(int n) {

@@ -59,7 +59,7 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
   }
 #pragma unroll
   for (int k = 0; k < kRopeSteps; ++k) {
-    sm90::wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k), 1);
+    sm90::wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k));
   }
   sm90::wgmma_commit();
 }
