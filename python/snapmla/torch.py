@@ -544,19 +544,12 @@ def _check_q_precision(op: str, code: int) -> None:
 _Q_CODES = frozenset(_args.Q_PRECISIONS.values())
 
 
-def _plan_checks(
-    op: str,
-    plan: Tensor,
-    cache_seqlens: Tensor,
-    q_len: int = 1,
-    num_heads: int = 1,
-    max_pages: int = 1,
-    num_sm_parts: int = 0,
-    q_precision: int = 0,
-) -> None:
-    """The plan op's tensors and precision (its other integers are checked by the public
-    ``plan`` and the C library)."""
-    _check_q_precision(op, q_precision)
+def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor, *ints: int) -> None:
+    """The plan op's tensors and precision; ``ints``: the op's (q_len, num_heads, max_pages,
+    num_sm_parts, q_precision), of which only the precision is checked here (the others are the
+    public ``plan``'s and the C library's to check)."""
+    if len(ints) > 4:
+        _check_q_precision(op, ints[4])
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
     _args.check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
@@ -573,7 +566,7 @@ def _plan(
     q_precision: int = 0,
 ) -> None:
     op = "snapmla.torch.plan"
-    _plan_checks(op, plan, cache_seqlens, q_precision=q_precision)
+    _plan_checks(op, plan, cache_seqlens, q_len, num_heads, max_pages, num_sm_parts, q_precision)
     key = (cache_seqlens.shape[0], q_len, num_heads, max_pages, num_sm_parts, q_precision)
     _no_overlap(op, {"plan": plan}, {"cache_seqlens": cache_seqlens})
     device = cache_seqlens.device
@@ -618,37 +611,22 @@ _DECODE_MEMO_SIZE = 1024
 
 
 @_real("decode")
-def _decode(
-    cache: Tensor,
-    layer: int,
-    q: Tensor,
-    block_table: Tensor,
-    cache_seqlens: Tensor,
-    plan: Tensor,
-    workspace: Tensor,
-    out: Tensor,
-    lse: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    kernel: int,
-    num_sm_parts: int,
-    q_precision: int = 0,
-) -> None:
+def _decode(cache: Tensor, layer: int, q: Tensor, block_table: Tensor, cache_seqlens: Tensor,
+            plan: Tensor, workspace: Tensor, out: Tensor, lse: Tensor, softmax_scale: float,
+            causal: bool, kernel: int, num_sm_parts: int,
+            q_precision: int = 0) -> None:  # fmt: skip
+    """The decode op's implementation (the arguments in ``SCHEMAS["decode"]``'s order)."""
     # The call memo (host time): every check (_decode_prepare) is a function of
     # these tensors' addresses, shapes, strides, dtypes and devices and of the scalars, so a
     # call equal to an earlier checked one in all of them reuses its packed C arguments, config,
     # cache handle and buffer pointers. The stream and the current device are read at every
-    # call. The key is written out flat: building it is most of a memo hit's time. The six
-    # tensors the checks want contiguous are keyed by is_contiguous() in place of their
-    # strides: with the shape, that is all the checks read of their layout (a contiguous
+    # call. The tensors' fields are written out flat: building the key is most of a memo hit's
+    # time. The six tensors the checks want contiguous are keyed by is_contiguous() in place of
+    # their strides: with the shape, that is all the checks read of their layout (a contiguous
     # tensor's extent follows from its shape), and it is the cheaper query.
+    scalars = (layer, softmax_scale, causal, kernel, num_sm_parts, q_precision)
     memo_key = (
-        layer,
-        softmax_scale,
-        causal,
-        kernel,
-        num_sm_parts,
-        q_precision,
+        scalars,
         cache.data_ptr(), cache.shape, cache.is_contiguous(), cache.dtype, cache.get_device(),
         q.data_ptr(), q.shape, q.stride(), q.dtype, q.get_device(),
         block_table.data_ptr(), block_table.shape, block_table.stride(), block_table.dtype,
@@ -667,12 +645,7 @@ def _decode(
         args, key, plan_ptr, workspace_ptr = _decode_prepare(
             "snapmla.torch.decode",
             (cache, q, block_table, cache_seqlens, plan, workspace, out, lse),
-            layer,
-            softmax_scale,
-            causal,
-            kernel,
-            num_sm_parts,
-            q_precision,
+            *scalars,
         )
         index = cache.device.index
         prepared = (args, _args.decode_config(*key), _handle(cache), plan_ptr, workspace_ptr, index)
