@@ -137,6 +137,7 @@ def page_stride_ok(stride: int) -> bool:
 
 _configs: dict[tuple[int, ...], Any] = {}
 _CONFIGS_SIZE = 4096
+# snapmla_decode_config_t's fields, in decode_config's argument order.
 _CONFIG_FIELDS = (
     "batch_size",
     "q_len",
@@ -147,32 +148,17 @@ _CONFIG_FIELDS = (
     "plan_bytes",
     "workspace_bytes",
 )
+_ZEROS = (0,) * len(_CONFIG_FIELDS)
 
 
-def decode_config(
-    batch_size: int,
-    q_len: int,
-    num_heads: int,
-    max_pages: int,
-    num_sm_parts: int,
-    q_precision: int = 0,
-    plan_bytes: int = 0,
-    workspace_bytes: int = 0,
-) -> Any:
-    """A ``snapmla_decode_config_t*``, built once per config and kept: read-only (the C calls
+def decode_config(*fields: int) -> Any:
+    """A ``snapmla_decode_config_t*`` of ``fields`` in ``_CONFIG_FIELDS`` order (batch_size,
+    q_len, num_heads, max_pages, num_sm_parts, then q_precision, plan_bytes and
+    workspace_bytes, 0 where left out), built once per config and kept: read-only (the C calls
     only read it). ``q_precision``: snapmla_q_precision_t. ``plan_bytes``, ``workspace_bytes``:
     the sizes of the buffers the calls with this config pass (0: unchecked), which the library
     compares with what the config needs (``snapmla_decode_buffer_sizes`` ignores them)."""
-    key = (
-        batch_size,
-        q_len,
-        num_heads,
-        max_pages,
-        num_sm_parts,
-        q_precision,
-        plan_bytes,
-        workspace_bytes,
-    )
+    key = fields + _ZEROS[len(fields) :]
     config = _configs.get(key)
     if config is None:
         config = _lib.new_struct("snapmla_decode_config_t", **dict(zip(_CONFIG_FIELDS, key)))
