@@ -223,18 +223,9 @@ class TensorView:
         "strides",
     )
 
-    def __init__(
-        self,
-        ptr: int,
-        shape: tuple[int, ...],
-        strides: tuple[int, ...],
-        dtype: str,
-        device_type: int,
-        device_id: int,
-        itemsize: int,
-        read_only: bool = False,
-        keepalive: Any = None,
-    ) -> None:
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], dtype: str,
+                 device_type: int, device_id: int, itemsize: int, read_only: bool = False,
+                 keepalive: Any = None) -> None:  # fmt: skip
         init = _set_slot
         init(self, "ptr", ptr)
         init(self, "shape", shape)

@@ -710,23 +710,11 @@ def decode(
         cache._in_use.exit()
 
 
-def _decode(
-    op: str,
-    cache: KVCache,
-    layer: Any,
-    q: Any,
-    block_table: Any,
-    cache_seqlens: Any,
-    plan: DecodePlan,
-    softmax_scale: Any,
-    causal: Any,
-    out: Any,
-    lse: Any,
-    kernel: Any,
-    stream: Any,
-    q_pe: Any,
-    out_dtype: Any = None,
-) -> tuple[Any, Any]:
+def _decode(op: str, cache: KVCache, layer: Any, q: Any, block_table: Any, cache_seqlens: Any,
+            plan: DecodePlan, softmax_scale: Any, causal: Any, out: Any, lse: Any, kernel: Any,
+            stream: Any, q_pe: Any, out_dtype: Any = None) -> tuple[Any, Any]:  # fmt: skip
+    """The body of ``decode`` (``op``, then its arguments in order), run while the call is
+    inside its cache and plan."""
     s = Stream(stream, op, (q, block_table, cache_seqlens, out, lse, q_pe))
     c = plan.config
     device = cache._device
