@@ -175,9 +175,8 @@ class SnapMLABackend:
     def fetch_dequant(self, cache: Tensor, layer: int, slots: Tensor) -> tuple[Tensor, Tensor]:
         return self._smt.fetch_dequant(cache, layer, slots)
 
-    def decode_buffers(
-        self, batch: int, num_heads: int, max_pages: int, q_len: int, device: torch.device
-    ) -> tuple[Tensor, Tensor]:
+    def decode_buffers(self, batch: int, num_heads: int, max_pages: int, q_len: int,
+                       device: torch.device) -> tuple[Tensor, Tensor]:  # fmt: skip
         return self._smt.decode_buffers(
             batch,
             num_heads=num_heads,
@@ -188,9 +187,8 @@ class SnapMLABackend:
             q_precision=self.q_precision,
         )
 
-    def plan(
-        self, plan: Tensor, seqlens: Tensor, num_heads: int, max_pages: int, q_len: int
-    ) -> None:
+    def plan(self, plan: Tensor, seqlens: Tensor, num_heads: int, max_pages: int,
+             q_len: int) -> None:  # fmt: skip
         self._smt.plan(
             plan,
             seqlens,
@@ -201,17 +199,8 @@ class SnapMLABackend:
             q_precision=self.q_precision,
         )
 
-    def decode(
-        self,
-        cache: Tensor,
-        layer: int,
-        q: Tensor,
-        block_table: Tensor,
-        seqlens: Tensor,
-        plan: Tensor,
-        workspace: Tensor,
-        softmax_scale: float,
-    ) -> Tensor:
+    def decode(self, cache: Tensor, layer: int, q: Tensor, block_table: Tensor, seqlens: Tensor,
+               plan: Tensor, workspace: Tensor, softmax_scale: float) -> Tensor:  # fmt: skip
         out_dtype = self.out_dtype
         if out_dtype is None:
             out_dtype = torch.float32 if q.dtype == torch.float32 else torch.bfloat16
@@ -326,28 +315,17 @@ class TorchBackend:
         values = torch.where(keep[:, None], values, 0.0)  # a negative slot reads zeros
         return values[:, :CONTENT_DIM], values[:, CONTENT_DIM:]
 
-    def decode_buffers(
-        self, batch: int, num_heads: int, max_pages: int, q_len: int, device: torch.device
-    ) -> tuple[Tensor, Tensor]:
+    def decode_buffers(self, batch: int, num_heads: int, max_pages: int, q_len: int,
+                       device: torch.device) -> tuple[Tensor, Tensor]:  # fmt: skip
         empty = torch.zeros(1, dtype=torch.uint8, device=device)
         return empty, empty.clone()
 
-    def plan(
-        self, plan: Tensor, seqlens: Tensor, num_heads: int, max_pages: int, q_len: int
-    ) -> None:
+    def plan(self, plan: Tensor, seqlens: Tensor, num_heads: int, max_pages: int,
+             q_len: int) -> None:  # fmt: skip
         pass
 
-    def decode(
-        self,
-        cache: Tensor,
-        layer: int,
-        q: Tensor,
-        block_table: Tensor,
-        seqlens: Tensor,
-        plan: Tensor,
-        workspace: Tensor,
-        softmax_scale: float,
-    ) -> Tensor:
+    def decode(self, cache: Tensor, layer: int, q: Tensor, block_table: Tensor, seqlens: Tensor,
+               plan: Tensor, workspace: Tensor, softmax_scale: float) -> Tensor:  # fmt: skip
         b, s, h, _ = q.shape
         n = block_table.shape[1] * PAGE_SIZE
         j = torch.arange(n, device=q.device)
@@ -432,7 +410,9 @@ class _Family:
     project: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]
 
 
-def _queries(m: Any, hidden: Tensor) -> tuple[Tensor, Tensor]:
+def _projections(m: Any, hidden: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The new tokens' q_pass ``[b, h, s, nope]``, q_rot ``[b, h, s, rope]`` (before RoPE),
+    normalized c_kv ``[b, 1, s, kv_lora_rank]`` and k_rot ``[b, 1, s, rope]`` (before RoPE)."""
     b, s = hidden.shape[:-1]
     if getattr(m, "q_lora_rank", None) is None:
         q = m.q_proj(hidden)
@@ -440,13 +420,10 @@ def _queries(m: Any, hidden: Tensor) -> tuple[Tensor, Tensor]:
         q = m.q_b_proj(m.q_a_layernorm(m.q_a_proj(hidden)))
     q = q.view(b, s, -1, m.qk_head_dim).transpose(1, 2)
     q_pass, q_rot = torch.split(q, [m.qk_nope_head_dim, m.qk_rope_head_dim], dim=-1)
-    return q_pass, q_rot
-
-
-def _latents(m: Any, hidden: Tensor) -> tuple[Tensor, Tensor]:
     kv = m.kv_a_proj_with_mqa(hidden)
     c_kv, k_rot = torch.split(kv, [m.kv_lora_rank, m.qk_rope_head_dim], dim=-1)
-    return m.kv_a_layernorm(c_kv), k_rot
+    c_kv = m.kv_a_layernorm(c_kv).view(b, 1, s, m.kv_lora_rank)
+    return q_pass, q_rot, c_kv, k_rot.view(b, 1, s, m.qk_rope_head_dim)
 
 
 def _modeling(m: Any) -> Any:
@@ -454,11 +431,7 @@ def _modeling(m: Any) -> Any:
 
 
 def _project_v3(m: Any, hidden: Tensor, position_embeddings: Any) -> tuple[Tensor, ...]:
-    b, s = hidden.shape[:-1]
-    q_pass, q_rot = _queries(m, hidden)
-    c_kv, k_rot = _latents(m, hidden)
-    c_kv = c_kv.view(b, 1, s, m.kv_lora_rank)
-    k_rot = k_rot.view(b, 1, s, m.qk_rope_head_dim)
+    q_pass, q_rot, c_kv, k_rot = _projections(m, hidden)
     cos, sin = position_embeddings
     mod = _modeling(m)
     if m.config.rope_interleave:
@@ -469,11 +442,7 @@ def _project_v3(m: Any, hidden: Tensor, position_embeddings: Any) -> tuple[Tenso
 
 
 def _project_v2(m: Any, hidden: Tensor, position_embeddings: Any) -> tuple[Tensor, ...]:
-    b, s = hidden.shape[:-1]
-    q_pass, q_rot = _queries(m, hidden)
-    c_kv, k_rot = _latents(m, hidden)
-    c_kv = c_kv.view(b, 1, s, m.kv_lora_rank)
-    k_rot = k_rot.view(b, 1, s, m.qk_rope_head_dim)
+    q_pass, q_rot, c_kv, k_rot = _projections(m, hidden)
     q_rot, k_rot = _modeling(m).apply_rotary_emb(
         q_rot, k_rot, position_embeddings.to(q_rot.device)
     )
@@ -481,13 +450,10 @@ def _project_v2(m: Any, hidden: Tensor, position_embeddings: Any) -> tuple[Tenso
 
 
 def _project_longcat(m: Any, hidden: Tensor, position_embeddings: Any) -> tuple[Tensor, ...]:
-    b, s = hidden.shape[:-1]
-    q_pass, q_rot = _queries(m, hidden)
-    c_kv, k_rot = _latents(m, hidden)
+    q_pass, q_rot, c_kv, k_rot = _projections(m, hidden)
     q_pass = q_pass * m.mla_scale_q_lora
     q_rot = q_rot * m.mla_scale_q_lora
-    c_kv = (c_kv * m.mla_scale_kv_lora).view(b, 1, s, m.kv_lora_rank)
-    k_rot = k_rot.view(b, 1, s, m.qk_rope_head_dim)
+    c_kv = c_kv * m.mla_scale_kv_lora
     cos, sin = position_embeddings
     q_rot, k_rot = _modeling(m).apply_rotary_pos_emb_interleave(q_rot, k_rot, cos, sin)
     return q_pass, q_rot, c_kv, k_rot
