@@ -1,17 +1,15 @@
-"""Writes cpp/decode/sm90/wgmma.cuh: the wgmma.mma_async wrappers the seesaw decode kernel uses.
+"""Writes bench/probes/wgmma_wide_ops.cuh: the wide wgmma.mma_async forms only the probes use.
 
-The accumulator of an m64nN wgmma is N/2 fp32 registers per thread; spelling 128 operands by
-hand is error-prone, so they are generated. Run: python3 tools/gen_wgmma.py
+The accumulator of an m64n256 wgmma is 128 fp32 registers per thread; spelling them by hand is
+error-prone, so they are generated. The kernel's own forms, at most 32 registers, are written by
+hand in cpp/decode/sm90/wgmma.cuh. Run: python3 tools/gen_wgmma.py
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "cpp" / "decode" / "sm90" / "wgmma.cuh"
-# bench/pv_rate.cu's wider PV forms (O = P V with N = the latent) and bench/power_probe.cu's SS
-# stream, which no kernel uses.
-BENCH_OUT = Path(__file__).resolve().parent.parent / "bench" / "wgmma_wide_ops.cuh"
+OUT = Path(__file__).resolve().parent.parent / "bench" / "probes" / "wgmma_wide_ops.cuh"
 
 
 def wgmma(name: str, n: int, k_type: str, k: int, *, a_in_regs: bool, trans: bool = False,
@@ -85,38 +83,9 @@ def header(note: str, wrappers: list[str]) -> str:
 def main() -> None:
     OUT.write_text(
         header(
-            "",
-            [
-                # QK: S[64 rows x 64 tokens], content (FP8) and RoPE (BF16)
-                wgmma("wgmma_m64n64k32_e4m3_ss", 64, "e4m3", 32, a_in_regs=False),
-                wgmma("wgmma_m64n64k32_e4m3_ss_init", 64, "e4m3", 32, a_in_regs=False, init=True),
-                wgmma("wgmma_m64n64k16_bf16_ss", 64, "bf16", 16, a_in_regs=False, trans=True),
-                # PV: O^T[64 latent x N rows] = V^T (registers) P^T (shared memory), N = rows
-                wgmma("wgmma_m64n8k32_e4m3_rs", 8, "e4m3", 32, a_in_regs=True),
-                wgmma("wgmma_m64n8k32_e4m3_rs_init", 8, "e4m3", 32, a_in_regs=True, init=True),
-                wgmma("wgmma_m64n16k32_e4m3_rs", 16, "e4m3", 32, a_in_regs=True),
-                wgmma("wgmma_m64n16k32_e4m3_rs_init", 16, "e4m3", 32, a_in_regs=True, init=True),
-                wgmma("wgmma_m64n32k32_e4m3_rs", 32, "e4m3", 32, a_in_regs=True),
-                wgmma("wgmma_m64n32k32_e4m3_rs_init", 32, "e4m3", 32, a_in_regs=True, init=True),
-                wgmma("wgmma_m64n64k32_e4m3_rs", 64, "e4m3", 32, a_in_regs=True),
-                wgmma("wgmma_m64n64k32_e4m3_rs_init", 64, "e4m3", 32, a_in_regs=True, init=True),
-                # PV on the FP16 tensor cores (N = 64): the same E4M3 values, exact in f16,
-                # accumulated in fp32 (FP8 wgmma keeps ~13 bits when it accumulates).
-                wgmma("wgmma_m64n64k16_f16_rs", 64, "f16", 16, a_in_regs=True, trans=True),
-            ],
-        )
-    )
-    BENCH_OUT.write_text(
-        header(
-            " bench/pv_rate.cu and bench/power_probe.cu only.",
-            [
-                # PV as O[64 rows x N latent] = P (registers) V^T (K-major shared memory)
-                wgmma("wgmma_m64n128k32_e4m3_rs", 128, "e4m3", 32, a_in_regs=True),
-                wgmma("wgmma_m64n128k32_e4m3_rs_init", 128, "e4m3", 32, a_in_regs=True, init=True),
-                wgmma("wgmma_m64n256k32_e4m3_rs", 256, "e4m3", 32, a_in_regs=True),
-                # bench/power_probe.cu: the tensor work in its most efficient form
-                wgmma("wgmma_m64n256k32_e4m3_ss", 256, "e4m3", 32, a_in_regs=False),
-            ],
+            " bench/probes/power_probe.cu only.",
+            # the tensor work in its most efficient form: N = 256, both operands in shared memory
+            [wgmma("wgmma_m64n256k32_e4m3_ss", 256, "e4m3", 32, a_in_regs=False)],
         )
     )
 
