@@ -243,7 +243,7 @@ for stage in "$@"; do
       for c in ${NCU_CASES:-32x1x128x16384 128x1x16x16384 64x2x16x16384}; do  # N = 64, 16, 32
         log "ncu seesaw kernel $c"
         src=(); [ "$c" = "${NCU_SOURCE_CASE:-32x1x128x16384}" ] && src=(--section SourceCounters --export "$OUT/ncu-$c")
-        timeout 240 ncu --clock-control none --target-processes all -k regex:seesaw_decode \
+        timeout 240 ncu --clock-control none --target-processes all -k regex:^decode_kernel \
           --launch-skip 2 --launch-count 1 --section SpeedOfLight --section LaunchStats \
           --section Occupancy --section WarpStateStats --section SchedulerStats \
           --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \

@@ -149,7 +149,7 @@ def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
     ncu = _module("probes/ncu_per_block")
     report = tmp_path / "ncu.txt"
     report.write_text(
-        "  void seesaw_decode_kernel<64, false>(...) (66, 2, 1)x(384, 1, 1)\n"
+        "  void decode_kernel<KernelTraits<64, true>>(...) (66, 2, 1)x(384, 1, 1)\n"
         "    smsp__inst_executed.sum                inst    10,158,080\n"
     )
     case = ncu.Case.parse("32x1x128x16384")
