@@ -65,10 +65,8 @@ __device__ __forceinline__ void dequant_token(const uint8_t* page, int row, uint
   if (lane < kRopeLanes) store_words<kAligned>(k_out + lane * 8, rope, 4);
 }
 
-// One warp per slot: lane l dequantizes content [16l, 16l + 16) and, for l < 8, RoPE
-// [8l, 8l + 8); a negative slot (padding) gives zeros, a slot past the layer NaN.
+// One warp per slot: a negative slot (padding) gives zeros, a slot past the layer NaN.
 // kStrided: pages page_stride bytes apart (a caller's larger slots), else kPageBytes.
-// (Its own copy of dequant_token's body: ptxas schedules the shared form differently here.)
 template <bool kAligned, bool kStrided>
 __global__ void __launch_bounds__(kItemThreads) fetch_dequant_kernel(const FetchDequantParams p) {
   const int lane = threadIdx.x % kWarpSize;
@@ -76,43 +74,12 @@ __global__ void __launch_bounds__(kItemThreads) fetch_dequant_kernel(const Fetch
   const int64_t step = static_cast<int64_t>(gridDim.x) * kItemWarps;
   for (int64_t i = first; i < p.num_tokens; i += step) {
     const int64_t slot = __ldg(p.slots + i);  // warp-uniform
-    uint32_t content[kContentPerLane / 2];
-    uint32_t rope[4];
-    if (slot >= 0 && slot < p.capacity) {
-      const uint8_t* page =
-          p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes);
-      const int row = static_cast<int>(slot % kPageSize);
-      const float s = __ldg(reinterpret_cast<const float*>(page + kPageScaleOffset) + row);
-      const uint4 c = __ldg(
-          reinterpret_cast<const uint4*>(page + kPageContentOffset + row * kContentDim) + lane);
-      const uint32_t cw[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float2 a = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] & 0xffffu));
-        const float2 b = e4m3x2_to_float2(static_cast<uint16_t>(cw[k] >> 16));
-        content[2 * k] = pack_bf16x2(a.x * s, a.y * s);
-        content[2 * k + 1] = pack_bf16x2(b.x * s, b.y * s);
-      }
-      if (lane < kRopeLanes) {
-        const uint4 r = __ldg(
-            reinterpret_cast<const uint4*>(page + kPageRopeOffset + row * kRopeDim * 2) + lane);
-        const uint32_t rw[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          rope[k] = pack_bf16x2(__uint_as_float(rw[k] << 16) * s,
-                                __uint_as_float(rw[k] & 0xffff0000u) * s);
-        }
-      }
-    } else {
-      const uint32_t fill = slot < 0 ? 0u : kBf16NaNx2;  // padding -> 0; out of range -> NaN
-#pragma unroll
-      for (int k = 0; k < kContentPerLane / 2; ++k) content[k] = fill;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) rope[k] = fill;
-    }
-    store_words<kAligned>(p.c_kv + i * p.c_kv_stride + lane * kContentPerLane, content,
-                          kContentPerLane / 2);
-    if (lane < kRopeLanes) store_words<kAligned>(p.k_pe + i * p.k_pe_stride + lane * 8, rope, 4);
+    const bool in = slot >= 0 && slot < p.capacity;
+    const uint8_t* page =
+        in ? p.layer_base + (slot / kPageSize) * (kStrided ? p.page_stride : kPageBytes) : nullptr;
+    const uint32_t fill = slot < 0 ? 0u : kBf16NaNx2;  // padding -> 0; out of range -> NaN
+    dequant_token<kAligned>(page, in ? static_cast<int>(slot % kPageSize) : 0, fill,
+                            p.c_kv + i * p.c_kv_stride, p.k_pe + i * p.k_pe_stride, lane);
   }
 }
 
