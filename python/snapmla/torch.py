@@ -545,11 +545,12 @@ _Q_CODES = frozenset(_args.Q_PRECISIONS.values())
 
 
 def _plan_checks(op: str, plan: Tensor, cache_seqlens: Tensor, *ints: int) -> None:
-    """The plan op's tensors and precision; ``ints``: the op's (q_len, num_heads, max_pages,
-    num_sm_parts, q_precision), of which only the precision is checked here (the others are the
-    public ``plan``'s and the C library's to check)."""
-    if len(ints) > 4:
-        _check_q_precision(op, ints[4])
+    """The plan op's tensors and precision. ``ints``: the op's q_len, num_heads, max_pages,
+    num_sm_parts and q_precision in its schema's order (the fake implementation receives them
+    all; trailing ones may be absent at their defaults). Only the precision is checked here: the
+    others are the public ``plan``'s and the C library's to check."""
+    q_precision = ints[4] if len(ints) > 4 else 0
+    _check_q_precision(op, q_precision)
     _check(op, "cache_seqlens", cache_seqlens, (torch.int32,), (None,), contiguous=True)
     _args.check_batch(op, "cache_seqlens", cache_seqlens.shape[0])
     _check(op, "plan", plan, (torch.uint8,), (None,), contiguous=True, device=cache_seqlens.device)
