@@ -475,3 +475,46 @@ def test_rel_l2() -> None:
     assert ref.rel_l2(np.zeros(2), np.zeros(2)) == 0.0
     assert ref.rel_l2(np.ones(2), np.zeros(2)) == np.inf
     assert ref.rel_l2(np.array([1.0], dtype=np.float32).astype(BF16), np.array([2.0])) == 0.5
+
+
+def test_p_block_128_shares_one_scale_per_two_pages() -> None:
+    """decode_reference(p_block=128) is the contract at a 128-token P block: contexts of at most
+    64 tokens, and any with P8 off, give the 64-token block's result; longer ones differ by P8's
+    rounding only, and match attend_logits over 128-token blocks on the same logits."""
+    rng = np.random.default_rng(15)
+    h, s_q = 4, 2
+    q = _bf16(rng, (3, s_q, h, 576))
+    lens = [1, 64, 300]
+    kvs = [ref.quantize_kv(*_request(rng, n)) for n in lens]
+    o64, l64 = ref.decode_reference(q, kvs, lens, SM_SCALE, True)
+    o128, l128 = ref.decode_reference(q, kvs, lens, SM_SCALE, True, p_block=128)
+    assert np.array_equal(o64[:2], o128[:2]) and np.array_equal(l64[:2], l128[:2])
+    err = ref.rel_l2(o128[2], o64[2])
+    assert 0 < err <= 0.05, err  # P8's rounding (3 mantissa bits) against another scale
+    assert np.abs(l128[2] - l64[2]).max() <= 1e-12  # lse takes the exact e_j: sigma cancels
+    exact64, _ = ref.decode_reference(q, kvs, lens, SM_SCALE, True, quantize_p=False)
+    exact128, _ = ref.decode_reference(q, kvs, lens, SM_SCALE, True, quantize_p=False, p_block=128)
+    assert ref.rel_l2(exact128, exact64) <= 1e-12
+    with pytest.raises(ValueError, match="p_block"):
+        ref.decode_reference(q, kvs, lens, SM_SCALE, True, p_block=256)
+
+
+def test_p_block_128_is_attend_logits_over_128_token_blocks() -> None:
+    """The same function as the contract's softmax half with block=128 on decode's logits."""
+    rng = np.random.default_rng(16)
+    n, h = 200, 3
+    q = _bf16(rng, (1, 1, h, 576))
+    kv = ref.quantize_kv(*_request(rng, n))
+    out, lse = ref.decode_reference(q, [kv], [n], SM_SCALE, False, p_block=128)
+    q8, qr, sq = ref.quantize_q(q)
+    content, rope, scale = kv
+    c = content.astype(np.float32).astype(np.float64)
+    r = rope.astype(np.float32).astype(np.float64)
+    q8f = q8[0, 0].astype(np.float32).astype(np.float64)
+    qrf = qr[0, 0].astype(np.float32).astype(np.float64)
+    s_k = scale.astype(np.float64)
+    row_scale = sq[0, 0].astype(np.float64) * float(np.float32(SM_SCALE))
+    z = (q8f @ c.T + qrf @ r.T) * row_scale[:, None] * s_k[None, :]
+    want, want_lse = ref.attend_logits(z, s_k, c, block=128)
+    assert ref.rel_l2(out[0, 0], want) <= 1e-12
+    assert np.abs(lse[0, :, 0] - want_lse).max() <= 1e-12

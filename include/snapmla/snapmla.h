@@ -94,7 +94,7 @@
  *   644 bytes per token (BF16 MLA: 1152).
  *
  * ---------------------------------------------------------------------------------------------
- * Numerics contract v2 (every kernel and the numpy model in python/snapmla/reference.py compute
+ * Numerics contract v3 (every kernel and the numpy model in python/snapmla/reference.py compute
  * this function; the kernels differ in how they accumulate, in two tiers, at the end)
  *
  *   Constants: kFp8Max = 448, kMinScale = 2^-32, kMinProbScale = 2^-64.
@@ -115,8 +115,9 @@
  *   request's s_q new tokens, which are the LAST s_q tokens of the context) sees j only when
  *   j <= seqlen - s_q + t (bottom-right aligned). Invisible tokens contribute exactly nothing,
  *   whatever bytes their slots hold (NaN included).
- *   Per query row, 64-token blocks k = 0, 1, ... of the context in increasing order, starting
- *   from m = -inf, sigma = 1, l = 0, O = 0:
+ *   Per query row, P blocks k = 0, 1, ... of B tokens of the context in increasing order (B = 64
+ *   or 128, the kernel's choice; every kernel of this version takes B = 64; the model takes B as
+ *   its p_block), starting from m = -inf, sigma = 1, l = 0, O = 0:
  *     m_k    = max(m_{k-1}, max_j z_ij)
  *     e_j    = exp(z_ij - m_k)                      (0 for invisible j)
  *     P'_j   = e_j * s_j                            (V's per-token scale fused into P)
@@ -141,7 +142,7 @@
  *     outputs are kept as FP16 with an exponent per 8 values, 2^-11 relative).
  *   - Tensor-core tier (SNAPMLA_DECODE_KERNEL_FAST, and AUTO, which runs it): (1) on inputs
  *     whose logits every accumulator holds exactly (small integer codes), within 1e-3 of the
- *     model at every shape; (2) on random inputs within 2e-2 relative L2 and 5e-3 on lse;
+ *     model at the kernel's B at every shape; (2) on random inputs within 2e-2 relative L2 and 5e-3 on lse;
  *     (3) against exact float64 attention on the BF16 inputs, at most 1.15x the model's own
  *     error on every python -m snapmla.accuracy layer and context (geometric mean at most
  *     1.05x) and at most 1.05x on randn inputs. Measured on an H200:

@@ -981,7 +981,7 @@ def format_tables(report: dict[str, Any]) -> str:
         lines.append(
             f"kernel's error / the model's, against exact attention: largest "
             f"{ratio['max']:.3f}x, geometric mean {ratio['geomean']:.3f}x over {ratio['cases']} "
-            f"(layer, context) (contract v2, tensor-core tier: <= 1.15x and <= 1.05x)"
+            f"(layer, context) (contract v3, tensor-core tier: <= 1.15x and <= 1.05x)"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""NumPy model of snapmla's numerics contract v2 (see include/snapmla/snapmla.h).
+"""NumPy model of snapmla's numerics contract v3 (see include/snapmla/snapmla.h).
 
 This module is the executable statement of the contract on the host. It needs only NumPy and
 ml_dtypes, never a GPU, and is what the test suites compare the CUDA kernels against.
@@ -12,12 +12,12 @@ Three layers:
 * The cache format: :func:`pack_page`, :func:`unpack_page`, :func:`write_tokens`,
   :func:`read_tokens`, :func:`gather_request`, :func:`fetch_dequant` build and read the byte
   image of a paged cache.
-* Attention: :func:`decode_reference` models every step of the FP8 decode (per-64-token block
-  running max, ``P' = e * s``, the dynamic probability scale ``sigma``, FP8 probabilities, the
+* Attention: :func:`decode_reference` models every step of the FP8 decode (per P block of 64
+  or 128 tokens: the running max, ``P' = e * s``, the dynamic probability scale ``sigma``, FP8 probabilities, the
   rescaling of equations 12 and 13) in float64 after the exact quantization of q and KV.
   :func:`exact_attention` is plain float64 softmax attention on unquantized inputs, the yardstick
   for end-to-end accuracy. The kernels match :func:`decode_reference` to their tier of the
-  contract (v2), not bit for bit: the reference kernel accumulates in fp32 in its own order and
+  contract (v3), not bit for bit: the reference kernel accumulates in fp32 in its own order and
   is within 2e-3 (relative L2 of out; 1e-3 on lse); the tensor-core kernel (``"fast"``, and
   ``"auto"``, which runs it) accumulates on Hopper's FP8 wgmma, which is not fp32, and is within
   1e-3 on inputs whose logits every accumulator holds exactly, 2e-2 / 5e-3 on random inputs,
@@ -94,6 +94,7 @@ __all__ = [
     "PAGE_ROPE_OFFSET",
     "PAGE_SCALE_OFFSET",
     "PAGE_SIZE",
+    "P_BLOCKS",
     "Q_LO_RATIO",
     "ROPE_DIM",
     "attend_logits",
@@ -142,6 +143,7 @@ _E4M3_MANTISSA_BITS = 3
 # float8 code -> float64 value, a lookup table is far faster than a ufunc cast for big arrays.
 _E4M3_TABLE = np.arange(256, dtype=np.uint8).view(FP8).astype(np.float64)
 _BLOCK = PAGE_SIZE  # the softmax works per 64-token block of the context
+P_BLOCKS = (64, 128)  # the P blocks a kernel may choose (contract v3): tokens sharing one sigma
 _CHUNK_TOKENS = 4096  # logits are computed this many tokens at a time (memory bound)
 
 
@@ -629,8 +631,9 @@ def decode_reference(
     causal: bool,
     quantize_p: bool = True,
     q_terms: int = 1,
+    p_block: int = _BLOCK,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Models snapmla_decode step by step (contract v2) in float64.
+    """Models snapmla_decode step by step (contract v3) in float64.
 
     Args:
       q: BF16 ``[b, s_q, h, 576]`` (raw uint16 bits accepted); quantized here with
@@ -646,6 +649,9 @@ def decode_reference(
         query of the module docstring (:func:`quantize_q2`; ``q_precision="fp8x2"``
         plans): ``z_j = (acc_hi + rho * acc_lo) * s1 * softmax_scale * s_j`` with
         ``rho = fp32(s2 / s1)``. The default's results are unchanged, bit for bit.
+      p_block: the P block, 64 or 128 tokens from the context's start (one P' maximum, sigma
+        and running-maximum step each; the last block may be shorter): the kernel's choice,
+        which the contract's agreement checks take from the kernel.
 
     Returns:
       ``(out float64 [b, s_q, h, 512], lse float64 [b, h, s_q])``; rows with no visible token
@@ -653,6 +659,8 @@ def decode_reference(
     """
     if q_terms not in (1, 2):
         raise ValueError(f"q_terms must be 1 or 2, got {q_terms!r}")
+    if p_block not in P_BLOCKS:
+        raise ValueError(f"p_block must be one of {P_BLOCKS}, got {p_block!r}")
     q = _as_bf16(q)
     seqlens = [int(n) for n in seqlens]
     _check_batch(q, seqlens, [len(x[2]) for x in kv])
@@ -688,8 +696,8 @@ def decode_reference(
                     acc = acc + rho_r[:, None] * (lo_r @ c_f.T)  # fmaf(rho, acc_lo, acc_hi)
                 z = acc * row_scale[:, None] * s_f[None, :]
             vis = np.arange(c0, c1)[None, :] <= limit[:, None]
-            for j0 in range(0, c1 - c0, _BLOCK):  # c0 is a multiple of 64: blocks align
-                j1 = min(j0 + _BLOCK, c1 - c0)
+            for j0 in range(0, c1 - c0, p_block):  # c0 is a multiple of 128: blocks align
+                j1 = min(j0 + p_block, c1 - c0)
                 state.update(z[:, j0:j1], vis[:, j0:j1], s_f[j0:j1], c_f[j0:j1], quantize_p)
         o, ls = state.result()
         out[r] = o.reshape(s_q, h, CONTENT_DIM)

@@ -21,7 +21,7 @@ BF16 = ml_dtypes.bfloat16
 FP8 = ml_dtypes.float8_e4m3fn
 SM_SCALE = 192**-0.5
 POISON_BYTE = 0xFF  # FP8 0xFF, BF16 0xFFFF and fp32 0xFFFFFFFF are all NaN
-# Agreement with the contract's model (numerics contract v2, include/snapmla/snapmla.h).
+# Agreement with the contract's model (numerics contract v3, include/snapmla/snapmla.h).
 # The reference kernel (kernel="reference"): fp32 accumulation, 2e-3 relative L2 of out and
 # 1e-3 on lse against decode_reference.
 REF_OUT_RTOL = 2e-3
