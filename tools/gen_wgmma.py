@@ -9,50 +9,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
+_BOTH_SMEM = "both K-major in shared memory."
 OUT = Path(__file__).resolve().parent.parent / "bench" / "probes" / "wgmma_wide_ops.cuh"
 
 
-def wgmma(name: str, n: int, k_type: str, k: int, *, a_in_regs: bool, trans: bool = False,
-          init: bool = False) -> str:
-    """One wrapper: D (+)= A * B with B a shared-memory descriptor and A a descriptor or four
-    registers. ``init``: D = A * B with D an output only, so the compiler does not keep the
-    accumulator registers alive before the first product of a chain. ``trans`` adds the
-    transpose immediates that 16-bit types take (A's and B's; B's alone where A is in
-    registers), both 0: K-major."""
+def wgmma_ss(name: str, n: int, k_type: str, k: int) -> str:
+    """One wrapper: D (+)= A * B^T with A and B K-major in shared memory (descriptors);
+    ``accumulate`` 0 is scale-d 0 (D = A * B^T)."""
     regs = n // 2
     d = ", ".join(f"%{i}" for i in range(regs))
-    if a_in_regs:
-        a_operand = "{" + ", ".join(f"%{regs + i}" for i in range(4)) + "}"
-        b_operand = f"%{regs + 4}"
-        params = "const uint32_t (&a)[4], uint64_t desc_b"
-        inputs = ['"r"(a[0])', '"r"(a[1])', '"r"(a[2])', '"r"(a[3])', '"l"(desc_b)']
-        a_text, b_text = f"A[64 x {k}] (registers, {k_type})", f"B[{n} x {k}]^T (K-major smem)."
-    else:
-        a_operand, b_operand = f"%{regs}", f"%{regs + 1}"
-        params = "uint64_t desc_a, uint64_t desc_b"
-        inputs = ['"l"(desc_a)', '"l"(desc_b)']
-        a_text = f"A[64 x {k}]"
-        b_text = f"B[{n} x {k}]^T, {k_type}, both K-major in shared memory."
-    if init:
-        scale_d = '      "setp.ne.b32 p, 0, 0;\\n"'
-        op, constraint = "=", '"=f"'
-    else:
-        scale_d = f'      "setp.ne.b32 p, %{regs + len(inputs)}, 0;\\n"'
-        op, constraint = "(+)=", '"+f"'
-        params += ", int accumulate"
-        inputs.append('"r"(accumulate)')
-    extra = (", 0" if a_in_regs else ", 0, 0") if trans else ""
-    signature = f"__device__ __forceinline__ void {name}(float (&d)[{regs}], {params}) {{"
     lines = [
-        f"// D[64 x {n}] {op} {a_text} * {b_text}",
-        signature,
+        f"// D[64 x {n}] (+)= A[64 x {k}] * B[{n} x {k}]^T, {k_type}, {_BOTH_SMEM}",
+        (
+            f"__device__ __forceinline__ void {name}(float (&d)[{regs}], uint64_t desc_a, "
+            "uint64_t desc_b, int accumulate) {"
+        ),
         "  asm volatile(",
         '      "{\\n.reg .pred p;\\n"',
-        scale_d,
+        f'      "setp.ne.b32 p, %{regs + 2}, 0;\\n"',
         f'      "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{k_type}.{k_type} "',
-        f'      "{{{d}}}, {a_operand}, {b_operand}, p, 1, 1{extra};\\n}}\\n"',
-        "      : " + ", ".join(f"{constraint}(d[{i}])" for i in range(regs)),
-        "      : " + ", ".join(inputs) + ");",
+        f'      "{{{d}}}, %{regs}, %{regs + 1}, p, 1, 1;\\n}}\\n"',
+        "      : " + ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
+        '      : "l"(desc_a), "l"(desc_b), "r"(accumulate));',
         "}",
     ]
     return "\n".join(lines)
@@ -85,7 +63,7 @@ def main() -> None:
         header(
             " bench/probes/power_probe.cu only.",
             # the tensor work in its most efficient form: N = 256, both operands in shared memory
-            [wgmma("wgmma_m64n256k32_e4m3_ss", 256, "e4m3", 32, a_in_regs=False)],
+            [wgmma_ss("wgmma_m64n256k32_e4m3_ss", 256, "e4m3", 32)],
         )
     )
 
