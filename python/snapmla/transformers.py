@@ -244,8 +244,9 @@ def _e4m3_round(x: Tensor) -> Tensor:
 
 
 def _quantize_rows(nope: Tensor, pe: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``snapmla.reference.quantize_rows`` of BF16-valued rows: (E4M3 content, BF16 RoPE
+    """``snapmla.reference.quantize_rows`` of rows taken as BF16: (E4M3 content, BF16 RoPE
     pre-divided by the scale, fp32 scale ``max(amax / 448, 2^-32)`` ``[..., 1]``), all fp32."""
+    nope, pe = nope.to(torch.bfloat16).float(), pe.to(torch.bfloat16).float()
     scale = _div(nope.abs().amax(dim=-1, keepdim=True), _FP8_MAX).clamp_min(_MIN_SCALE)
     return _e4m3(nope / scale), (pe / scale).to(torch.bfloat16).float(), scale
 
@@ -290,14 +291,12 @@ class TorchBackend:
         """snapmla's quantize-then-dequantize of tokens (``snapmla.reference.quantize_kv``
         then ``dequantize``, bit for bit on any device), as BF16 ``(c_kv [n, 512], k_pe
         [n, 64])``."""
-        content, rope, scale = _quantize_rows(c_kv.to(torch.bfloat16).float(),
-                                              k_pe.to(torch.bfloat16).float())  # fmt: skip
+        content, rope, scale = _quantize_rows(c_kv, k_pe)
         return (content * scale).to(torch.bfloat16), (rope * scale).to(torch.bfloat16)
 
     def append(self, cache: Tensor, layer: int, c_kv: Tensor, k_pe: Tensor, slots: Tensor) -> None:
         if self.quantize:
-            content, rope, scale = _quantize_rows(c_kv.to(torch.bfloat16).float(),
-                                                  k_pe.to(torch.bfloat16).float())  # fmt: skip
+            content, rope, scale = _quantize_rows(c_kv, k_pe)
             values = torch.cat([content, rope, scale], dim=-1)
         else:
             values = torch.cat([c_kv.float(), k_pe.float(), c_kv.new_ones(c_kv.shape[0], 1)], -1)
