@@ -2,6 +2,7 @@
 #pragma once
 
 #include "decode/sm90/context.cuh"
+#include "decode/sm90/softmax.cuh"
 
 namespace snapmla {
 namespace decode {
@@ -65,8 +66,9 @@ __device__ __forceinline__ void epilogue(SharedStorage& s, const DecodeParams& p
   RowStats& res_of = s.stats[(req.n + th.wg) % kPBuffers];
   const int fr = req.tile * kRowsM + th.wtid;
   if (th.wtid < T::kN && fr < rows_total) {
-    const RowResult res = row_result(fin.l[th.wtid], fin.m[th.wtid], fin.sig[th.wtid],
-                                     s.bad_page != 0, req.seg.split);
+    const float sig = fin.sig[th.wtid] * kExpUnshift;  // the statistics carry 2^24 sigma
+    const RowResult res =
+        row_result(fin.l[th.wtid], fin.m[th.wtid], sig, s.bad_page != 0, req.seg.split);
     res_of.l[th.wtid] = res.inv_l;
     if (th.wg == 0) store_lse(p, req.b, fr, req.seg, res.lse);
   }

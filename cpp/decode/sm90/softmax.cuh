@@ -19,9 +19,13 @@ __device__ __forceinline__ float rcp_approx_ftz(float x) {
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-// e = 2^(z - m) is computed as 2^(z - m + 24) 2^-24: down to 2^-150 it stays above ex2's flush.
+// e = 2^(z - m) is computed as 2^24 e = 2^(z - m + 24): down to 2^-150 it stays above ex2's
+// flush. The factor stays on: P8 = P' / sigma and l = sum(e) / sigma do not change when P', e
+// and sigma share a power of two, so the block step carries 2^24 e, 2^24 P' and 2^24 sigma
+// (the row statistics too) bit for bit as the unscaled values, and the lse takes 2^-24 sigma.
 constexpr float kExpShift = 24.f;
 constexpr float kExpUnshift = 5.9604644775390625e-08f;  // 2^-24
+constexpr float kMinProbScaleShifted = kMinProbScale * 16777216.f;  // 2^24 kMinProbScale
 constexpr float kInvFp8Max = 1.f / 448.f;
 
 __device__ __forceinline__ float quad_max(float x) {
@@ -87,8 +91,8 @@ __device__ __forceinline__ void scaled_logits(float (&z)[32], Logit logit, const
   }
 }
 
-// z = P' = 2^(z rf + bias) s_k 2^-24, exactly 0 where invisible (a select: the scale may be NaN);
-// the rows' sums of e and maxima of P' (thread-local).
+// z = 2^24 P' = 2^(z rf + bias) s_k, exactly 0 where invisible (a select: the scale may be NaN);
+// the rows' sums of 2^24 e and maxima of 2^24 P' (thread-local).
 template <int kElems, bool kFull>
 __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_factor)[2],
                                            const float (&bias)[2], const float* scale, int t,
@@ -96,7 +100,7 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
 #pragma unroll
   for (int nn = 0; nn < 8; ++nn) {
     const float2 k2 = *reinterpret_cast<const float2*>(&scale[8 * nn + 2 * t]);
-    const float ks[2] = {k2.x * kExpUnshift, k2.y * kExpUnshift};
+    const float ks[2] = {k2.x, k2.y};
 #pragma unroll
     for (int c = 0; c < kElems; ++c) {
       const int e = 4 * nn + c, ri = c / 2;
@@ -181,14 +185,12 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     } else {
       exp_scaled<kElems, false>(z, row_factor, bias, st.scale, th.t, e_sum, p_max);
     }
-    e_sum[0] *= kExpUnshift;
-    e_sum[1] *= kExpUnshift;
 #pragma unroll
     for (int ri = 0; ri < kRows; ++ri) {
       e_sum[ri] = quad_sum(e_sum[ri]);
       p_max[ri] = quad_max(p_max[ri]);
       // MUFU reciprocal and ex2: within an ulp or two, inside the tensor-core tier's tolerance.
-      sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScale);
+      sig[ri] = fmaxf(p_max[ri] * kInvFp8Max, kMinProbScaleShifted);
       inv_sig[ri] = rcp_approx_ftz(sig[ri]);
       gamma[ri] = ex2_ftz(m_prev[ri] - m_use[ri]) * (sig_prev[ri] * inv_sig[ri]);
       l[ri] = fmaf(l_prev[ri], gamma[ri], e_sum[ri] * inv_sig[ri]);
