@@ -59,13 +59,13 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
         sm90::make_desc_base(s.q_content[0], sm90::Swizzle::k128B, kChunkBytes);
     const sm90::SmemDesc qr_desc =
         sm90::make_desc_base(s.q_rope, sm90::Swizzle::k128B, kChunkBytes);
-    float sa[32], sb[32];
+    float z[32];  // S of the block in hand
 
     // Warpgroup w owns blocks w, w + 2, ... and runs every block's PV. A QK left in flight
     // across iterations makes ptxas serialize the wgmmas.
     for (int i = th.wg; i < n; i += 2) {
-      issue_qk(req.ring, i, q_desc, qr_desc, sa, sb);
-      softmax_block(s, p, req, th, i, sa, sb);
+      issue_qk(req.ring, i, q_desc, qr_desc, z);
+      softmax_block(s, p, req, th, i, z);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(s, req, th, i - 1, o);
         if (i - 1 + kPBuffers < n)

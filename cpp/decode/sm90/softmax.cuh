@@ -37,10 +37,10 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// One commit group: content chunks 0-1 into sa, chunks 2-3 and the RoPE into sb.
+// One commit group: the 16 FP8 steps over the content, then the 4 BF16 steps over the RoPE,
+// into one accumulator.
 __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::SmemDesc& q_desc,
-                                         const sm90::SmemDesc& qr_desc, float (&sa)[32],
-                                         float (&sb)[32]) {
+                                         const sm90::SmemDesc& qr_desc, float (&acc)[32]) {
   const SharedStorage::Stage& st = ring.stage(i);
   sm90::mbar_wait(ring.full(i), ring.phase(i));
   const sm90::SmemDesc k_desc =
@@ -53,8 +53,7 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
     for (int k = 0; k < kQkChunkSteps; ++k) {
       const uint64_t da = q_desc.at(c * kTileBytes + 32 * k);
       const uint64_t db = k_desc.at(c * kTileBytes + 32 * k);
-      float (&acc)[32] = c < 2 ? sa : sb;
-      if (c % 2 == 0 && k == 0) {
+      if (c == 0 && k == 0) {
         sm90::wgmma_m64n64k32_e4m3_ss_init(acc, da, db);
       } else {
         sm90::wgmma_m64n64k32_e4m3_ss(acc, da, db, 1);
@@ -63,7 +62,7 @@ __device__ __forceinline__ void issue_qk(const Ring& ring, int i, const sm90::Sm
   }
 #pragma unroll
   for (int k = 0; k < kRopeSteps; ++k) {
-    sm90::wgmma_m64n64k16_bf16_ss(sb, qr_desc.at(32 * k), kr_desc.at(32 * k));
+    sm90::wgmma_m64n64k16_bf16_ss(acc, qr_desc.at(32 * k), kr_desc.at(32 * k));
   }
   sm90::wgmma_commit();
 }
@@ -119,19 +118,17 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
 template <class T>
 __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodeParams& p,
                                               const Request& req, const ConsumerThread<T>& th,
-                                              int i, float (&sa)[32], float (&sb)[32]) {
+                                              int i, float (&z)[32]) {
   constexpr int kRows = T::kRowsPerThread;
   constexpr int kElems = 2 * kRows;  // fragment elements per 8 tokens: c < kElems
   sm90::wgmma_wait<0>();
-  sm90::fence_regs(sa);
-  sm90::fence_regs(sb);
+  sm90::fence_regs(z);
   const SharedStorage::Stage& st = req.ring.stage(i);
   const int tok0 = req.tok0(i);
   const bool full = !req.is_edge(i);
   float m_new[2], sig[2], l[2], gamma[2];
   if constexpr (T::kInterleaved) m_new[1] = sig[1] = l[1] = gamma[1] = 0.f;
   uint32_t w[2][4];  // P8 of rows row_of(0) and row_of(1), 16 tokens per word group
-  float (&z)[32] = sa;
   float mx[2] = {-INFINITY, -INFINITY};
   float row_factor[2];
   float rho = 0.f;  // interleaved: s2 / s1 of the thread's query row
@@ -144,7 +141,7 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
       row_factor[1] = s.q_scale[th.r0 + 8] * p.scale_log2;
     }
     auto logit = [&](int e) {
-      return T::kInterleaved ? fmaf(rho, sa[e + 2] + sb[e + 2], sa[e] + sb[e]) : sa[e] + sb[e];
+      return T::kInterleaved ? fmaf(rho, z[e + 2], z[e]) : z[e];
     };
     const int fr0 = req.tile * kRowsM + th.r0;
     if (full) {
