@@ -67,17 +67,17 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
       issue_qk(req.ring, i, q_desc, qr_desc, z);
       softmax_block(s, p, req, th, i, z);
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
-        pv(s, req, th, i - 1, o);
+        pv(s, req, th, i - 1, o, false);
         if (i - 1 + kPBuffers < n)
           sm90::named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         release(s, req, th, i - 1);
       }
-      pv(s, req, th, i, o);
+      pv(s, req, th, i, o, true);
       release(s, req, th, i);
     }
     if (n > 0 && ((n - 1) & 1) != th.wg) {  // the last block is the other warpgroup's
       sm90::named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-      pv(s, req, th, n - 1, o);
+      pv(s, req, th, n - 1, o, false);
     }
     sm90::named_barrier_unaligned(kBarConsumers, kThreads);  // every PV done, the last statistics
 

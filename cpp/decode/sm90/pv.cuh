@@ -113,12 +113,13 @@ __device__ __forceinline__ void add_to_o(float (&o)[kNRegs], float (&tmp)[kNRegs
   for (int e = 0; e < kNRegs; ++e) o[e] += tmp[e];
 }
 
+// own_block: this warpgroup ran block i's QK, so it has waited for the stage's loads already.
 template <bool kEdge, class T>
 __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
                                          const ConsumerThread<T>& th, int i,
-                                         float (&o)[kMTiles][T::kNRegs]) {
+                                         float (&o)[kMTiles][T::kNRegs], bool own_block) {
   constexpr int kN = T::kN, kNRegs = T::kNRegs;
-  sm90::mbar_wait(req.ring.full(i), req.ring.phase(i));
+  if (!own_block) sm90::mbar_wait(req.ring.full(i), req.ring.phase(i));
   const RowStats& ps = s.stats[i % kPBuffers];
   const sm90::SmemDesc p_desc =
       sm90::make_desc_base(s.p8[i % kPBuffers], sm90::Swizzle::k64B, kPRowBytes);
@@ -199,11 +200,11 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 template <class T>
 __device__ __forceinline__ void pv(SharedStorage& s, const Request& req,
                                    const ConsumerThread<T>& th, int i,
-                                   float (&o)[kMTiles][T::kNRegs]) {
+                                   float (&o)[kMTiles][T::kNRegs], bool own_block) {
   if (req.is_edge(i)) {
-    pv_block<true>(s, req, th, i, o);
+    pv_block<true>(s, req, th, i, o, own_block);
   } else {
-    pv_block<false>(s, req, th, i, o);
+    pv_block<false>(s, req, th, i, o, own_block);
   }
 }
 
