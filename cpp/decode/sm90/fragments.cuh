@@ -32,14 +32,19 @@ __device__ __forceinline__ uint32_t vt_lane_offset(uint32_t lane, uint32_t unit)
   return sw128_offset(lane, unit);
 }
 
-// `addr`: the chunk's shared address + vt_lane_offset(lane, unit) + 4096 k-step.
-__device__ __forceinline__ void vt_fragment(uint32_t addr, uint32_t (&a)[4]) {
-  uint32_t r[4];
-  sm90::ldsm_t_x4(addr, r);
+// The fragment from the ldmatrix words r.
+__device__ __forceinline__ void vt_from_words(const uint32_t (&r)[4], uint32_t (&a)[4]) {
   a[0] = __byte_perm(r[0], r[1], 0x6420);  // even latent: M-row g
   a[1] = __byte_perm(r[0], r[1], 0x7531);  // odd latent: M-row g + 8
   a[2] = __byte_perm(r[2], r[3], 0x6420);
   a[3] = __byte_perm(r[2], r[3], 0x7531);
+}
+
+// `addr`: the chunk's shared address + vt_lane_offset(lane, unit) + 4096 k-step.
+__device__ __forceinline__ void vt_fragment(uint32_t addr, uint32_t (&a)[4]) {
+  uint32_t r[4];
+  sm90::ldsm_t_x4(addr, r);
+  vt_from_words(r, a);
 }
 
 // stmatrix row address of `lane` in a 64B-swizzled P8 tile, rows row_base (a multiple of 8) +

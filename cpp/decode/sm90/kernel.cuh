@@ -59,25 +59,39 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
         sm90::make_desc_base(s.q_content[0], sm90::Swizzle::k128B, kChunkBytes);
     const sm90::SmemDesc qr_desc =
         sm90::make_desc_base(s.q_rope, sm90::Swizzle::k128B, kChunkBytes);
-    float z[32];  // S of the block in hand
+    float z[32];          // S of the block in hand
+    uint32_t words[2][4];  // the next PV's first V^T fragments, read ahead
+    // The other warpgroup's block j: its QK waited for the stage; this warpgroup waits too.
+    auto words_of_other = [&](int j) {
+      sm90::mbar_wait(req.ring.full(j), req.ring.phase(j));
+      vt_words(req, th, j, 0, words);
+    };
 
     // Warpgroup w owns blocks w, w + 2, ... and runs every block's PV. A QK left in flight
     // across iterations makes ptxas serialize the wgmmas.
     for (int i = th.wg; i < n; i += 2) {
       issue_qk(req.ring, i, q_desc, qr_desc, z);
-      softmax_block(s, p, req, th, i, z);
+      softmax_block(s, p, req, th, i, z, [&] {
+        if (i > 0) {
+          words_of_other(i - 1);
+        } else {
+          vt_words(req, th, i, 0, words);  // its own stage: issue_qk waited for it
+        }
+      });
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
-        pv(s, req, th, i - 1, o, false);
+        pv(s, req, th, i - 1, o, words);
+        vt_words(req, th, i, 0, words);  // (read inside that PV, under its last promotion, spills)
         if (i - 1 + kPBuffers < n)
           sm90::named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         release(s, req, th, i - 1);
       }
-      pv(s, req, th, i, o, true);
+      pv(s, req, th, i, o, words);
       release(s, req, th, i);
     }
     if (n > 0 && ((n - 1) & 1) != th.wg) {  // the last block is the other warpgroup's
       sm90::named_barrier(kBarPready + ((n - 1) & 1), kThreads);
-      pv(s, req, th, n - 1, o, false);
+      words_of_other(n - 1);
+      pv(s, req, th, n - 1, o, words);
     }
     sm90::named_barrier_unaligned(kBarConsumers, kThreads);  // every PV done, the last statistics
 

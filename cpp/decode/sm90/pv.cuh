@@ -43,26 +43,34 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
-// kEdge: tokens from `valid` up and NaN codes are zeroed, so that a NaN there cannot reach rows
-// whose P8 is 0 (elsewhere a NaN in V reaches every row through its logit anyway).
-template <bool kEdge>
-__device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int valid,
-                                                    uint32_t (&a)[2][4]) {
-  uint32_t vmask[2][2];
-  if constexpr (kEdge) {
+// The ldmatrix words of m-tile m's V^T fragments (both k-steps) in block i's stage.
+template <class T>
+__device__ __forceinline__ void vt_words(const Request& req, const ConsumerThread<T>& th, int i,
+                                         int m, uint32_t (&r)[2][4]) {
+  const uint32_t addr =
+      sm90::smem_u32(req.ring.stage(i).content[2 * th.wg + m / 2]) + th.ldsm_off[m & 1];
 #pragma unroll
-    for (int ks = 0; ks < 2; ++ks) {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-        vmask[ks][hh] = valid_token_bytes(32 * ks + 16 * hh + 2 * t, valid);
-    }
-  }
+  for (int ks = 0; ks < 2; ++ks) sm90::ldsm_t_x4(addr + 32 * kChunkBytes * ks, r[ks]);
+}
+
+// The fragments from their words. kEdge: tokens from `valid` up and NaN codes are zeroed, so
+// that a NaN there cannot reach rows whose P8 is 0 (elsewhere a NaN in V reaches every row
+// through its logit anyway).
+template <bool kEdge, class T>
+__device__ __forceinline__ void vt_from_words_masked(const Request& req,
+                                                     const ConsumerThread<T>& th, int i,
+                                                     const uint32_t (&r)[2][4],
+                                                     uint32_t (&a)[2][4]) {
+  const int valid = kEdge ? min(max(req.seqlen - req.tok0(i), 0), kBlockN) : 0;
 #pragma unroll
   for (int ks = 0; ks < 2; ++ks) {
-    vt_fragment(addr + 32 * kChunkBytes * ks, a[ks]);
+    vt_from_words(r[ks], a[ks]);
     if constexpr (kEdge) {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) a[ks][j] = zero_nan_bytes(a[ks][j] & vmask[ks][j / 2]);
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t vmask = valid_token_bytes(32 * ks + 16 * (j / 2) + 2 * th.t, valid);
+        a[ks][j] = zero_nan_bytes(a[ks][j] & vmask);
+      }
     }
   }
 }
@@ -70,10 +78,9 @@ __device__ __forceinline__ void vt_fragments_masked(uint32_t addr, int t, int va
 template <bool kEdge, class T>
 __device__ __forceinline__ void v_fragments(const Request& req, const ConsumerThread<T>& th, int i,
                                             int m, uint32_t (&a)[2][4]) {
-  const uint32_t addr =
-      sm90::smem_u32(req.ring.stage(i).content[2 * th.wg + m / 2]) + th.ldsm_off[m & 1];
-  const int valid = kEdge ? min(max(req.seqlen - req.tok0(i), 0), kBlockN) : 0;
-  vt_fragments_masked<kEdge>(addr, th.t, valid, a);
+  uint32_t r[2][4];
+  vt_words(req, th, i, m, r);
+  vt_from_words_masked<kEdge>(req, th, i, r, a);
 }
 
 // O^T = gamma O^T + T over O's 8-column tiles [col0, col0 + kCols), gamma read where it is used.
@@ -113,13 +120,21 @@ __device__ __forceinline__ void add_to_o(float (&o)[kNRegs], float (&tmp)[kNRegs
   for (int e = 0; e < kNRegs; ++e) o[e] += tmp[e];
 }
 
-// own_block: this warpgroup ran block i's QK, so it has waited for the stage's loads already.
+// words: m-tile 0's ldmatrix words, read ahead by the caller once the stage's loads were
+// waited for, so that the first wgmma does not wait for them.
 template <bool kEdge, class T>
 __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
                                          const ConsumerThread<T>& th, int i,
-                                         float (&o)[kMTiles][T::kNRegs], bool own_block) {
+                                         float (&o)[kMTiles][T::kNRegs],
+                                         const uint32_t (&words)[2][4]) {
   constexpr int kN = T::kN, kNRegs = T::kNRegs;
-  if (!own_block) sm90::mbar_wait(req.ring.full(i), req.ring.phase(i));
+  auto fragments = [&](int m, uint32_t (&a)[2][4]) {
+    if (m == 0) {
+      vt_from_words_masked<kEdge>(req, th, i, words, a);
+    } else {
+      v_fragments<kEdge>(req, th, i, m, a);
+    }
+  };
   const RowStats& ps = s.stats[i % kPBuffers];
   const sm90::SmemDesc p_desc =
       sm90::make_desc_base(s.p8[i % kPBuffers], sm90::Swizzle::k64B, kPRowBytes);
@@ -129,7 +144,7 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
     uint32_t a[kMTiles][2][4];
 #pragma unroll
     for (int q = 0; q < kMTiles; ++q) {
-      v_fragments<kEdge>(req, th, i, q, a[q]);
+      fragments(q, a[q]);
       sm90::wgmma_fence();
       wgmma_pv<kN, true>(tmp[q], a[q][0], p_desc.at(0));
       wgmma_pv<kN, false>(tmp[q], a[q][1], p_desc.at(32));
@@ -153,7 +168,7 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
     };
 #pragma unroll
     for (int q = 0; q < kMTiles; ++q) {
-      v_fragments<kEdge>(req, th, i, q, a[q % 2]);
+      fragments(q, a[q % 2]);
       sm90::wgmma_fence();
       wgmma_pv<kN, true>(tmp[q % 2], a[q % 2][0], p_desc.at(0));
       wgmma_pv<kN, false>(tmp[q % 2], a[q % 2][1], p_desc.at(32));
@@ -177,7 +192,7 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m) {
       uint32_t a[2][4];
-      v_fragments<kEdge>(req, th, i, m, a);
+      fragments(m, a);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int q = 2 * m + h;
@@ -200,11 +215,11 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 template <class T>
 __device__ __forceinline__ void pv(SharedStorage& s, const Request& req,
                                    const ConsumerThread<T>& th, int i,
-                                   float (&o)[kMTiles][T::kNRegs], bool own_block) {
+                                   float (&o)[kMTiles][T::kNRegs], const uint32_t (&words)[2][4]) {
   if (req.is_edge(i)) {
-    pv_block<true>(s, req, th, i, o, own_block);
+    pv_block<true>(s, req, th, i, o, words);
   } else {
-    pv_block<false>(s, req, th, i, o, own_block);
+    pv_block<false>(s, req, th, i, o, words);
   }
 }
 

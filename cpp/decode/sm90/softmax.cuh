@@ -115,10 +115,11 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
 
 // Block i's P8 and statistics (m, sigma, l, gamma; eq. 12), after the other warpgroup's block
 // i - 1. rf = s_q softmax_scale log2(e) > 0 is applied in the exponent: max(u rf) = max(u) rf.
-template <class T>
+// ahead() runs before the waits for the P buffer and for the warpgroup's own stores.
+template <class T, class Ahead>
 __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodeParams& p,
                                               const Request& req, const ConsumerThread<T>& th,
-                                              int i, float (&z)[32]) {
+                                              int i, float (&z)[32], Ahead ahead) {
   constexpr int kRows = T::kRowsPerThread;
   constexpr int kElems = 2 * kRows;  // fragment elements per 8 tokens: c < kElems
   sm90::wgmma_wait<0>();
@@ -194,6 +195,7 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     }
     p8_words<kRows>(z, inv_sig, w);
   }
+  ahead();
   // The other warpgroup's PV of block i - kPBuffers has read this P tile.
   if (i >= kPBuffers) sm90::named_barrier(kBarPfree + i % kPBuffers, kThreads);
   if (th.softmax_warp) {
