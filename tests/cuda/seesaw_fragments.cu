@@ -76,9 +76,10 @@ __global__ void __launch_bounds__(256, 1)
   for (int m = 0; m < 4; ++m) {
     const uint32_t chunk =
         sm90::smem_u32(content[2 * wg + m / 2]) + vt_lane_offset(lane, 4 * (m % 2) + warp);
-    uint32_t a[2][4];
-    vt_fragment(chunk, a[0]);
-    vt_fragment(chunk + 4096, a[1]);
+    uint32_t r[2][4], a[2][4];
+    vt_words_at(chunk, r);
+    vt_from_words(r[0], a[0]);
+    vt_from_words(r[1], a[1]);
     float acc[N / 2];
     sm90::wgmma_fence();
     pv_kstep<N>(acc, a[0], desc[0], true);

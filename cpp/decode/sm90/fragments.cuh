@@ -40,11 +40,11 @@ __device__ __forceinline__ void vt_from_words(const uint32_t (&r)[4], uint32_t (
   a[3] = __byte_perm(r[2], r[3], 0x7531);
 }
 
-// `addr`: the chunk's shared address + vt_lane_offset(lane, unit) + 4096 k-step.
-__device__ __forceinline__ void vt_fragment(uint32_t addr, uint32_t (&a)[4]) {
-  uint32_t r[4];
-  sm90::ldsm_t_x4(addr, r);
-  vt_from_words(r, a);
+// The ldmatrix words of a PV m-tile's two k-steps; `addr`: the chunk's shared address +
+// vt_lane_offset(lane, unit), the second k-step 4096 bytes on.
+__device__ __forceinline__ void vt_words_at(uint32_t addr, uint32_t (&r)[2][4]) {
+#pragma unroll
+  for (int ks = 0; ks < 2; ++ks) sm90::ldsm_t_x4(addr + 4096 * ks, r[ks]);
 }
 
 // stmatrix row address of `lane` in a 64B-swizzled P8 tile, rows row_base (a multiple of 8) +

@@ -43,14 +43,14 @@ __device__ __forceinline__ uint32_t zero_nan_bytes(uint32_t w) {
   return w & ~__vcmpeq4(w & 0x7f7f7f7fu, 0x7f7f7f7fu);
 }
 
+static_assert(32 * kChunkBytes == 4096, "vt_words_at: a k-step is 32 token rows of a chunk");
+
 // The ldmatrix words of m-tile m's V^T fragments (both k-steps) in block i's stage.
 template <class T>
 __device__ __forceinline__ void vt_words(const Request& req, const ConsumerThread<T>& th, int i,
                                          int m, uint32_t (&r)[2][4]) {
-  const uint32_t addr =
-      sm90::smem_u32(req.ring.stage(i).content[2 * th.wg + m / 2]) + th.ldsm_off[m & 1];
-#pragma unroll
-  for (int ks = 0; ks < 2; ++ks) sm90::ldsm_t_x4(addr + 32 * kChunkBytes * ks, r[ks]);
+  vt_words_at(sm90::smem_u32(req.ring.stage(i).content[2 * th.wg + m / 2]) + th.ldsm_off[m & 1],
+              r);
 }
 
 // The fragments from their words. kEdge: tokens from `valid` up and NaN codes are zeroed, so
