@@ -13,8 +13,9 @@ Three layers:
   :func:`read_tokens`, :func:`gather_request`, :func:`fetch_dequant` build and read the byte
   image of a paged cache.
 * Attention: :func:`decode_reference` models every step of the FP8 decode (per P block of 64
-  or 128 tokens: the running max, ``P' = e * s``, the dynamic probability scale ``sigma``, FP8 probabilities, the
-  rescaling of equations 12 and 13) in float64 after the exact quantization of q and KV.
+  or 128 tokens: the running max, ``P' = e * s``, the dynamic probability scale ``sigma``, FP8
+  probabilities, the rescaling of equations 12 and 13) in float64 after the exact quantization
+  of q and KV.
   :func:`exact_attention` is plain float64 softmax attention on unquantized inputs, the yardstick
   for end-to-end accuracy. The kernels match :func:`decode_reference` to their tier of the
   contract (v3), not bit for bit: the reference kernel accumulates in fp32 in its own order and
