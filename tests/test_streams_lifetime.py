@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import sys
 import threading
 import time
@@ -27,12 +28,14 @@ import pytest
 
 from snapmla import DecodePlan, KVCache, SnapMLAError, _args, _lib, _tensor, decode, quantize_q
 from snapmla import cache as cache_module
-from snapmla import decode as decode_module
 from snapmla import quantize as quantize_module
 from snapmla._tensor import InUse, OwnedMemory, Stream
 from snapmla.decode import DecodeConfig
 from test_api_validation import LIBRARY, _buffer, bf16, fp8, host_function, i32, i64
 from test_dlpack import CPU, CUDA0, FakeTensor
+
+# (`from snapmla import decode` is the function, which shadows the module)
+decode_module = importlib.import_module("snapmla.decode")
 
 TORCH_STREAM = 0xCA97  # torch's current stream in the fake torch (e.g. a capture stream)
 CUPY_STREAM = 0xC0FE  # CuPy's current stream in the fake cupy
@@ -160,6 +163,13 @@ def fake_cupy(monkeypatch: pytest.MonkeyPatch) -> _FakeCupy:
     return cupy
 
 
+def _no_device_switch(monkeypatch: pytest.MonkeyPatch, modules: tuple[Any, ...]) -> None:
+    """Making a device current is a no-op in these modules (the tensors here are fakes)."""
+    for module in modules:
+        if hasattr(module, "on_device"):
+            monkeypatch.setattr(module, "on_device", lambda op, device: contextlib.nullcontext())
+
+
 @pytest.fixture(autouse=True)
 def _no_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing here may allocate; making the device current is a no-op."""
@@ -167,11 +177,11 @@ def _no_allocation(monkeypatch: pytest.MonkeyPatch) -> None:
     def reached(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a test allocated GPU memory")
 
-    for module in (_tensor, cache_module, decode_module, quantize_module):
+    modules = (_tensor, cache_module, decode_module, quantize_module)
+    for module in modules:
         if hasattr(module, "empty"):
             monkeypatch.setattr(module, "empty", reached)
-        if hasattr(module, "on_device"):
-            monkeypatch.setattr(module, "on_device", lambda op, device: contextlib.nullcontext())
+    _no_device_switch(monkeypatch, modules)
 
 
 class _RecordingLibrary:
@@ -208,6 +218,9 @@ def library(monkeypatch: pytest.MonkeyPatch) -> _RecordingLibrary:
         pytest.skip(f"needs the shared library (set SNAPMLA_LIBRARY): {LIBRARY}")
     recorder = _RecordingLibrary()
     monkeypatch.setattr(_lib, "lib", lambda: recorder)
+    # The recorded calls run on no device: the front-ends make none current (with CuPy
+    # importable and no driver, trying would fail before the call is recorded).
+    _no_device_switch(monkeypatch, (cache_module, decode_module, quantize_module))
     return recorder
 
 
