@@ -63,6 +63,9 @@ use_build() {
     --target /tmp/site "$dir"/snapmla-*.whl >>"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; return 1; }
   python3 -c "import snapmla; print('snapmla', snapmla.version(), snapmla.__file__)" || return 1
   TAG=""; [ "$name" = dist ] || TAG="-$name"
+  # the softmax source the wheel was built from (older carried wheels lack it: the tree's)
+  SOFTMAX_SRC=cpp/decode/sm90/softmax.cuh
+  [ -f "$dir/softmax.cuh" ] && SOFTMAX_SRC=$dir/softmax.cuh
 }
 case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 
@@ -158,7 +161,7 @@ for stage in "$@"; do
         if [ "$tool" = racecheck ] && [ "$rc" = 9 ]; then
           # racecheck does not model the row statistics' bar.arrive handoff: those records
           # pass, any other fails (bench/racecheck_triage.py says why)
-          python3 bench/racecheck_triage.py "$OUT/sanitize-tool.log" \
+          python3 bench/racecheck_triage.py --source "$SOFTMAX_SRC" "$OUT/sanitize-tool.log" \
             | tee -a "$OUT/sanitize$TAG.log" "$OUT/session.log"
           rc=${PIPESTATUS[0]}
         fi
