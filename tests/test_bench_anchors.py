@@ -163,35 +163,6 @@ def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
         ncu.executed_instructions("no metric here\n")
 
 
-def test_timeline_stats_medians(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """bench/probes/timeline_stats.py: per timeline, the owner's segments of blocks [from, to]."""
-    ts = _module("probes/timeline_stats")
-    lines = ["### seesaw_timeline 32 128 16384", "kernel 212.7 us; (not an event line)"]
-    for blk in range(8):  # warpgroup blk % 2 owns block blk; both run its PV
-        owner, other = blk % 2, 1 - blk % 2
-        base = 1000 * blk
-        lines.append(
-            f"wg{owner} blk {blk}: qk_issue={base} qk_done={base + 100 + blk} "
-            f"published={base + 400} pv_start={base + 500} pv_end={base + 530}"
-        )
-        lines.append(f"wg{other} blk {blk}: pv_start={base + 600} pv_end={base + 650}")
-    log = tmp_path / "timeline.log"
-    log.write_text("\n".join(lines) + "\n### seesaw_timeline_x 1 1 1\n")
-    sections = dict(ts.sections(log.read_text()))
-    assert list(sections) == ["seesaw_timeline 32 128 16384", "seesaw_timeline_x 1 1 1"]
-    rows = ts.table(ts.events(sections["seesaw_timeline 32 128 16384"]), 1, 5)
-    assert rows["period"] == (2000, 5)  # blocks 1-5 and their block + 2
-    assert rows["qk issue to done"] == (103, 5)  # 101 .. 105
-    assert rows["softmax"] == (297, 5)  # 400 - (100 + blk)
-    assert rows["own pv"] == (30, 5) and rows["other's pv"] == (50, 5)
-    assert ts.table(ts.events(sections["seesaw_timeline_x 1 1 1"]), 0, 9) == {}
-    monkeypatch.setattr(sys, "argv", ["timeline_stats.py", str(log), "--from", "1", "--to", "5"])
-    ts.main()
-    assert "period 2000, qk issue to done 103" in capsys.readouterr().out
-
-
 def test_gpu_state_reads_nvidia_smi(
     bench_decode: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
