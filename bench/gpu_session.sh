@@ -65,7 +65,7 @@ use_build() {
   TAG=""; [ "$name" = dist ] || TAG="-$name"
   # the softmax source the wheel was built from (older carried wheels lack it: the tree's)
   SOFTMAX_SRC=cpp/decode/sm90/softmax.cuh
-  [ -f "$dir/softmax.cuh" ] && SOFTMAX_SRC=$dir/softmax.cuh
+  if [ -f "$dir/softmax.cuh" ]; then SOFTMAX_SRC=$dir/softmax.cuh; fi
 }
 case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 
