@@ -145,17 +145,23 @@ def test_two_term_summary_lines(bench_decode: ModuleType) -> None:
 
 
 def test_ncu_instructions_per_warp_per_tile_block(tmp_path: Path) -> None:
-    """bench/probes/ncu_per_block.py: smsp__inst_executed.sum over tile-blocks x 8 warps."""
+    """bench/probes/ncu_per_block.py: smsp__inst_executed.sum over tile-blocks x 8 warps; the
+    elapsed cycles times the SMs over tile-blocks, and that over the tensor work."""
     ncu = _module("probes/ncu_per_block")
     report = tmp_path / "ncu.txt"
     report.write_text(
         "  void decode_kernel<KernelTraits<64, true>>(...) (66, 2, 1)x(384, 1, 1)\n"
+        "    Elapsed Cycles                cycle      384,000\n"
+        "    # SMs                                         SM             128\n"
         "    smsp__inst_executed.sum                inst    10,158,080\n"
     )
     case = ncu.Case.parse("32x1x128x16384")
     r = ncu.per_block(case, report.read_text())
     assert r["n"] == 64 and r["tile_blocks"] == 32 * 2 * 256
     assert r["per_warp_per_tile_block"] == pytest.approx(10_158_080 / (32 * 2 * 256 * 8))
+    assert ncu.TENSOR_CYCLES == 1152
+    assert r["sm_cycles_per_tile_block"] == pytest.approx(384_000 * 128 / (32 * 2 * 256))
+    assert r["over_tensor_work"] == pytest.approx(3000 / 1152)
     assert ncu.pv_width(ncu.Case.parse("128x1x16x16384")) == 16
     assert ncu.pv_width(ncu.Case.parse("64x2x16x16384")) == 32
     assert ncu.main([f"32x1x128x16384={report}"]) == 0
