@@ -11,7 +11,8 @@ own count, close to it at long contexts.
 
 The cycles are the kernel's elapsed SM cycles times the SMs, over the tile-blocks: what a
 tile-block costs an SM on average, next to its tensor work (1,152 cycles: the content QK and
-the PV at 8,192 FP8 FLOP a cycle, the RoPE QK at 4,096 in BF16), the least any kernel needs (at 64 query rows a tile; fewer rows do less).
+the PV at 8,192 FP8 FLOP a cycle, the RoPE QK at 4,096 in BF16), the least any kernel needs
+at 64 query rows a tile (fewer rows do less).
 
     python3 bench/probes/ncu_per_block.py 32x1x128x16384=ncu-32x1x128x16384.txt [CASE=FILE ...]
 """
