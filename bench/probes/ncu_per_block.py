@@ -26,16 +26,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/
 
-from bench_decode import Case
+from bench_decode import CONTENT_DIM, ROPE_DIM, Case
 
 CONSUMER_WARPS = 8  # two consumer warpgroups per CTA
 TILE_ROWS = 64
 BLOCK_TOKENS = 64
 METRIC = "smsp__inst_executed.sum"
-# A 64-row x 64-token tile-block's tensor work in SM cycles: content QK and PV (512 latent each)
-# at 8,192 FP8 FLOP a cycle, the RoPE QK (64) at 4,096 BF16 FLOP a cycle.
+# A 64-row x 64-token tile-block's tensor work in SM cycles: content QK and PV at 8,192 FP8
+# FLOP a cycle, the RoPE QK at 4,096 BF16 FLOP a cycle.
 TENSOR_CYCLES = (
-    2 * TILE_ROWS * BLOCK_TOKENS * 2 * 512 / 8192 + 2 * TILE_ROWS * BLOCK_TOKENS * 64 / 4096
+    2 * TILE_ROWS * BLOCK_TOKENS * 2 * CONTENT_DIM / 8192
+    + 2 * TILE_ROWS * BLOCK_TOKENS * ROPE_DIM / 4096
 )
 
 

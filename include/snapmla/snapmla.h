@@ -143,10 +143,9 @@
  *   - Tensor-core tier (SNAPMLA_DECODE_KERNEL_FAST, and AUTO, which runs it): (1) on inputs
  *     whose logits every accumulator holds exactly (small integer codes), within 1e-3 of the
  *     model at the kernel's B at every shape; (2) on random inputs within 2e-2 relative L2
- *     and 5e-3 on lse;
- *     (3) against exact float64 attention on the BF16 inputs, at most 1.15x the model's own
- *     error on every python -m snapmla.accuracy layer and context (geometric mean at most
- *     1.05x) and at most 1.05x on randn inputs. Measured on an H200:
+ *     and 5e-3 on lse; (3) against exact float64 attention on the BF16 inputs, at most 1.15x
+ *     the model's own error on every python -m snapmla.accuracy layer and context (geometric
+ *     mean at most 1.05x) and at most 1.05x on randn inputs. Measured on an H200:
  *     (2) 2e-3 .. 7e-3 typical, (3) largest 1.040x, geometric mean 1.009x, randn 1.001x.
  *     The kernel may rescale internally by powers of two (e, P' and sigma carried 2^24 high:
  *     P8, l and gamma are unchanged, and the lse takes sigma scaled back exactly) and divide by
