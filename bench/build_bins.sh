@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA programs the GPU machine runs besides the wheel, built here into .carry/bin:
 # host_overhead_c (against a built libsnapmla.so in $SNAPMLA_LIBDIR, default /tmp/b) and the
-# probes power_probe and qgmma_probe. gpu_session.sh's host-c, power-floor and qgmma stages run
-# them.
+# probes power_probe, qgmma_probe and dsmem_probe. gpu_session.sh's host-c, power-floor, qgmma
+# and dsmem stages run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NVCC=${NVCC:-/usr/local/cuda/bin/nvcc}
@@ -10,6 +10,7 @@ mkdir -p .carry/bin
 flags=(-gencode=arch=compute_90a,code=sm_90a -std=c++17 -O3 --expt-relaxed-constexpr -Icpp -Iinclude)
 "$NVCC" "${flags[@]}" bench/probes/power_probe.cu -o .carry/bin/power_probe &
 "$NVCC" "${flags[@]}" bench/probes/qgmma_probe.cu -o .carry/bin/qgmma_probe &
+"$NVCC" "${flags[@]}" bench/probes/dsmem_probe.cu -o .carry/bin/dsmem_probe &
 LIBDIR=${SNAPMLA_LIBDIR:-/tmp/b}
 if [ -f "$LIBDIR/libsnapmla.so" ]; then
   "$NVCC" -std=c++17 -O2 -gencode=arch=compute_90a,code=sm_90a -Iinclude bench/host_overhead_c.cu \

@@ -31,6 +31,7 @@
 #   ncu                   Nsight Compute on the seesaw kernel, one launch per case
 #   qgmma                 the FP8 wgmma's accumulation per chain length (.carry/bin/qgmma_probe)
 #   power-floor           the power-limited floor (.carry/bin/power_probe) at the 128-head shares
+#   dsmem                 one exchange between a cluster's two CTAs (.carry/bin/dsmem_probe)
 #   dump-save, dump-compare  decode outputs of this build saved, or compared bit for bit with
 #                         those saved earlier in the call (an A/B of two builds: use:<name>)
 #
@@ -272,6 +273,10 @@ for stage in "$@"; do
       timeout 120 .carry/bin/qgmma_probe "$OUT/qgmma-probe" 4 2>&1 | tee -a "$OUT/qgmma.log" \
         && timeout 300 python3 bench/probes/qgmma_probe.py "$OUT/qgmma-probe" 2>&1 \
         | tee -a "$OUT/qgmma.log" || status=1
+      ;;
+    dsmem)  # .carry/bin/dsmem_probe: see bench/probes/dsmem_probe.cu
+      log "cluster exchange latency (bench/probes/dsmem_probe.cu)"
+      timeout 120 .carry/bin/dsmem_probe 20000 2>&1 | tee "$OUT/dsmem.log" || status=1
       ;;
     power-floor)  # .carry/bin/power_probe: see bench/probes/power_probe.cu
       # per SM: tile-blocks and pages of the 128-head cases' shares, the cache's kind of data
