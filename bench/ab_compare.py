@@ -1,8 +1,10 @@
 """Compare two builds timed in one GPU call: bench_decode.py results of each build, interleaved.
 
     python3 bench/ab_compare.py decode-cases*.json --base 30b2541 --out ab.json
+    python3 bench/ab_compare.py decode-cases*.json --base 30b2541 --new 6093ba6  # one of several
 
-Each input is a bench_decode.py result; the build is the commit it names. Per case, the median
+Each input is a bench_decode.py result; the build is the commit it names. With `--new`, the
+files of builds other than the two named are left out (an A/B of several builds in one call). Per case, the median
 time of every run of a build is averaged over its runs, and the ratio new / base printed with the
 runs themselves (their spread is the noise the ratio is read against). The JSON written keeps
 every run's median, the ratios and the GPU.
@@ -17,15 +19,18 @@ from collections import defaultdict
 from typing import Any
 
 
-def compare(docs: list[dict[str, Any]], base: str, tolerance: float) -> dict[str, Any]:
+def compare(
+    docs: list[dict[str, Any]], base: str, tolerance: float, new: str | None = None
+) -> dict[str, Any]:
     runs: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for doc in docs:
         for case in doc["cases"]:
             runs[doc["commit"]][case["name"]].append(case["snapmla"]["median_us"])
     bases = [c for c in runs if c.startswith(base)]
-    news = [c for c in runs if not c.startswith(base)]
+    news = [c for c in runs if not c.startswith(base) and (new is None or c.startswith(new))]
     if len(bases) != 1 or len(news) != 1:
-        raise ValueError(f"expected one base ({base}) and one other build, got {sorted(runs)}")
+        other = "one other build" if new is None else f"one build {new}"
+        raise ValueError(f"expected one base ({base}) and {other}, got {sorted(runs)}")
     b, n = runs[bases[0]], runs[news[0]]
     cases = []
     for name in b:
@@ -49,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", help="bench_decode.py JSON files of both builds")
     ap.add_argument("--base", required=True, help="the base build's commit (a prefix)")
+    ap.add_argument(
+        "--new", help="the other build's commit (a prefix); other builds' files left out"
+    )
     ap.add_argument("--tolerance", type=float, default=0.02)
     ap.add_argument("--out", help="write the comparison here")
     args = ap.parse_args(argv)
@@ -56,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.results:
         with open(path) as f:
             docs.append(json.load(f))
-    result = compare(docs, args.base, args.tolerance)
+    result = compare(docs, args.base, args.tolerance, args.new)
     print(f"{result['new']} against {result['base']} on {result['device']}")
     for c in result["cases"]:
         base = " ".join(f"{x:7.1f}" for x in c["base_us"])

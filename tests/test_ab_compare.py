@@ -45,3 +45,17 @@ def test_needs_exactly_two_builds_and_the_same_cases() -> None:
         ab.compare([_doc("aaaaaaa", {"x": 1.0})], "aaa", 0.02)
     with pytest.raises(ValueError, match="base build only"):
         ab.compare([_doc("aaaaaaa", {"x": 1.0}), _doc("bbbbbbb", {"z": 1.0})], "aaa", 0.02)
+
+
+def test_new_picks_one_build_of_several() -> None:
+    docs = [
+        _doc("aaaaaaa", {"x": 100.0}),
+        _doc("bbbbbbb", {"x": 110.0}),
+        _doc("ccccccc", {"x": 90.0}),
+    ]
+    assert ab.compare(docs, "aaa", 0.02, new="ccc")["cases"][0]["ratio"] == pytest.approx(0.9)
+    assert ab.compare(docs, "aaa", 0.02, new="bbb")["new"] == "bbbbbbb"
+    with pytest.raises(ValueError, match="one other build"):
+        ab.compare(docs, "aaa", 0.02)
+    with pytest.raises(ValueError, match="one build ddd"):
+        ab.compare(docs, "aaa", 0.02, new="ddd")
