@@ -4,10 +4,10 @@
     python3 bench/ab_compare.py decode-cases*.json --base 30b2541 --new 6093ba6  # one of several
 
 Each input is a bench_decode.py result; the build is the commit it names. With `--new`, the
-files of builds other than the two named are left out (an A/B of several builds in one call). Per case, the median
-time of every run of a build is averaged over its runs, and the ratio new / base printed with the
-runs themselves (their spread is the noise the ratio is read against). The JSON written keeps
-every run's median, the ratios and the GPU.
+files of builds other than the two named are left out (an A/B of several builds in one call).
+Per case, the median time of every run of a build is averaged over its runs, and the ratio
+new / base printed with the runs themselves (their spread is the noise the ratio is read
+against). The JSON written keeps every run's median, the ratios and the GPU.
 """
 
 from __future__ import annotations

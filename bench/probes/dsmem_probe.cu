@@ -22,8 +22,7 @@
 #include <cstdlib>
 #include <vector>
 
-#include "../cuda_check.h"
-#include "decode/sm90/ptx.cuh"
+#include "probe_common.cuh"
 
 using namespace snapmla;
 
@@ -31,6 +30,7 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kMaxBytes = 16384;
+constexpr int kMaxClusters = 128;  // ProbeHost's sink holds a value for each of 256 CTAs
 
 struct alignas(128) Smem {
   uint4 buf[kMaxBytes / 16];
@@ -63,9 +63,9 @@ __device__ __forceinline__ void cluster_sync() {
 }
 
 __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
-    ping_pong(int bytes, int rounds, long long* cycles, uint32_t* sink) {
-  extern __shared__ __align__(128) uint8_t raw[];
-  Smem& s = *reinterpret_cast<Smem*>(raw);
+    ping_pong(int bytes, int rounds, long long* cycles, float* sink) {
+  extern __shared__ __align__(1024) uint8_t raw[];
+  Smem& s = bench_probe::aligned_smem<Smem>(raw);
   const int tid = threadIdx.x;
   const uint32_t rank = cluster_rank(), peer = rank ^ 1u;
   if (tid == 0) {
@@ -106,21 +106,16 @@ __global__ void __cluster_dims__(2, 1, 1) __launch_bounds__(kThreads, 1)
   long long t1 = clock64();
   cluster_sync();  // no st.async in flight toward a CTA that has exited
   if (tid == 0 && rank == 0) cycles[blockIdx.x / 2] = t1 - t0;
-  if (acc == 0xdeadbeefu) sink[blockIdx.x] = acc;
+  if (acc == 0xdeadbeefu) sink[blockIdx.x] = float(acc);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const int rounds = argc > 1 ? std::atoi(argv[1]) : 2000;
-  int sms = 0;
-  SNAPMLA_BENCH_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), 1);
-  const int ctas = sms / 2 * 2, clusters = ctas / 2;
-  long long* d_cycles = nullptr;
-  uint32_t* d_sink = nullptr;
-  SNAPMLA_BENCH_CHECK(cudaMalloc(&d_cycles, clusters * sizeof(long long)), 1);
-  SNAPMLA_BENCH_CHECK(cudaMalloc(&d_sink, ctas * sizeof(uint32_t)), 1);
-  const int smem = int(sizeof(Smem));
+  const bench_probe::ProbeHost host = bench_probe::ProbeHost::make(kMaxClusters);
+  const int clusters = std::min(host.sms / 2, kMaxClusters), ctas = 2 * clusters;
+  const int smem = int(sizeof(Smem)) + 1024;  // + slack to align it to 1024
   SNAPMLA_BENCH_CHECK(
       cudaFuncSetAttribute(ping_pong, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), 1);
   std::printf("dsmem_probe: %d CTAs in clusters of 2, 128 threads, %d round trips a size\n", ctas,
@@ -128,13 +123,13 @@ int main(int argc, char** argv) {
   std::printf("%8s %12s %12s %10s\n", "bytes", "median_cyc", "max_cyc", "B/cycle");
   for (int bytes : {256, 2048, 4096, 16384}) {
     for (int rep = 0; rep < 2; ++rep) {  // the first launch warms up
-      ping_pong<<<ctas, kThreads, smem>>>(bytes, rounds, d_cycles, d_sink);
+      ping_pong<<<ctas, kThreads, smem>>>(bytes, rounds, host.cycles, host.sink);
       SNAPMLA_BENCH_CHECK(cudaGetLastError(), 1);
       SNAPMLA_BENCH_CHECK(cudaDeviceSynchronize(), 1);
     }
     std::vector<long long> c(clusters);
     SNAPMLA_BENCH_CHECK(
-        cudaMemcpy(c.data(), d_cycles, clusters * sizeof(long long), cudaMemcpyDeviceToHost), 1);
+        cudaMemcpy(c.data(), host.cycles, clusters * sizeof(long long), cudaMemcpyDeviceToHost), 1);
     std::sort(c.begin(), c.end());
     const double one_way_med = double(c[clusters / 2]) / (2.0 * rounds);
     const double one_way_max = double(c.back()) / (2.0 * rounds);
