@@ -75,7 +75,7 @@ case "${1:-}" in use:*) ;; *) use_build dist || exit 1 ;; esac
 # device-time budget still returns them. A file of the caller's own in $FINAL that matches none
 # of these names is left alone.
 PUBLISHED=('decode*.json' 'dataflow*.json' 'multi-gpu*.json' 'accuracy*.json' 'host-overhead-real*.json'
-           'host-c*.log' 'sanitize*.log' 'soak*.log' 'power-floor*.log' qgmma.log
+           'host-c*.log' 'sanitize*.log' 'soak*.log' 'power-floor*.log' qgmma.log dsmem.log
            ncu-per-block.txt 'ncu-*.txt' 'ncu-sass-*.csv.gz')
 publish() {
   local f g n=0
