@@ -81,8 +81,6 @@ __device__ __forceinline__ void run_consumers(SharedStorage& s, const DecodePara
       if (i > 0) {  // the other warpgroup's block i - 1 (published before block i's softmax)
         pv(s, req, th, i - 1, o, words);
         vt_words(req, th, i, 0, words);  // here, not inside that PV: there they make ptxas spill
-        if (i - 1 + kPBuffers < n)
-          sm90::named_barrier_arrive(kBarPfree + (i - 1) % kPBuffers, kThreads);
         release(s, req, th, i - 1);
       }
       pv(s, req, th, i, o, words);

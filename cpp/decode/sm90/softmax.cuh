@@ -115,7 +115,8 @@ __device__ __forceinline__ void exp_scaled(float (&z)[32], const float (&row_fac
 
 // Block i's P8 and statistics (m, sigma, l, gamma; eq. 12), after the other warpgroup's block
 // i - 1. rf = s_q softmax_scale log2(e) > 0 is applied in the exponent: max(u rf) = max(u) rf.
-// ahead() runs before the waits for the P buffer and for the warpgroup's own stores.
+// ahead() runs before the P8 stores and the wait for the warpgroup's own stores. Block i's
+// buffers are free once block i - 1's statistics arrived (kPBuffers).
 template <class T, class Ahead>
 __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodeParams& p,
                                               const Request& req, const ConsumerThread<T>& th,
@@ -196,8 +197,6 @@ __device__ __forceinline__ void softmax_block(SharedStorage& s, const DecodePara
     p8_words<kRows>(z, inv_sig, w);
   }
   ahead();
-  // The other warpgroup's PV of block i - kPBuffers has read this P tile.
-  if (i >= kPBuffers) sm90::named_barrier(kBarPfree + i % kPBuffers, kThreads);
   if (th.softmax_warp) {
     store_p8<kRows>(sm90::smem_u32(s.p8[i % kPBuffers]) + th.stsm_off, w);
     if (th.t == 0) {

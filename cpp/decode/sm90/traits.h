@@ -27,8 +27,9 @@ constexpr int kTileBytes = kBlockN * kChunkBytes;   // 8 KiB: 64 rows x 128 byte
 constexpr int kHalfDim = kContentDim / 2;           // latent columns per warpgroup (PV)
 constexpr int kMTiles = kHalfDim / 64;              // PV m-tiles of 64 latent rows per warpgroup
 constexpr int kPRowBytes = kBlockN;                 // P8 row: 64 tokens, 64-byte swizzle
-// Block i reuses block i - kPBuffers's P8 and statistics buffers, so its owner waits for the
-// other warpgroup's PV of that block; with 2 buffers that wait sits on the critical path.
+// Block i reuses block i - kPBuffers's P8 and statistics buffers. The other warpgroup runs its
+// PV of block j before its softmax of block j + 3, and the owner of block j + 4 waits for that
+// softmax's statistics before it writes either buffer: four buffers need no other wait.
 constexpr int kPBuffers = 4;
 constexpr int kQkChunkSteps = kChunkBytes / 32;      // k32 FP8 steps per content chunk
 constexpr int kRopeSteps = kRopeDim / 16;            // k16 BF16 steps over the RoPE
@@ -44,18 +45,17 @@ static_assert(kStages >= 2, "QK of block i + 2 needs the ring to hold two blocks
 
 // Named barrier ids (0 is __syncthreads).
 enum Barrier : int {
-  kBarPready = 1,  // + (i & 1): the owner of block i published P8 and the statistics
-  kBarPfree = 3,   // + (i % kPBuffers): the other warpgroup finished its PV of block i
-  kBarWg = kBarPfree + kPBuffers,  // + wg: one warpgroup, its own P8 and statistics written
-  kBarConsumers = kBarWg + 2,      // the two consumer warpgroups
-  kBarCta = kBarWg + 3,            // all three, at a request's end
-  kBarStart = kBarWg + 4,          // all three at a request's start (the producer arrives)
+  kBarPready = 1,     // + (i & 1): the owner of block i published P8 and the statistics
+  kBarWg = 3,         // + wg: one warpgroup, its own P8 and statistics written
+  kBarConsumers = 5,  // the two consumer warpgroups
+  kBarCta = 6,        // all three, at a request's end
+  kBarStart = 7,      // all three at a request's start (the producer arrives)
 };
 static_assert(kBarStart < 16, "16 named barriers per CTA");
-static_assert(kPBuffers % 2 == 0, "a buffer's blocks have one owner");
-static_assert(kPBuffers >= 4,
-              "the epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart "
-              "from the last block's (n - 1) % kPBuffers");
+static_assert(kPBuffers == 4,
+              "the softmax's wait for the previous block's statistics frees the buffers; the "
+              "epilogue's 1/l goes to buffers (n + wg) % kPBuffers, apart from the last "
+              "block's (n - 1) % kPBuffers");
 
 // Row statistics of one block, published by its owner (log2-domain m).
 struct RowStats {
