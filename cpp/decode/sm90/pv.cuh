@@ -75,14 +75,6 @@ __device__ __forceinline__ void vt_from_words_masked(const Request& req,
   }
 }
 
-// Both k-steps' fragments written before the wgmma fence that precedes their wgmmas: a fragment
-// register written after it (the compiler sinks the second k-step's byte permutes below the first
-// wgmma) makes ptxas add a warpgroup.arrive before the wgmma that reads it.
-__device__ __forceinline__ void settle_fragments(uint32_t (&a)[2][4]) {
-  sm90::fence_regs(a[0]);
-  sm90::fence_regs(a[1]);
-}
-
 template <bool kEdge, class T>
 __device__ __forceinline__ void v_fragments(const Request& req, const ConsumerThread<T>& th, int i,
                                             int m, uint32_t (&a)[2][4]) {
@@ -136,12 +128,17 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
                                          float (&o)[kMTiles][T::kNRegs],
                                          const uint32_t (&words)[2][4]) {
   constexpr int kN = T::kN, kNRegs = T::kNRegs;
+  // m-tile m's fragments, both k-steps settled in registers before the wgmma fence that follows:
+  // a fragment register written after it (the compiler sinks the second k-step's byte permutes
+  // below the first wgmma) makes ptxas add a warpgroup.arrive before the wgmma that reads it.
   auto fragments = [&](int m, uint32_t (&a)[2][4]) {
     if (m == 0) {
       vt_from_words_masked<kEdge>(req, th, i, words, a);
     } else {
       v_fragments<kEdge>(req, th, i, m, a);
     }
+    sm90::fence_regs(a[0]);
+    sm90::fence_regs(a[1]);
   };
   const RowStats& ps = s.stats[i % kPBuffers];
   const sm90::SmemDesc p_desc =
@@ -153,7 +150,6 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 #pragma unroll
     for (int q = 0; q < kMTiles; ++q) {
       fragments(q, a[q]);
-      settle_fragments(a[q]);
       sm90::wgmma_fence();
       wgmma_pv<kN, true>(tmp[q], a[q][0], p_desc.at(0));
       wgmma_pv<kN, false>(tmp[q], a[q][1], p_desc.at(32));
@@ -178,7 +174,6 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
 #pragma unroll
     for (int q = 0; q < kMTiles; ++q) {
       fragments(q, a[q % 2]);
-      settle_fragments(a[q % 2]);
       sm90::wgmma_fence();
       wgmma_pv<kN, true>(tmp[q % 2], a[q % 2][0], p_desc.at(0));
       wgmma_pv<kN, false>(tmp[q % 2], a[q % 2][1], p_desc.at(32));
@@ -203,7 +198,6 @@ __device__ __forceinline__ void pv_block(SharedStorage& s, const Request& req,
     for (int m = 0; m < kMTiles; ++m) {
       uint32_t a[2][4];
       fragments(m, a);
-      settle_fragments(a);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int q = 2 * m + h;
